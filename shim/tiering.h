@@ -1,0 +1,139 @@
+/*
+ * tiering.h - the one definition of the shared index and event ring.
+ *
+ * The placement daemon (Python, tiering/index.py) writes this layout into one
+ * file under a private 0700 directory in /dev/shm; every process of the job
+ * maps it read-mostly through libtiershim.so.  Python does not keep a copy of
+ * these definitions: it reads the text between the CDEF markers below and
+ * hands it to cffi's cdef, so this header is the single source of truth.
+ * Everything between the markers must therefore stay plain C that cffi
+ * understands: integer #defines, fixed-width types, no expressions.
+ *
+ * Concurrency rules:
+ *  - The header, the root and tier tables and the fingerprints/sizes of the
+ *    entries are written once, before the command starts, and never change.
+ *  - Afterwards only entry.state, the counters and the ring change, with
+ *    atomic operations (__atomic builtins in C, tiering_* helpers from Python).
+ */
+#ifndef TIERING_H
+#define TIERING_H
+#include <stdint.h>
+#include <stddef.h>
+
+/* BEGIN CDEF */
+#define TIERING_MAGIC 0x5845444e49524954
+#define TIERING_VERSION 1
+#define TIERING_MAX_ROOTS 16
+#define TIERING_MAX_TIERS 4
+#define TIERING_PATH_MAX 512
+
+/* entry.state: 0 = no copy; 1..TIERING_MAX_TIERS = a complete copy is in tier
+ * (state - 1); TIERING_STATE_INVALID = the file was opened for writing during
+ * the job, never serve a copy of it again (sticky). */
+#define TIERING_STATE_NONE 0
+#define TIERING_STATE_INVALID 255
+
+/* root.flags */
+#define TIERING_ROOT_HAS_DIR_LINKS 1
+
+/* event.kind */
+#define TIERING_EV_OPEN_PFS 1
+#define TIERING_EV_OPEN_TIER 2
+#define TIERING_EV_CLOSE 3
+#define TIERING_EV_WRITE 4
+
+struct tiering_root {
+    uint32_t len;    /* strlen(path), no trailing slash (except "/") */
+    uint32_t id;     /* data-root id; an alias (realpath of a symlinked root)
+                        carries the id of the root it stands for */
+    uint32_t flags;  /* TIERING_ROOT_* */
+    uint32_t reserved;
+    char path[512];
+};
+
+struct tiering_entry {
+    uint64_t fp_lo;      /* 128-bit fingerprint of the path relative to its */
+    uint64_t fp_hi;      /* root; (0, 0) marks an empty slot                */
+    uint32_t state;      /* atomic, see TIERING_STATE_*                     */
+    uint32_t root;       /* data-root id                                    */
+    uint64_t size;       /* bytes, from the scan                            */
+    int64_t mtime_ns;    /* PFS mtime, from the scan                        */
+};
+
+struct tiering_event {
+    uint64_t seq;    /* position + 1 once the record is complete; 0 while it
+                        is written (seqlock) */
+    uint32_t entry;  /* slot index in the entry table */
+    uint32_t pid;
+    uint16_t kind;   /* TIERING_EV_* */
+    uint16_t tier;   /* tier index for TIERING_EV_OPEN_TIER */
+    uint32_t reserved;
+};
+
+struct tiering_counters {
+    uint64_t opens;                  /* opens of catalogued files, any tier */
+    uint64_t opens_pfs;              /* ... of which served from the PFS    */
+    uint64_t opens_tier[4];          /* ... served from tier k              */
+    uint64_t bytes_tier;             /* sizes of the files served from tiers */
+    uint64_t fallbacks;              /* copy vanished between lookup and open */
+    uint64_t writes;                 /* write opens of catalogued files     */
+    uint64_t events_posted;
+    uint64_t events_dropped;         /* ring full (counted by the daemon)   */
+};
+
+struct tiering_header {
+    uint64_t magic;
+    uint32_t version;
+    uint32_t header_size;    /* sizeof(struct tiering_header) */
+    uint32_t entry_size;     /* sizeof(struct tiering_entry)  */
+    uint32_t event_size;     /* sizeof(struct tiering_event)  */
+    uint64_t nslots;         /* entry table slots, a power of two */
+    uint64_t nentries;       /* slots in use */
+    uint64_t nevents;        /* ring slots, a power of two */
+    uint64_t entries_offset; /* from the start of the file */
+    uint64_t ring_offset;
+    uint64_t total_size;
+    uint32_t nroots;
+    uint32_t ntiers;
+    uint32_t daemon_pid;
+    uint32_t disabled;       /* atomic; non-zero: the shim redirects nothing */
+    struct tiering_root roots[16];
+    struct tiering_root tiers[4];  /* physical prefixes, fastest first */
+    struct tiering_counters counters;
+    uint64_t ring_head;      /* atomic; next position a producer takes */
+};
+
+/* Helpers exported by libtiershim.so for the daemon (loaded with dlopen). */
+void tiering_fingerprint(uint32_t root, const char *rel, size_t len, uint64_t out[2]);
+int64_t tiering_index_fill(void *base, const char *blob, uint64_t blob_len,
+                           const uint32_t *roots, const uint64_t *sizes,
+                           const int64_t *mtimes, uint64_t n, uint64_t *slots);
+int tiering_state_cas(void *base, uint64_t slot, uint32_t expected, uint32_t desired);
+uint64_t tiering_ring_drain(void *base, uint64_t *tail, struct tiering_event *out,
+                            uint64_t max, int force, uint64_t *dropped);
+/* END CDEF */
+
+/* C-only checks that the literal array sizes above match the constants. */
+_Static_assert(sizeof(((struct tiering_root *)0)->path) == TIERING_PATH_MAX, "path size");
+_Static_assert(sizeof(((struct tiering_header *)0)->roots) ==
+               TIERING_MAX_ROOTS * sizeof(struct tiering_root), "roots size");
+_Static_assert(sizeof(((struct tiering_header *)0)->tiers) ==
+               TIERING_MAX_TIERS * sizeof(struct tiering_root), "tiers size");
+_Static_assert(sizeof(((struct tiering_counters *)0)->opens_tier) ==
+               TIERING_MAX_TIERS * sizeof(uint64_t), "opens_tier size");
+_Static_assert(sizeof(struct tiering_entry) == 40, "entry size");
+_Static_assert(sizeof(struct tiering_event) == 24, "event size");
+
+static inline struct tiering_entry *tiering_entries(void *base)
+{
+    return (struct tiering_entry *)((char *)base +
+                                    ((struct tiering_header *)base)->entries_offset);
+}
+
+static inline struct tiering_event *tiering_ring(void *base)
+{
+    return (struct tiering_event *)((char *)base +
+                                    ((struct tiering_header *)base)->ring_offset);
+}
+
+#endif

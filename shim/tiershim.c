@@ -1,0 +1,808 @@
+/*
+ * libtiershim.so - LD_PRELOAD interposer of tiering.
+ *
+ * Redirects read-only opens of catalogued data-set files to the copy that the
+ * placement daemon published in a local tier, and posts open/close events to
+ * the shared ring.  Everything else passes straight to libc.
+ *
+ * Rules (see DESIGN.md): never block, never allocate or lock on the hot path,
+ * keep no fd of our own open, fall back to the original path with errno
+ * untouched on any failure, pass writes through and invalidate the entry.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#include <dirent.h>
+
+#include "tiering.h"
+
+#define EXPORT __attribute__((visibility("default")))
+#define LIKELY(x) __builtin_expect(!!(x), 1)
+#define UNLIKELY(x) __builtin_expect(!!(x), 0)
+#define MAX_TRACKED_FDS 65536
+
+#ifndef CLOSE_RANGE_CLOEXEC
+#define CLOSE_RANGE_CLOEXEC (1U << 2)
+#endif
+
+/* Flags with which a read-only open is still served from a tier copy.
+ * Anything else (O_DIRECTORY, O_NOFOLLOW, O_PATH, O_DIRECT, O_TMPFILE, sync
+ * flags...) could behave differently on the copy, so it goes to the PFS. */
+#define REDIRECT_DENY (O_DIRECTORY | O_NOFOLLOW | O_PATH | O_DIRECT | O_TMPFILE | \
+                       O_CREAT | O_EXCL | O_TRUNC | O_APPEND | O_SYNC | O_DSYNC | O_ASYNC)
+
+/* ---- real functions ---------------------------------------------------- */
+
+typedef int (*open_fn)(const char *, int, ...);
+typedef int (*openat_fn)(int, const char *, int, ...);
+typedef int (*open2_fn)(const char *, int);
+typedef int (*openat2_fn)(int, const char *, int);
+typedef int (*creat_fn)(const char *, mode_t);
+typedef FILE *(*fopen_fn)(const char *, const char *);
+typedef FILE *(*freopen_fn)(const char *, const char *, FILE *);
+typedef int (*close_fn)(int);
+typedef int (*fclose_fn)(FILE *);
+typedef int (*closedir_fn)(DIR *);
+typedef int (*close_range_fn)(unsigned int, unsigned int, int);
+typedef int (*dup_fn)(int);
+typedef int (*dup2_fn)(int, int);
+typedef int (*dup3_fn)(int, int, int);
+typedef int (*fcntl_fn)(int, int, ...);
+
+static struct {
+    open_fn open, open64;
+    openat_fn openat, openat64;
+    open2_fn open_2, open64_2;
+    openat2_fn openat_2, openat64_2;
+    creat_fn creat, creat64;
+    fopen_fn fopen, fopen64;
+    freopen_fn freopen, freopen64;
+    close_fn close;
+    fclose_fn fclose;
+    closedir_fn closedir;
+    close_range_fn close_range;
+    dup_fn dup;
+    dup2_fn dup2;
+    dup3_fn dup3;
+    fcntl_fn fcntl, fcntl64;
+} real;
+
+enum which {
+    W_OPEN, W_OPEN64, W_OPENAT, W_OPENAT64, W_OPEN_2, W_OPEN64_2, W_OPENAT_2,
+    W_OPENAT64_2, W_CREAT, W_CREAT64
+};
+
+/* ---- state --------------------------------------------------------------- */
+
+static struct tiering_header *idx;     /* NULL: pass everything through */
+static struct tiering_entry *entries;
+static struct tiering_event *ring;
+static uint64_t slot_mask, ring_mask;
+static uint32_t my_pid;
+static int debug;
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+static volatile int ready;
+static __thread int in_init __attribute__((tls_model("initial-exec")));
+/* slot + 1 of the catalogued file each fd was opened on, 0 for none */
+static uint32_t fd_slot[MAX_TRACKED_FDS];
+
+static void logmsg(const char *fmt, ...)
+{
+    if (!debug)
+        return;
+    char buf[1024];
+    int n = snprintf(buf, sizeof buf, "tiershim[%d]: ", (int)getpid());
+    va_list ap;
+    va_start(ap, fmt);
+    n += vsnprintf(buf + n, sizeof buf - (size_t)n, fmt, ap);
+    va_end(ap);
+    if (n > (int)sizeof buf - 2)
+        n = (int)sizeof buf - 2;
+    buf[n++] = '\n';
+    ssize_t ignored = syscall(SYS_write, 2, buf, (size_t)n);
+    (void)ignored;
+}
+
+/* ---- fingerprint: 128-bit, 8 bytes at a time (murmur3-style mixing) ------ */
+
+static inline uint64_t rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+
+static inline uint64_t fmix(uint64_t k)
+{
+    k ^= k >> 33;
+    k *= 0xff51afd7ed558ccdULL;
+    k ^= k >> 33;
+    k *= 0xc4ceb9fe1a85ec53ULL;
+    k ^= k >> 33;
+    return k;
+}
+
+EXPORT void tiering_fingerprint(uint32_t root, const char *s, size_t len, uint64_t out[2])
+{
+    const uint64_t c1 = 0x87c37b91114253d5ULL, c2 = 0x4cf5ad432745937fULL;
+    uint64_t h1 = 0x9e3779b97f4a7c15ULL ^ root ^ ((uint64_t)len << 32);
+    uint64_t h2 = 0xc2b2ae3d27d4eb4fULL + root + len;
+    for (size_t i = 0; i < len; i += 8) {
+        uint64_t w = 0;
+        memcpy(&w, s + i, len - i < 8 ? len - i : 8);
+        uint64_t k1 = rotl(w * c1, 31) * c2, k2 = rotl(w * c2, 33) * c1;
+        h1 = (rotl(h1 ^ k1, 27) + h2) * 5 + 0x52dce729;
+        h2 = (rotl(h2 ^ k2, 31) + h1) * 5 + 0x38495ab5;
+    }
+    h1 += h2;
+    h2 += h1;
+    h1 = fmix(h1);
+    h2 = fmix(h2);
+    h1 += h2;
+    h2 += h1;
+    if (!h1 && !h2)
+        h1 = 1; /* (0, 0) marks an empty slot */
+    out[0] = h1;
+    out[1] = h2;
+}
+
+/* ---- helpers for the daemon ----------------------------------------------- */
+
+EXPORT int64_t tiering_index_fill(void *base, const char *blob, uint64_t blob_len,
+                                  const uint32_t *roots, const uint64_t *sizes,
+                                  const int64_t *mtimes, uint64_t n, uint64_t *slots)
+{
+    struct tiering_header *h = base;
+    struct tiering_entry *tab = tiering_entries(base);
+    uint64_t mask = h->nslots - 1, off = 0;
+    for (uint64_t i = 0; i < n; i++) {
+        const char *rel = blob + off;
+        size_t len = strnlen(rel, blob_len - off);
+        if (off + len >= blob_len)
+            return -1; /* blob shorter than n strings */
+        off += len + 1;
+        uint64_t fp[2];
+        tiering_fingerprint(roots[i], rel, len, fp);
+        uint64_t s = fp[0] & mask;
+        for (uint64_t probes = 0;; probes++, s = (s + 1) & mask) {
+            if (probes > mask)
+                return -1; /* table full */
+            struct tiering_entry *e = &tab[s];
+            if (!e->fp_lo && !e->fp_hi)
+                break;
+            if (e->fp_lo == fp[0] && e->fp_hi == fp[1])
+                return -2 - (int64_t)i; /* duplicate path */
+        }
+        tab[s].fp_lo = fp[0];
+        tab[s].fp_hi = fp[1];
+        tab[s].state = TIERING_STATE_NONE;
+        tab[s].root = roots[i];
+        tab[s].size = sizes[i];
+        tab[s].mtime_ns = mtimes[i];
+        slots[i] = s;
+        h->nentries++;
+    }
+    return (int64_t)n;
+}
+
+EXPORT int tiering_state_cas(void *base, uint64_t slot, uint32_t expected, uint32_t desired)
+{
+    struct tiering_entry *e = &tiering_entries(base)[slot];
+    return __atomic_compare_exchange_n(&e->state, &expected, desired, 0, __ATOMIC_ACQ_REL,
+                                       __ATOMIC_ACQUIRE);
+}
+
+/* Copies complete events from *tail on into out (at most max).  Stops at a
+ * record still being written unless force is set, in which case it is skipped
+ * and counted as dropped (its writer died or is very slow). */
+EXPORT uint64_t tiering_ring_drain(void *base, uint64_t *tail, struct tiering_event *out,
+                                   uint64_t max, int force, uint64_t *dropped)
+{
+    struct tiering_header *h = base;
+    struct tiering_event *r = tiering_ring(base);
+    uint64_t head = __atomic_load_n(&h->ring_head, __ATOMIC_ACQUIRE), n = 0;
+    while (*tail < head && n < max) {
+        if (head - *tail > h->nevents) { /* lapped: the oldest records are gone */
+            *dropped += head - h->nevents - *tail;
+            *tail = head - h->nevents;
+        }
+        struct tiering_event *ev = &r[*tail & (h->nevents - 1)];
+        uint64_t s1 = __atomic_load_n(&ev->seq, __ATOMIC_ACQUIRE);
+        if (s1 == *tail + 1) {
+            struct tiering_event copy = *ev;
+            __atomic_thread_fence(__ATOMIC_ACQUIRE);
+            if (__atomic_load_n(&ev->seq, __ATOMIC_RELAXED) == s1)
+                out[n++] = copy;
+            else
+                (*dropped)++;
+        } else if (s1 > *tail + 1 || force) {
+            (*dropped)++;
+        } else {
+            break; /* being written right now */
+        }
+        (*tail)++;
+    }
+    return n;
+}
+
+/* ---- events and fd bookkeeping ------------------------------------------ */
+
+static void post(uint16_t kind, uint32_t slot, uint16_t tier)
+{
+    uint64_t pos = __atomic_fetch_add(&idx->ring_head, 1, __ATOMIC_RELAXED);
+    struct tiering_event *ev = &ring[pos & ring_mask];
+    __atomic_store_n(&ev->seq, 0, __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+    ev->entry = slot;
+    ev->pid = my_pid;
+    ev->kind = kind;
+    ev->tier = tier;
+    __atomic_store_n(&ev->seq, pos + 1, __ATOMIC_RELEASE);
+    __atomic_fetch_add(&idx->counters.events_posted, 1, __ATOMIC_RELAXED);
+}
+
+static inline void count(uint64_t *c, uint64_t v) { __atomic_fetch_add(c, v, __ATOMIC_RELAXED); }
+
+static inline void track(int fd, uint32_t slot_plus_one)
+{
+    if (fd >= 0 && fd < MAX_TRACKED_FDS)
+        __atomic_store_n(&fd_slot[fd], slot_plus_one, __ATOMIC_RELAXED);
+}
+
+static inline uint32_t tracked(int fd)
+{
+    return (fd >= 0 && fd < MAX_TRACKED_FDS) ? __atomic_load_n(&fd_slot[fd], __ATOMIC_RELAXED) : 0;
+}
+
+/* fd is about to be closed (or replaced): forget it and post a close event */
+static inline void untrack(int fd)
+{
+    if (idx && fd >= 0 && fd < MAX_TRACKED_FDS) {
+        uint32_t s = __atomic_exchange_n(&fd_slot[fd], 0, __ATOMIC_RELAXED);
+        if (s)
+            post(TIERING_EV_CLOSE, s - 1, 0);
+    }
+}
+
+/* ---- initialisation ------------------------------------------------------- */
+
+#define RESOLVE(field, name) real.field = (__typeof__(real.field))dlsym(RTLD_NEXT, name)
+
+static void atfork_child(void) { my_pid = (uint32_t)syscall(SYS_getpid); }
+
+static int valid_prefix(const struct tiering_root *r)
+{
+    return r->len > 0 && r->len < TIERING_PATH_MAX && r->path[r->len] == '\0' &&
+           r->path[0] == '/' && strlen(r->path) == r->len;
+}
+
+static void map_index(const char *path)
+{
+    int fd = (int)syscall(SYS_openat, AT_FDCWD, path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) {
+        logmsg("index %s: cannot open (errno %d), passing through", path, errno);
+        return;
+    }
+    struct stat st, dst;
+    char dir[PATH_MAX];
+    const char *slash = strrchr(path, '/');
+    size_t dlen = slash ? (size_t)(slash - path) : 0;
+    int ok = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() &&
+             (st.st_mode & 077) == 0 && (size_t)st.st_size >= sizeof(struct tiering_header);
+    if (ok && dlen > 0 && dlen < sizeof dir) {
+        memcpy(dir, path, dlen);
+        dir[dlen] = '\0';
+        ok = stat(dir, &dst) == 0 && S_ISDIR(dst.st_mode) && dst.st_uid == geteuid() &&
+             (dst.st_mode & 077) == 0;
+    } else {
+        ok = 0;
+    }
+    if (!ok) {
+        logmsg("index %s: not a private file and directory of this user, passing through", path);
+        syscall(SYS_close, fd);
+        return;
+    }
+    void *base = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    syscall(SYS_close, fd);
+    if (base == MAP_FAILED) {
+        logmsg("index %s: mmap failed (errno %d), passing through", path, errno);
+        return;
+    }
+    struct tiering_header *h = base;
+    int good = h->magic == TIERING_MAGIC && h->version == TIERING_VERSION &&
+               h->header_size == sizeof *h && h->entry_size == sizeof(struct tiering_entry) &&
+               h->event_size == sizeof(struct tiering_event) && h->total_size == (uint64_t)st.st_size &&
+               h->nslots && !(h->nslots & (h->nslots - 1)) && h->nevents &&
+               !(h->nevents & (h->nevents - 1)) && h->nroots <= TIERING_MAX_ROOTS &&
+               h->ntiers <= TIERING_MAX_TIERS &&
+               h->entries_offset >= sizeof *h &&
+               h->entries_offset + h->nslots * sizeof(struct tiering_entry) <= h->ring_offset &&
+               h->ring_offset + h->nevents * sizeof(struct tiering_event) <= h->total_size;
+    for (uint32_t i = 0; good && i < h->nroots; i++)
+        good = valid_prefix(&h->roots[i]);
+    for (uint32_t i = 0; good && i < h->ntiers; i++)
+        good = valid_prefix(&h->tiers[i]);
+    if (!good) {
+        logmsg("index %s: malformed or of another version, passing through", path);
+        munmap(base, (size_t)st.st_size);
+        return;
+    }
+    entries = tiering_entries(base);
+    ring = tiering_ring(base);
+    slot_mask = h->nslots - 1;
+    ring_mask = h->nevents - 1;
+    __atomic_store_n(&idx, h, __ATOMIC_RELEASE);
+    logmsg("index %s: %llu entries, %u roots, %u tiers", path,
+           (unsigned long long)h->nentries, h->nroots, h->ntiers);
+}
+
+static void init(void)
+{
+    in_init = 1;
+    RESOLVE(open, "open");
+    RESOLVE(open64, "open64");
+    RESOLVE(openat, "openat");
+    RESOLVE(openat64, "openat64");
+    RESOLVE(open_2, "__open_2");
+    RESOLVE(open64_2, "__open64_2");
+    RESOLVE(openat_2, "__openat_2");
+    RESOLVE(openat64_2, "__openat64_2");
+    RESOLVE(creat, "creat");
+    RESOLVE(creat64, "creat64");
+    RESOLVE(fopen, "fopen");
+    RESOLVE(fopen64, "fopen64");
+    RESOLVE(freopen, "freopen");
+    RESOLVE(freopen64, "freopen64");
+    RESOLVE(close, "close");
+    RESOLVE(fclose, "fclose");
+    RESOLVE(closedir, "closedir");
+    RESOLVE(close_range, "close_range");
+    RESOLVE(dup, "dup");
+    RESOLVE(dup2, "dup2");
+    RESOLVE(dup3, "dup3");
+    RESOLVE(fcntl, "fcntl");
+    RESOLVE(fcntl64, "fcntl64");
+    my_pid = (uint32_t)syscall(SYS_getpid);
+    pthread_atfork(NULL, NULL, atfork_child);
+    debug = getenv("TIERING_DEBUG") != NULL;
+    const char *disable = getenv("TIERING_DISABLE");
+    const char *path = getenv("TIERING_INDEX");
+    if (disable && strcmp(disable, "1") == 0)
+        logmsg("TIERING_DISABLE=1, passing through");
+    else if (!path || !*path)
+        logmsg("no TIERING_INDEX, passing through");
+    else
+        map_index(path);
+    ready = 1;
+    in_init = 0;
+}
+
+static inline void ensure_init(void)
+{
+    if (UNLIKELY(!ready) && !in_init)
+        pthread_once(&once, init);
+}
+
+__attribute__((constructor)) static void shim_constructor(void) { ensure_init(); }
+
+/* ---- path resolution ------------------------------------------------------- */
+
+/* Appends the components of src to out[*len], resolving ".", ".." and "//"
+ * lexically.  *min_pop is lowered to the shortest length left by a "..". */
+static int append_components(char *out, size_t *len, const char *src, size_t *min_pop)
+{
+    const char *p = src;
+    while (*p) {
+        while (*p == '/')
+            p++;
+        if (!*p)
+            break;
+        const char *q = p;
+        while (*q && *q != '/')
+            q++;
+        size_t clen = (size_t)(q - p);
+        if (clen == 1 && p[0] == '.') {
+            /* nothing */
+        } else if (clen == 2 && p[0] == '.' && p[1] == '.') {
+            while (*len > 1 && out[*len - 1] != '/')
+                (*len)--;
+            if (*len > 1)
+                (*len)--; /* drop the slash too, keep "/" for the root */
+            if (*len < *min_pop)
+                *min_pop = *len;
+        } else {
+            if (*len + 1 + clen >= PATH_MAX)
+                return -1;
+            if (*len > 1)
+                out[(*len)++] = '/';
+            memcpy(out + *len, p, clen);
+            *len += clen;
+        }
+        p = q;
+    }
+    out[*len] = '\0';
+    return 0;
+}
+
+/* Finds the catalogued entry that path (relative to dirfd) names.  On success
+ * returns the slot and sets *rel to the part of abs below the data root. */
+static int64_t lookup(int dirfd, const char *path, char *abs, const char **rel, size_t *rel_len)
+{
+    size_t len = 1, min_pop = PATH_MAX;
+    abs[0] = '/';
+    abs[1] = '\0';
+    if (path[0] != '/') {
+        char base[PATH_MAX];
+        if (dirfd == AT_FDCWD) {
+            if (!getcwd(base, sizeof base))
+                return -1;
+        } else {
+            char link[32];
+            snprintf(link, sizeof link, "/proc/self/fd/%d", dirfd);
+            ssize_t n = readlink(link, base, sizeof base - 1);
+            if (n <= 0 || base[0] != '/')
+                return -1;
+            base[n] = '\0';
+        }
+        if (append_components(abs, &len, base, &min_pop) < 0)
+            return -1;
+        min_pop = PATH_MAX; /* the base is a real path already */
+    }
+    if (append_components(abs, &len, path, &min_pop) < 0)
+        return -1;
+    for (uint32_t i = 0; i < idx->nroots; i++) {
+        const struct tiering_root *r = &idx->roots[i];
+        size_t rl = r->len == 1 ? 0 : r->len; /* root "/" */
+        if (len <= rl + 1 || abs[rl] != '/' || memcmp(abs, r->path, rl) != 0)
+            continue;
+        /* ".." is resolved lexically; that is only the kernel's answer when
+         * it never climbed to the root and no directory below it is a link */
+        if (min_pop != PATH_MAX && (min_pop <= rl || (r->flags & TIERING_ROOT_HAS_DIR_LINKS)))
+            return -1;
+        uint64_t fp[2];
+        *rel = abs + rl + 1;
+        *rel_len = len - rl - 1;
+        tiering_fingerprint(r->id, *rel, *rel_len, fp);
+        for (uint64_t s = fp[0] & slot_mask;; s = (s + 1) & slot_mask) {
+            const struct tiering_entry *e = &entries[s];
+            if (e->fp_lo == fp[0] && e->fp_hi == fp[1])
+                return (int64_t)s;
+            if (!e->fp_lo && !e->fp_hi)
+                return -1;
+        }
+    }
+    return -1;
+}
+
+/* ---- the open path -------------------------------------------------------- */
+
+static int call_real(enum which w, int dirfd, const char *path, int flags, mode_t mode)
+{
+    switch (w) {
+    case W_OPEN: if (real.open) return real.open(path, flags, mode); break;
+    case W_OPEN64: if (real.open64) return real.open64(path, flags, mode); break;
+    case W_OPENAT: if (real.openat) return real.openat(dirfd, path, flags, mode); break;
+    case W_OPENAT64: if (real.openat64) return real.openat64(dirfd, path, flags, mode); break;
+    case W_OPEN_2: if (real.open_2) return real.open_2(path, flags); break;
+    case W_OPEN64_2: if (real.open64_2) return real.open64_2(path, flags); break;
+    case W_OPENAT_2: if (real.openat_2) return real.openat_2(dirfd, path, flags); break;
+    case W_OPENAT64_2: if (real.openat64_2) return real.openat64_2(dirfd, path, flags); break;
+    case W_CREAT: if (real.creat) return real.creat(path, mode); break;
+    case W_CREAT64: if (real.creat64) return real.creat64(path, mode); break;
+    }
+    /* not resolved yet (re-entered from dlsym): the raw system call */
+    return (int)syscall(SYS_openat, dirfd, path, flags, mode);
+}
+
+static inline int is_write(int flags)
+{
+    return (flags & O_ACCMODE) != O_RDONLY || (flags & (O_CREAT | O_TRUNC)) ||
+           (flags & O_TMPFILE) == O_TMPFILE;
+}
+
+/* Builds tier root + "/" + rel into out; 0 on success. */
+static int tier_path(uint32_t tier, const char *rel, size_t rel_len, char *out)
+{
+    const struct tiering_root *t = &idx->tiers[tier];
+    if (t->len + 1 + rel_len >= PATH_MAX)
+        return -1;
+    memcpy(out, t->path, t->len);
+    out[t->len] = '/';
+    memcpy(out + t->len + 1, rel, rel_len + 1);
+    return 0;
+}
+
+/* Decides where a catalogued open goes: fills phys and returns the tier, or
+ * returns -1 for the original path.  Invalidates on writes. */
+static int route(int64_t slot, int write, int redirectable, const char *rel, size_t rel_len,
+                 char *phys)
+{
+    struct tiering_entry *e = &entries[slot];
+    if (write) {
+        __atomic_store_n(&e->state, TIERING_STATE_INVALID, __ATOMIC_RELEASE);
+        count(&idx->counters.writes, 1);
+        post(TIERING_EV_WRITE, (uint32_t)slot, 0);
+        return -1;
+    }
+    uint32_t st = __atomic_load_n(&e->state, __ATOMIC_ACQUIRE);
+    if (!redirectable || st == TIERING_STATE_NONE || st > idx->ntiers ||
+        __atomic_load_n(&idx->disabled, __ATOMIC_RELAXED))
+        return -1;
+    if (tier_path(st - 1, rel, rel_len, phys) < 0)
+        return -1;
+    return (int)st - 1;
+}
+
+/* Books a successful open of a catalogued file. */
+static void opened(int fd, int64_t slot, int tier)
+{
+    count(&idx->counters.opens, 1);
+    if (tier >= 0) {
+        count(&idx->counters.opens_tier[tier], 1);
+        count(&idx->counters.bytes_tier, entries[slot].size);
+        post(TIERING_EV_OPEN_TIER, (uint32_t)slot, (uint16_t)tier);
+    } else {
+        count(&idx->counters.opens_pfs, 1);
+        post(TIERING_EV_OPEN_PFS, (uint32_t)slot, 0);
+    }
+    track(fd, (uint32_t)slot + 1);
+}
+
+static int do_open(enum which w, int dirfd, const char *path, int flags, mode_t mode)
+{
+    ensure_init();
+    struct tiering_header *h = __atomic_load_n(&idx, __ATOMIC_ACQUIRE);
+    if (!h || !path)
+        return call_real(w, dirfd, path, flags, mode);
+    char abs[PATH_MAX], phys[PATH_MAX];
+    const char *rel;
+    size_t rel_len;
+    int64_t slot = lookup(dirfd, path, abs, &rel, &rel_len);
+    if (slot < 0) {
+        int fd = call_real(w, dirfd, path, flags, mode);
+        track(fd, 0);
+        return fd;
+    }
+    int write = is_write(flags) || w == W_CREAT || w == W_CREAT64;
+    int tier = route(slot, write, !(flags & REDIRECT_DENY), rel, rel_len, phys);
+    if (tier >= 0) {
+        int saved = errno;
+        int fd = call_real(w, AT_FDCWD, phys, flags, mode);
+        if (fd >= 0) {
+            opened(fd, slot, tier);
+            logmsg("open %s -> %s", path, phys);
+            return fd;
+        }
+        errno = saved; /* evicted between lookup and open: use the PFS */
+        count(&idx->counters.fallbacks, 1);
+    }
+    int fd = call_real(w, dirfd, path, flags, mode);
+    if (fd >= 0 && !write)
+        opened(fd, slot, -1);
+    else
+        track(fd, 0);
+    return fd;
+}
+
+static inline int needs_mode(int flags)
+{
+    return (flags & O_CREAT) || (flags & O_TMPFILE) == O_TMPFILE;
+}
+
+#define MODE_ARG(flags)                                 \
+    mode_t mode = 0;                                    \
+    if (needs_mode(flags)) {                            \
+        va_list ap;                                     \
+        va_start(ap, flags);                            \
+        mode = (mode_t)va_arg(ap, int);                 \
+        va_end(ap);                                     \
+    }
+
+EXPORT int open(const char *path, int flags, ...)
+{
+    MODE_ARG(flags);
+    return do_open(W_OPEN, AT_FDCWD, path, flags, mode);
+}
+
+EXPORT int open64(const char *path, int flags, ...)
+{
+    MODE_ARG(flags);
+    return do_open(W_OPEN64, AT_FDCWD, path, flags, mode);
+}
+
+EXPORT int openat(int dirfd, const char *path, int flags, ...)
+{
+    MODE_ARG(flags);
+    return do_open(W_OPENAT, dirfd, path, flags, mode);
+}
+
+EXPORT int openat64(int dirfd, const char *path, int flags, ...)
+{
+    MODE_ARG(flags);
+    return do_open(W_OPENAT64, dirfd, path, flags, mode);
+}
+
+EXPORT int __open_2(const char *path, int flags) { return do_open(W_OPEN_2, AT_FDCWD, path, flags, 0); }
+EXPORT int __open64_2(const char *path, int flags) { return do_open(W_OPEN64_2, AT_FDCWD, path, flags, 0); }
+EXPORT int __openat_2(int dirfd, const char *path, int flags) { return do_open(W_OPENAT_2, dirfd, path, flags, 0); }
+EXPORT int __openat64_2(int dirfd, const char *path, int flags) { return do_open(W_OPENAT64_2, dirfd, path, flags, 0); }
+EXPORT int creat(const char *path, mode_t mode) { return do_open(W_CREAT, AT_FDCWD, path, O_CREAT | O_WRONLY | O_TRUNC, mode); }
+EXPORT int creat64(const char *path, mode_t mode) { return do_open(W_CREAT64, AT_FDCWD, path, O_CREAT | O_WRONLY | O_TRUNC, mode); }
+
+/* ---- stdio ------------------------------------------------------------------ */
+
+/* fopen modes: "r" family without "+" is read-only; the part after "," (ccs=)
+ * is ignored. */
+static int mode_writes(const char *mode)
+{
+    if (!mode || mode[0] != 'r')
+        return 1;
+    for (const char *m = mode; *m && *m != ','; m++)
+        if (*m == '+' || *m == 'w' || *m == 'a')
+            return 1;
+    return 0;
+}
+
+static FILE *call_fopen(int is64, const char *path, const char *mode, FILE *stream)
+{
+    if (stream) {
+        freopen_fn f = is64 ? real.freopen64 : real.freopen;
+        if (f)
+            return f(path, mode, stream);
+    } else {
+        fopen_fn f = is64 ? real.fopen64 : real.fopen;
+        if (f)
+            return f(path, mode);
+    }
+    errno = ENOSYS; /* only reachable while dlsym itself opens a stream */
+    return NULL;
+}
+
+static FILE *do_fopen(int is64, const char *path, const char *mode, FILE *stream)
+{
+    ensure_init();
+    if (stream && idx)
+        untrack(fileno(stream)); /* freopen closes the old fd */
+    if (!idx || !path)
+        return call_fopen(is64, path, mode, stream);
+    char abs[PATH_MAX], phys[PATH_MAX];
+    const char *rel;
+    size_t rel_len;
+    int64_t slot = lookup(AT_FDCWD, path, abs, &rel, &rel_len);
+    if (slot < 0) {
+        FILE *f = call_fopen(is64, path, mode, stream);
+        if (f)
+            track(fileno(f), 0);
+        return f;
+    }
+    int write = mode_writes(mode);
+    int tier = route(slot, write, 1, rel, rel_len, phys);
+    if (tier >= 0) {
+        int saved = errno;
+        FILE *f = call_fopen(is64, phys, mode, stream);
+        if (f) {
+            opened(fileno(f), slot, tier);
+            logmsg("fopen %s -> %s", path, phys);
+            return f;
+        }
+        errno = saved;
+        count(&idx->counters.fallbacks, 1);
+    }
+    FILE *f = call_fopen(is64, path, mode, stream);
+    if (f && !write)
+        opened(fileno(f), slot, -1);
+    else if (f)
+        track(fileno(f), 0);
+    return f;
+}
+
+EXPORT FILE *fopen(const char *path, const char *mode) { return do_fopen(0, path, mode, NULL); }
+EXPORT FILE *fopen64(const char *path, const char *mode) { return do_fopen(1, path, mode, NULL); }
+
+EXPORT FILE *freopen(const char *path, const char *mode, FILE *stream)
+{
+    return do_fopen(0, path, mode, stream);
+}
+
+EXPORT FILE *freopen64(const char *path, const char *mode, FILE *stream)
+{
+    return do_fopen(1, path, mode, stream);
+}
+
+/* ---- closing and duplicating ------------------------------------------------ */
+
+EXPORT int close(int fd)
+{
+    ensure_init();
+    untrack(fd);
+    return real.close ? real.close(fd) : (int)syscall(SYS_close, fd);
+}
+
+EXPORT int fclose(FILE *stream)
+{
+    ensure_init();
+    if (stream)
+        untrack(fileno(stream));
+    return real.fclose(stream);
+}
+
+EXPORT int closedir(DIR *dir)
+{
+    ensure_init();
+    if (dir)
+        untrack(dirfd(dir));
+    return real.closedir(dir);
+}
+
+EXPORT int close_range(unsigned int first, unsigned int last, int flags)
+{
+    ensure_init();
+    if (idx && !(flags & (int)CLOSE_RANGE_CLOEXEC))
+        for (unsigned int fd = first; fd <= last && fd < MAX_TRACKED_FDS; fd++)
+            untrack((int)fd);
+    if (real.close_range)
+        return real.close_range(first, last, flags);
+    return (int)syscall(SYS_close_range, first, last, flags);
+}
+
+EXPORT int dup(int fd)
+{
+    ensure_init();
+    int nfd = real.dup(fd);
+    if (idx && nfd >= 0)
+        track(nfd, tracked(fd));
+    return nfd;
+}
+
+/* dup2/dup3 close newfd when it was open: book that close, then the copy */
+static int dup_to(int oldfd, int newfd, int flags, int use3)
+{
+    ensure_init();
+    uint32_t s = tracked(oldfd);
+    int r = use3 ? real.dup3(oldfd, newfd, flags) : real.dup2(oldfd, newfd);
+    if (idx && r >= 0 && oldfd != newfd) {
+        untrack(r);
+        track(r, s);
+    }
+    return r;
+}
+
+EXPORT int dup2(int oldfd, int newfd) { return dup_to(oldfd, newfd, 0, 0); }
+EXPORT int dup3(int oldfd, int newfd, int flags) { return dup_to(oldfd, newfd, flags, 1); }
+
+/* fcntl's third argument is an int or a pointer; both travel in one register
+ * on the ABIs glibc supports, so it is forwarded as a pointer-sized value. */
+static int do_fcntl(fcntl_fn f, int fd, int cmd, void *arg)
+{
+    ensure_init();
+    int r = f(fd, cmd, arg);
+    if (idx && r >= 0 && (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC))
+        track(r, tracked(fd));
+    return r;
+}
+
+EXPORT int fcntl(int fd, int cmd, ...)
+{
+    va_list ap;
+    va_start(ap, cmd);
+    void *arg = va_arg(ap, void *);
+    va_end(ap);
+    ensure_init();
+    return do_fcntl(real.fcntl, fd, cmd, arg);
+}
+
+EXPORT int fcntl64(int fd, int cmd, ...)
+{
+    va_list ap;
+    va_start(ap, cmd);
+    void *arg = va_arg(ap, void *);
+    va_end(ap);
+    ensure_init();
+    return do_fcntl(real.fcntl64 ? real.fcntl64 : real.fcntl, fd, cmd, arg);
+}

@@ -1,0 +1,289 @@
+"""One tier-run job: private directories, the index, the daemon, COMMAND.
+
+Set-up errors in what the user asked for (bad profile, missing data root,
+unknown command) stop before COMMAND runs, with a message that says what to
+fix.  Problems of the cache itself (a tier that cannot be created, a copy that
+fails) never stop the job: COMMAND then simply reads more from the PFS.
+"""
+from __future__ import annotations
+
+import getpass
+import json
+import logging
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from . import catalog as catalog_mod
+from .daemon import Daemon, TierState, remove_tree
+from .index import Root, SharedIndex, library_path
+from .policy import POLICIES
+from .profile import Profile, human_bytes
+
+log = logging.getLogger("tiering")
+
+SHIM_NAME = "libtiershim.so"
+OWNER_FILE = "owner.json"
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
+             signal.SIGUSR1, signal.SIGUSR2)
+
+
+class JobError(Exception):
+    """A problem with what the user asked for; the message says what to do."""
+
+    def __init__(self, message: str, exit_code: int = 2):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+@dataclass
+class JobOptions:
+    data: list[str]
+    command: list[str]
+    profile: Profile
+    policy: str = "first-touch"
+    stats_json: Path | None = None
+    keep: bool = False
+    verbose: int = 0
+    scan_threads: int = 16
+
+
+@dataclass
+class Job:
+    opts: JobOptions
+    user: str = field(default_factory=lambda: _user())
+    run_dir: Path | None = None        # private dir holding the index
+    tiers: list[TierState] = field(default_factory=list)
+    index: SharedIndex | None = None
+    daemon: Daemon | None = None
+    catalog: catalog_mod.Catalog | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return str(os.getuid())
+
+
+def _prefix(user: str) -> str:
+    return f"tiering-{user}-{os.getpid()}-"
+
+
+# -- private directories and leftovers ------------------------------------------
+
+def _make_private_dir(parent: str, user: str) -> Path:
+    path = Path(tempfile.mkdtemp(prefix=_prefix(user), dir=parent))  # 0700, random name
+    me = psutil.Process()
+    (path / OWNER_FILE).write_text(json.dumps({"pid": me.pid, "create_time": me.create_time()}))
+    return path
+
+
+def _owner_alive(path: Path) -> bool:
+    try:
+        owner = json.loads((path / OWNER_FILE).read_text())
+        proc = psutil.Process(int(owner["pid"]))
+        return abs(proc.create_time() - float(owner["create_time"])) < 1.0
+    except (OSError, ValueError, KeyError, TypeError, psutil.Error):
+        pass
+    # no readable owner file: trust the pid in the name for a minute
+    try:
+        pid = int(path.name.split("-")[-2])
+        young = time.time() - path.stat().st_mtime < 60
+        return young and psutil.pid_exists(pid)
+    except (ValueError, IndexError, OSError):
+        return False
+
+
+def sweep_leftovers(parents: list[str], user: str) -> list[Path]:
+    """Removes private directories of this user's dead jobs."""
+    removed = []
+    for parent in dict.fromkeys(parents):
+        try:
+            candidates = list(Path(parent).glob(f"tiering-{user}-*"))
+        except OSError:
+            continue
+        for p in candidates:
+            try:
+                if not p.is_dir() or p.is_symlink() or p.stat().st_uid != os.getuid():
+                    continue
+            except OSError:
+                continue
+            if not _owner_alive(p):
+                remove_tree(p)
+                removed.append(p)
+    return removed
+
+
+def _index_parent() -> str:
+    return "/dev/shm" if os.access("/dev/shm", os.W_OK | os.X_OK) else tempfile.gettempdir()
+
+
+# -- environment of COMMAND ------------------------------------------------------
+
+def child_environment(env: dict[str, str], index_path: Path | None, lib: Path,
+                      shim_debug: bool) -> dict[str, str]:
+    """COMMAND's environment: our shim appended to LD_PRELOAD (replacing the
+    shim of an outer tier-run, so nothing is interposed twice)."""
+    out = dict(env)
+    kept = [p for p in out.get("LD_PRELOAD", "").replace(":", " ").split()
+            if os.path.basename(p) != SHIM_NAME]
+    if index_path is None:
+        out["LD_PRELOAD"] = " ".join(kept)
+        out.pop("TIERING_INDEX", None)
+        if not kept:
+            out.pop("LD_PRELOAD")
+        return out
+    out["LD_PRELOAD"] = " ".join(kept + [str(lib)])
+    out["TIERING_INDEX"] = str(index_path)
+    out.pop("TIERING_DISABLE", None)
+    if shim_debug:
+        out["TIERING_DEBUG"] = "1"
+    return out
+
+
+def resolve_command(command: list[str]) -> str:
+    if not command:
+        raise JobError("no COMMAND given; usage: tier-run --data DIR -- COMMAND [ARGS...]")
+    exe = shutil.which(command[0])
+    if exe is None:
+        if os.sep in command[0] and os.path.exists(command[0]):
+            raise JobError(f"COMMAND {command[0]!r} is not executable (chmod +x it, or run it "
+                           f"through its interpreter, e.g. `python {command[0]}`)", 126)
+        raise JobError(f"COMMAND {command[0]!r} not found on PATH; check the spelling or give its full path", 127)
+    return exe
+
+
+# -- set-up --------------------------------------------------------------------
+
+def setup(job: Job) -> None:
+    opts = job.opts
+    sweep_leftovers([_index_parent()] + [t.path for t in opts.profile.tiers], job.user)
+    t0 = time.monotonic()
+    try:
+        job.catalog = catalog_mod.scan(opts.data, threads=opts.scan_threads)
+    except catalog_mod.ScanError as e:
+        raise JobError(str(e)) from None
+    job.timings["scan"] = time.monotonic() - t0
+    for t in opts.profile.tiers:
+        try:
+            root = _make_private_dir(t.path, job.user)
+            (root / "data").mkdir()
+            (root / "staging").mkdir()
+        except OSError as e:
+            log.warning("tier %s at %s cannot be used (%s); continuing without it", t.name, t.path, e)
+            continue
+        job.tiers.append(TierState(t.name, t.kind, root, t.capacity, t.threads))
+    cat = job.catalog
+    roots: list[Root] = []
+    for i, r in enumerate(cat.roots):
+        roots.append(Root(r, i, cat.dir_links[i]))
+        real = os.path.realpath(r)
+        if real != r:
+            roots.append(Root(real, i, cat.dir_links[i]))  # alias of a symlinked root
+    job.run_dir = _make_private_dir(_index_parent(), job.user)
+    job.index, slots = SharedIndex.create(
+        job.run_dir / "index", roots, [str(t.data) for t in job.tiers],
+        [f.rel for f in cat.files], [f.root for f in cat.files],
+        [f.size for f in cat.files], [f.mtime_ns for f in cat.files])
+    job.daemon = Daemon(job.index, cat, slots, job.tiers, opts.profile.pfs.read_threads,
+                        POLICIES[opts.policy])
+
+
+def cleanup(job: Job) -> None:
+    if job.opts.keep:
+        return
+    if job.index is not None:
+        job.index.close()
+        job.index = None
+    for t in job.tiers:
+        remove_tree(t.root)
+    if job.run_dir is not None:
+        remove_tree(job.run_dir)
+
+
+# -- running COMMAND -----------------------------------------------------------
+
+def _wait(child: int, status_every: float, on_status: Any) -> int:
+    """Waits for COMMAND, forwarding signals that were not also sent to it by
+    the terminal (those arrive from the kernel, si_pid 0) or by itself."""
+    watched = set(FORWARDED) | {signal.SIGCHLD}
+    last = time.monotonic()
+    while True:
+        info = signal.sigtimedwait(watched, 1.0)
+        if info is not None and info.si_signo != signal.SIGCHLD:
+            if info.si_pid not in (0, child):
+                try:
+                    os.kill(child, info.si_signo)
+                except ProcessLookupError:
+                    pass
+            continue
+        pid, status = os.waitpid(child, os.WNOHANG)
+        if pid == child:
+            return os.waitstatus_to_exitcode(status)
+        if status_every and time.monotonic() - last >= status_every:
+            last = time.monotonic()
+            on_status()
+
+
+def run(job: Job) -> int:
+    """Runs the whole job; returns COMMAND's exit status (128+N for signal N)."""
+    opts = job.opts
+    resolve_command(opts.command)
+    t_start = time.monotonic()
+    old_mask: set[signal.Signals] | None = None
+    try:
+        setup(job)
+        # from here on signals are taken with sigtimedwait and forwarded
+        old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, set(FORWARDED) | {signal.SIGCHLD})
+        if job.daemon is not None:
+            job.daemon.start()  # its threads inherit the blocked signal mask
+        env = child_environment(dict(os.environ), job.index.path if job.index else None,
+                                library_path(), opts.verbose >= 2)
+        t0 = time.monotonic()
+        try:
+            child = os.posix_spawnp(opts.command[0], opts.command, env,
+                                    setsigmask=set(), setsigdef=set(FORWARDED) | {signal.SIGCHLD})
+        except OSError as e:
+            raise JobError(f"cannot start COMMAND {opts.command[0]!r}: {e.strerror}",
+                           126 if e.errno in (13, 8) else 127) from None
+        exit_code = _wait(child, 5.0 if opts.verbose else 0.0, lambda: _print_status(job))
+        exit_code = exit_code if exit_code >= 0 else 128 - exit_code
+        job.timings["command"] = time.monotonic() - t0
+        if job.daemon is not None:
+            job.daemon.stop()
+        job.timings["total"] = time.monotonic() - t_start
+        from .stats import collect, summary_text
+        stats = collect(job, exit_code)
+        print(summary_text(stats), file=sys.stderr)
+        if opts.stats_json:
+            opts.stats_json.write_text(json.dumps(stats, indent=2) + "\n")
+        if opts.keep and job.run_dir:
+            print(f"tiering: --keep: index {job.run_dir}, tiers "
+                  + ", ".join(str(t.root) for t in job.tiers), file=sys.stderr)
+        return exit_code
+    finally:
+        if job.daemon is not None and not job.daemon.stopping:
+            job.daemon.stop()
+        cleanup(job)
+        if old_mask is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+
+
+def _print_status(job: Job) -> None:
+    if job.index is None or job.daemon is None:
+        return
+    c = job.index.counters()
+    placed = sum(t.files for t in job.tiers)
+    placed_bytes = sum(t.placed_bytes for t in job.tiers)
+    print(f"tiering: {placed} files ({human_bytes(placed_bytes)}) placed; "
+          f"{c['opens']} opens, {c['opens'] - c['opens_pfs']} from tiers", file=sys.stderr)
