@@ -463,7 +463,7 @@ static int64_t lookup(int dirfd, const char *path, char *abs, const char **rel, 
             continue;
         /* ".." is resolved lexically; that is only the kernel's answer when
          * it never climbed to the root and no directory below it is a link */
-        if (min_pop != PATH_MAX && (min_pop <= rl || (r->flags & TIERING_ROOT_HAS_DIR_LINKS)))
+        if (min_pop != PATH_MAX && (min_pop < rl || (r->flags & TIERING_ROOT_HAS_DIR_LINKS)))
             return -1;
         uint64_t fp[2];
         *rel = abs + rl + 1;

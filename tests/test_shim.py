@@ -1,0 +1,411 @@
+"""The shim, driven through C programs and Python under LD_PRELOAD."""
+from __future__ import annotations
+
+import os
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from conftest import PYTHON, ShimEnv, build_index, make_data
+from tiering.index import Root, SharedIndex, lib
+
+ENTRIES = ["open", "open64", "openat", "openat64", "__open_2", "__open64_2", "__openat_2",
+           "__openat64_2", "fopen", "fopen64", "freopen", "freopen64"]
+
+
+def read_via(se: ShimEnv, cbin: Path, entry: str, path: str, tmp: Path, dir_: str | None = None,
+             cwd: Path | None = None, env: dict[str, str] | None = None) -> tuple[bytes, str]:
+    out = tmp / f"out-{entry}"
+    args = [str(cbin / "shimtest"), entry, path, str(out)] + ([dir_] if dir_ else [])
+    r = se.run(args, env=env, cwd=cwd)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return out.read_bytes(), r.stdout.strip()
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_every_entry_point_serves_the_tier_copy_with_the_same_bytes(shimenv, cbin, tmp_path, entry):
+    shimenv.place_all()
+    for rel, data in shimenv.contents.items():
+        if "at" in entry.replace("__open", ""):  # the *at forms: relative to a directory fd
+            got, target = read_via(shimenv, cbin, entry, rel, tmp_path, dir_=str(shimenv.root))
+        else:
+            got, target = read_via(shimenv, cbin, entry, str(shimenv.root / rel), tmp_path)
+        assert got == data, rel
+        assert target == str(shimenv.tier / rel), rel
+    c = shimenv.index.counters()
+    assert c["opens"] == len(shimenv.contents)
+    assert c["opens_tier"] == [len(shimenv.contents)]
+    assert c["opens_pfs"] == 0
+    assert c["bytes_tier"] == sum(len(d) for d in shimenv.contents.values())
+
+
+@pytest.mark.parametrize("entry", ["open", "fopen", "openat"])
+def test_unplaced_files_are_read_from_the_pfs_and_counted(shimenv, cbin, tmp_path, entry):
+    rel = "a/two.bin"
+    path = rel if entry == "openat" else str(shimenv.root / rel)
+    got, target = read_via(shimenv, cbin, entry, path, tmp_path,
+                           dir_=str(shimenv.root) if entry == "openat" else None)
+    assert got == shimenv.contents[rel]
+    assert target == str(shimenv.root / rel)
+    c = shimenv.index.counters()
+    assert (c["opens"], c["opens_pfs"], c["opens_tier"]) == (1, 1, [0])
+    events = shimenv.index.drain()
+    assert [(e.kind, e.slot) for e in events] == [(lib.TIERING_EV_OPEN_PFS, shimenv.slots[rel]),
+                                                  (lib.TIERING_EV_CLOSE, shimenv.slots[rel])]
+
+
+def test_a_copy_is_only_served_to_its_own_path(shimenv, cbin, tmp_path):
+    shimenv.place("a/one.bin")
+    got, target = read_via(shimenv, cbin, "open", str(shimenv.root / "a/two.bin"), tmp_path)
+    assert target == str(shimenv.root / "a/two.bin")
+    assert got == shimenv.contents["a/two.bin"]
+
+
+def test_paths_outside_the_catalog_pass_through_uncounted(shimenv, cbin, tmp_path):
+    shimenv.place_all()
+    late = shimenv.root / "a" / "late.bin"        # created after the scan: a miss
+    late.write_bytes(b"late")
+    outside = tmp_path / "elsewhere.bin"
+    outside.write_bytes(b"x" * 10)
+    for p, data in ((late, b"late"), (outside, b"x" * 10)):
+        got, target = read_via(shimenv, cbin, "open", str(p), tmp_path)
+        assert (got, target) == (data, str(p))
+    missing = shimenv.run([str(cbin / "shimtest"), "open", str(shimenv.root / "nope"), str(tmp_path / "o")])
+    assert missing.stdout.strip() == "errno=2"
+    assert shimenv.index.counters()["opens"] == 0
+
+
+@pytest.mark.parametrize("path_form", [
+    "{root}/a/./two.bin", "{root}//a//two.bin", "{root}/a/deep/../two.bin",
+    "{root}/a/deep/er/../../two.bin", "{root}/b/../a/two.bin",
+])
+def test_dot_and_double_slash_paths_resolve_to_the_entry(shimenv, cbin, tmp_path, path_form):
+    shimenv.place("a/two.bin")
+    got, target = read_via(shimenv, cbin, "open", path_form.format(root=shimenv.root), tmp_path)
+    assert got == shimenv.contents["a/two.bin"]
+    assert target == str(shimenv.tier / "a/two.bin")
+
+
+def test_dotdot_that_climbs_out_of_the_root_is_not_redirected(shimenv, cbin, tmp_path):
+    shimenv.place("a/two.bin")
+    path = f"{shimenv.root}/../data/a/two.bin"     # same file, but resolved above the root
+    got, target = read_via(shimenv, cbin, "open", path, tmp_path)
+    assert got == shimenv.contents["a/two.bin"]
+    assert target == str(shimenv.root / "a/two.bin")
+
+
+def test_relative_paths_from_the_cwd(shimenv, cbin, tmp_path):
+    shimenv.place("a/deep/er/three.bin")
+    for cwd, rel in ((shimenv.root, "a/deep/er/three.bin"), (shimenv.root / "a" / "deep", "er/three.bin"),
+                     (shimenv.root / "b", "../a/deep/er/three.bin"), (shimenv.root / "a", "./deep/er/./three.bin")):
+        got, target = read_via(shimenv, cbin, "open", rel, tmp_path, cwd=cwd)
+        assert got == shimenv.contents["a/deep/er/three.bin"]
+        assert target == str(shimenv.tier / "a/deep/er/three.bin"), (cwd, rel)
+
+
+def test_openat_relative_to_a_subdirectory(shimenv, cbin, tmp_path):
+    shimenv.place("a/deep/er/three.bin")
+    got, target = read_via(shimenv, cbin, "openat", "er/three.bin", tmp_path, dir_=str(shimenv.root / "a/deep"))
+    assert got == shimenv.contents["a/deep/er/three.bin"]
+    assert target == str(shimenv.tier / "a/deep/er/three.bin")
+
+
+def test_symlinked_root_and_its_real_path_both_hit(tmp_path, cbin):
+    real = tmp_path / "lustre" / "ds"
+    contents = make_data(real, {"x/f.bin": 999})
+    link = tmp_path / "pfs"
+    link.symlink_to(tmp_path / "lustre")
+    tier = tmp_path / "tier"
+    tier.mkdir()
+    logical = link / "ds"
+    index, slots = build_index(tmp_path, [Root(str(logical), 0), Root(str(real), 0)], real, contents, tier)
+    (tier / "x").mkdir()
+    (tier / "x/f.bin").write_bytes(contents["x/f.bin"])
+    assert index.cas_state(slots["x/f.bin"], 0, 1)
+    se = ShimEnv(real, tier, index, slots, contents,
+                 dict(os.environ, LD_PRELOAD=str(Path(lib_path())), TIERING_INDEX=str(index.path)))
+    for p in (logical / "x/f.bin", real / "x/f.bin"):
+        got, target = read_via(se, cbin, "open", str(p), tmp_path)
+        assert got == contents["x/f.bin"]
+        assert target == str(tier / "x/f.bin")
+    index.close()
+
+
+def lib_path() -> Path:
+    from tiering.index import library_path
+    return library_path()
+
+
+def test_root_with_symlinked_subdirectory_refuses_dotdot(tmp_path, cbin):
+    root = tmp_path / "ds"
+    contents = make_data(root, {"a/f.bin": 10, "other/f.bin": 20})
+    (root / "link").symlink_to(root / "other")
+    tier = tmp_path / "tier"
+    tier.mkdir()
+    index, slots = build_index(tmp_path, [Root(str(root), 0, has_dir_links=True)], root, contents, tier)
+    for rel in contents:
+        (tier / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tier / rel).write_bytes(contents[rel])
+        assert index.cas_state(slots[rel], 0, 1)
+    se = ShimEnv(root, tier, index, slots, contents,
+                 dict(os.environ, LD_PRELOAD=str(lib_path()), TIERING_INDEX=str(index.path)))
+    # "link/../a/f.bin" is, for the kernel, other/../a/f.bin -> root/a/f.bin; by text
+    # also a/f.bin, but with a linked directory the shim must not guess
+    got, target = read_via(se, cbin, "open", f"{root}/link/../a/f.bin", tmp_path)
+    assert got == contents["a/f.bin"]
+    assert target == str(root / "a/f.bin")
+    got, target = read_via(se, cbin, "open", f"{root}/a/f.bin", tmp_path)
+    assert target == str(tier / "a/f.bin")
+    index.close()
+
+
+@pytest.mark.parametrize("how", ["O_RDWR", "O_WRONLY", "O_TRUNC", "creat", "r+", "w", "a"])
+def test_write_opens_pass_through_and_invalidate(shimenv, tmp_path, how):
+    rel = "a/one.bin"
+    copy = shimenv.place(rel)
+    src = shimenv.root / rel
+    script = {
+        "O_RDWR": f"import os; fd=os.open({str(src)!r}, os.O_RDWR); os.pwrite(fd, b'NEW', 0); os.close(fd)",
+        "O_WRONLY": f"import os; fd=os.open({str(src)!r}, os.O_WRONLY); os.write(fd, b'NEW'); os.close(fd)",
+        "O_TRUNC": f"import os; fd=os.open({str(src)!r}, os.O_RDONLY|os.O_TRUNC); os.close(fd)",
+        "creat": f"import ctypes; l=ctypes.CDLL(None); fd=l.creat({str(src).encode()!r}, 0o644); l.write(fd, b'NEW', 3); l.close(fd)",
+        "r+": f"import ctypes; l=ctypes.CDLL(None); l.fopen.restype=ctypes.c_void_p; f=l.fopen({str(src).encode()!r}, b'r+'); l.fwrite(b'NEW', 1, 3, ctypes.c_void_p(f)); l.fclose(ctypes.c_void_p(f))",
+        "w": f"import ctypes; l=ctypes.CDLL(None); l.fopen.restype=ctypes.c_void_p; f=l.fopen({str(src).encode()!r}, b'w'); l.fwrite(b'NEW', 1, 3, ctypes.c_void_p(f)); l.fclose(ctypes.c_void_p(f))",
+        "a": f"import ctypes; l=ctypes.CDLL(None); l.fopen.restype=ctypes.c_void_p; f=l.fopen({str(src).encode()!r}, b'a'); l.fwrite(b'NEW', 1, 3, ctypes.c_void_p(f)); l.fclose(ctypes.c_void_p(f))",
+    }[how]
+    r = shimenv.run([PYTHON, "-c", script])
+    assert r.returncode == 0, r.stderr
+    assert shimenv.state(rel) == lib.TIERING_STATE_INVALID
+    assert copy.read_bytes() == shimenv.contents[rel]       # the copy was never written
+    now = src.read_bytes()
+    assert now != shimenv.contents[rel]                      # the write reached the source
+    # a later read-only open sees the new bytes, from the PFS
+    r = shimenv.run([PYTHON, "-c", f"import sys; sys.stdout.write(open({str(src)!r}, 'rb').read().hex())"])
+    assert bytes.fromhex(r.stdout) == now
+    c = shimenv.index.counters()
+    assert c["writes"] == 1 and c["opens_tier"] == [0]
+    kinds = [e.kind for e in shimenv.index.drain()]
+    assert lib.TIERING_EV_WRITE in kinds
+
+
+def test_evicted_copy_falls_back_to_the_pfs_with_errno_untouched(shimenv, cbin, tmp_path):
+    rel = "a/two.bin"
+    copy = shimenv.place(rel)
+    copy.unlink()  # state still says tier 0: the copy vanished between lookup and open
+    got, target = read_via(shimenv, cbin, "open", str(shimenv.root / rel), tmp_path)
+    assert (got, target) == (shimenv.contents[rel], str(shimenv.root / rel))
+    r = shimenv.run([PYTHON, "-c", textwrap.dedent(f"""
+        import ctypes, os
+        libc = ctypes.CDLL(None, use_errno=True)
+        ctypes.set_errno(1234)
+        fd = libc.open({str(shimenv.root / rel).encode()!r}, os.O_RDONLY)
+        print(fd >= 0, ctypes.get_errno())
+    """)])
+    assert r.stdout.split() == ["True", "1234"]
+    c = shimenv.index.counters()
+    assert c["fallbacks"] == 2 and c["opens_pfs"] == 2
+
+
+def _pass_through_check(se: ShimEnv, cbin: Path, tmp_path: Path, env: dict[str, str]) -> None:
+    se.place_all()
+    for rel in ("a/one.bin", "c/big.bin"):
+        got, target = read_via(se, cbin, "open", str(se.root / rel), tmp_path, env=env)
+        assert (got, target) == (se.contents[rel], str(se.root / rel))
+
+
+def test_no_index_passes_through(shimenv, cbin, tmp_path):
+    env = dict(shimenv.env)
+    del env["TIERING_INDEX"]
+    _pass_through_check(shimenv, cbin, tmp_path, env)
+
+
+def test_disable_variable_passes_through(shimenv, cbin, tmp_path):
+    _pass_through_check(shimenv, cbin, tmp_path, dict(shimenv.env, TIERING_DISABLE="1"))
+    assert shimenv.index.counters()["opens"] == 0
+
+
+def test_missing_index_file_passes_through_and_debug_says_why(shimenv, cbin, tmp_path):
+    env = dict(shimenv.env, TIERING_INDEX=str(tmp_path / "nope"), TIERING_DEBUG="1")
+    _pass_through_check(shimenv, cbin, tmp_path, env)
+    r = shimenv.run([str(cbin / "shimtest"), "open", str(shimenv.root / "top.bin"), str(tmp_path / "o")], env=env)
+    assert "cannot open" in r.stderr
+
+
+def test_foreign_owned_index_is_refused(shimenv, cbin, tmp_path):
+    os.chown(shimenv.index.path, 12345, 12345)
+    env = dict(shimenv.env, TIERING_DEBUG="1")
+    _pass_through_check(shimenv, cbin, tmp_path, env)
+    r = shimenv.run([str(cbin / "shimtest"), "open", str(shimenv.root / "top.bin"), str(tmp_path / "o")], env=env)
+    assert "not a private file" in r.stderr
+
+
+@pytest.mark.parametrize("target", ["file", "dir"])
+def test_index_readable_by_others_is_refused(shimenv, cbin, tmp_path, target):
+    os.chmod(shimenv.index.path if target == "file" else shimenv.index.path.parent, 0o755)
+    _pass_through_check(shimenv, cbin, tmp_path, shimenv.env)
+
+
+@pytest.mark.parametrize("damage", ["magic", "version", "truncated", "nroots", "tier_path"])
+def test_malformed_index_is_refused(shimenv, cbin, tmp_path, damage):
+    h = shimenv.index.header
+    if damage == "magic":
+        h.magic = 0
+    elif damage == "version":
+        h.version = 999
+    elif damage == "nroots":
+        h.nroots = 1000
+    elif damage == "tier_path":
+        h.tiers[0].path[0] = b"x"
+    else:  # a truncated copy: the live mapping of this process must stay whole
+        short = shimenv.index.path.parent / "short"
+        short.write_bytes(shimenv.index.path.read_bytes()[:4096])
+        os.chmod(short, 0o600)
+        _pass_through_check(shimenv, cbin, tmp_path, dict(shimenv.env, TIERING_INDEX=str(short)))
+        return
+    _pass_through_check(shimenv, cbin, tmp_path, shimenv.env)
+
+
+def test_python_open_and_numpy_fromfile_read_the_copy(shimenv, tmp_path):
+    rel = "c/big.bin"
+    copy = shimenv.place(rel)
+    r = shimenv.run([PYTHON, "-c", textwrap.dedent(f"""
+        import os, hashlib, mmap
+        p = {str(shimenv.root / rel)!r}
+        with open(p, 'rb') as f:
+            print(os.readlink(f'/proc/self/fd/{{f.fileno()}}'), hashlib.sha256(f.read()).hexdigest())
+        with open(p, 'rb') as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as m:
+            print(hashlib.sha256(m[:]).hexdigest())
+    """)])
+    assert r.returncode == 0, r.stderr
+    import hashlib
+    want = hashlib.sha256(shimenv.contents[rel]).hexdigest()
+    lines = r.stdout.split()
+    assert lines == [str(copy), want, want]
+
+
+def test_fd_bookkeeping_posts_one_close_per_descriptor(shimenv, cbin):
+    rel = "a/one.bin"
+    shimenv.place(rel)
+    r = shimenv.run([str(cbin / "fdbook"), str(shimenv.root / rel)])
+    assert r.stdout.strip() == "ok", r.stderr
+    events = shimenv.index.drain()
+    kinds = [e.kind for e in events]
+    assert kinds.count(lib.TIERING_EV_OPEN_TIER) == 3
+    assert kinds.count(lib.TIERING_EV_CLOSE) == 9
+    assert all(e.slot == shimenv.slots[rel] for e in events)
+    assert len({e.pid for e in events}) == 1
+
+
+def test_stale_descriptor_numbers_do_not_post_closes(shimenv, tmp_path):
+    """An fd number reused by an uncatalogued open must not carry the old entry."""
+    rel = "a/one.bin"
+    shimenv.place(rel)
+    other = tmp_path / "other.bin"
+    other.write_bytes(b"o")
+    script = textwrap.dedent(f"""
+        import os
+        fd = os.open({str(shimenv.root / rel)!r}, os.O_RDONLY)
+        os.closerange(fd, fd + 1)          # not through close(): the shim may not see it
+        fd2 = os.open({str(other)!r}, os.O_RDONLY)
+        assert fd2 == fd, (fd, fd2)
+        os.close(fd2)
+    """)
+    r = shimenv.run([PYTHON, "-c", script])
+    assert r.returncode == 0, r.stderr
+    kinds = [e.kind for e in shimenv.index.drain()]
+    assert kinds.count(lib.TIERING_EV_OPEN_TIER) == 1
+    assert kinds.count(lib.TIERING_EV_CLOSE) <= 1
+
+
+def test_odd_flags_go_to_the_pfs_without_invalidating(shimenv, tmp_path):
+    rel = "a/one.bin"
+    shimenv.place(rel)
+    r = shimenv.run([PYTHON, "-c", textwrap.dedent(f"""
+        import os
+        for fl in (os.O_NOFOLLOW, os.O_DIRECT if hasattr(os, 'O_DIRECT') else os.O_NOFOLLOW):
+            fd = os.open({str(shimenv.root / rel)!r}, os.O_RDONLY | fl)
+            print(os.readlink(f'/proc/self/fd/{{fd}}'))
+            os.close(fd)
+    """)])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == [str(shimenv.root / rel)] * 2
+    assert shimenv.state(rel) == 1
+
+
+def test_exec_and_fork_keep_the_shim(shimenv, tmp_path):
+    shimenv.place_all()
+    script = textwrap.dedent(f"""
+        import os, subprocess, sys
+        p = {str(shimenv.root / 'a/two.bin')!r}
+        pid = os.fork()
+        if pid == 0:
+            fd = os.open(p, os.O_RDONLY)
+            os._exit(0 if os.readlink(f'/proc/self/fd/{{fd}}').startswith({str(shimenv.tier)!r}) else 1)
+        _, st = os.waitpid(pid, 0)
+        out = subprocess.run(['cat', p], capture_output=True).stdout
+        print(os.waitstatus_to_exitcode(st), len(out))
+    """)
+    r = shimenv.run([PYTHON, "-c", script])
+    assert r.stdout.split() == ["0", str(len(shimenv.contents["a/two.bin"]))], r.stderr
+    events = shimenv.index.drain()
+    pids = {e.pid for e in events if e.kind == lib.TIERING_EV_OPEN_TIER}
+    assert len(pids) == 2  # the forked child and the exec'd cat each posted with their own pid
+    assert shimenv.index.counters()["opens_tier"] == [2]
+
+
+def test_fingerprint_distinguishes_roots_and_paths():
+    from tiering.index import fingerprint
+    fps = {fingerprint(r, p) for r in range(3) for p in ["", "a", "a/b", "a/b/", "b/a", "x" * 100]}
+    assert len(fps) == 18
+    assert fingerprint(0, "a/b") == fingerprint(0, "a/b")
+
+
+def test_header_layout_agrees_between_c_and_python(tmp_path, cbin):
+    """The C side reads values the Python side wrote (and the reverse)."""
+    import subprocess
+    from tiering.index import ffi, header_path
+    prog = tmp_path / "layout.c"
+    prog.write_text(textwrap.dedent(r"""
+        #include <stdio.h>
+        #include <stddef.h>
+        #include <fcntl.h>
+        #include <sys/mman.h>
+        #include <sys/stat.h>
+        #include "tiering.h"
+        int main(int argc, char **argv) {
+            printf("%zu %zu %zu %zu %zu %zu %zu %zu\n", sizeof(struct tiering_header),
+                   sizeof(struct tiering_entry), sizeof(struct tiering_event),
+                   offsetof(struct tiering_header, roots), offsetof(struct tiering_header, tiers),
+                   offsetof(struct tiering_header, counters), offsetof(struct tiering_header, ring_head),
+                   offsetof(struct tiering_entry, mtime_ns));
+            int fd = open(argv[1], O_RDWR);
+            struct stat st; fstat(fd, &st);
+            struct tiering_header *h = mmap(0, st.st_size, PROT_READ|PROT_WRITE, MAP_SHARED, fd, 0);
+            struct tiering_entry *e = tiering_entries(h);
+            printf("%llu %u %s %llu\n", (unsigned long long)h->nslots, h->ntiers, h->tiers[0].path,
+                   (unsigned long long)e[atoi(argv[2])].size);
+            h->counters.fallbacks = 4242;
+            return 0;
+        }
+    """).replace("#include <stdio.h>", "#include <stdio.h>\n#include <stdlib.h>"))
+    subprocess.run(["cc", "-I", str(header_path().parent), "-o", str(tmp_path / "layout"), str(prog)], check=True)
+    root = tmp_path / "d"
+    contents = make_data(root, {"f": 31337})
+    index, slots = build_index(tmp_path, [Root(str(root), 0)], root, contents, tmp_path / "tierx")
+    out = subprocess.run([str(tmp_path / "layout"), str(index.path), str(slots["f"])],
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    sizes = [int(x) for x in out[0].split()]
+    assert sizes == [ffi.sizeof("struct tiering_header"), ffi.sizeof("struct tiering_entry"),
+                     ffi.sizeof("struct tiering_event"), ffi.offsetof("struct tiering_header", "roots"),
+                     ffi.offsetof("struct tiering_header", "tiers"), ffi.offsetof("struct tiering_header", "counters"),
+                     ffi.offsetof("struct tiering_header", "ring_head"), ffi.offsetof("struct tiering_entry", "mtime_ns")]
+    assert out[1].split() == [str(index.header.nslots), "1", str(tmp_path / "tierx"), "31337"]
+    assert index.counters()["fallbacks"] == 4242
+    index.close()
+
+
+def test_index_reopens_from_python(shimenv):
+    other = SharedIndex.open(shimenv.index.path)
+    assert other.header.nentries == len(shimenv.contents)
+    other.close()
