@@ -342,9 +342,9 @@ def test_reader_exits_3_when_a_file_changes(reader_tree: Path,
     calls = {"n": 0}
 
     def flaky(self, index: int):  # type: ignore[no-untyped-def]
-        i, n, hexd = real(self, index)
+        i, n, hexd, local = real(self, index)
         calls["n"] += 1
-        return (i, n, "0" * 64) if calls["n"] == 40 else (i, n, hexd)
+        return (i, n, "0" * 64, local) if calls["n"] == 40 else (i, n, hexd, local)
 
     monkeypatch.setattr(reader.FileDataset, "__getitem__", flaky)
     assert reader.main(["--data", str(reader_tree), "--mode", "plain", "--epochs", "2"]) == 3

@@ -3,7 +3,7 @@ that every epoch sees the same bytes.
 
     python tests/workloads/reader.py --data DIR --epochs 3 [--workers 2]
         [--mp-context fork|spawn|forkserver] [--seed 0] [--batch-size 8]
-        [--mode dataloader|plain] [--out FILE.json]
+        [--mode dataloader|plain] [--out FILE.json] [--epoch-pause S]
 
 * Files: every regular file under DIR (symlinks followed), skipping names that start
   with "." (files and directories), in sorted order of their path relative to DIR.
@@ -13,10 +13,13 @@ that every epoch sees the same bytes.
   DataLoader: per epoch one int64 draw from the generator (the DataLoader iterator's base
   seed) then a RandomSampler on that generator, so both modes read in the same order
   (checked against torch 2.13's DataLoader; see order_sha256).
-* Output JSON: {"files": N, "epochs": [{"opens", "bytes", "seconds", "order_sha256"}],
+* Output JSON: {"files": N, "epochs": [{"opens", "bytes", "seconds", "order_sha256", "local",
+  "local_files"}],
   "sha256": {relpath: hex}, "digest": hex}; digest = sha256 over the sorted pairs,
   each encoded as relpath + "\\0" + hex + "\\n" (UTF-8). order_sha256 hashes the
-  relpaths in the order they were delivered (same encoding, relpath + "\\n").
+  relpaths in the order they were delivered (same encoding, relpath + "\\n"). "local"
+  counts the opens whose descriptor points outside the data root (a tier copy, as
+  /proc/self/fd shows) and "local_files" lists them.
 * Exit status: 0; 3 if a file's checksum differs between epochs (or a file was not
   read exactly once in an epoch); 2 for bad arguments or an empty tree.
 """
@@ -52,18 +55,21 @@ def list_files(root: str) -> list[str]:
 class FileDataset(Dataset):
     def __init__(self, root: str, relpaths: list[str]) -> None:
         self.root = root
+        self.real_root = os.path.realpath(root)
         self.relpaths = relpaths
 
     def __len__(self) -> int:
         return len(self.relpaths)
 
-    def __getitem__(self, index: int) -> tuple[int, int, str]:
+    def __getitem__(self, index: int) -> tuple[int, int, str, bool]:
         with open(os.path.join(self.root, self.relpaths[index]), "rb") as f:
             data = f.read()
-        return index, len(data), hashlib.sha256(data).hexdigest()
+            # where the descriptor really points: under the data root, or a local copy
+            local = not os.readlink(f"/proc/self/fd/{f.fileno()}").startswith(self.real_root + "/")
+        return index, len(data), hashlib.sha256(data).hexdigest(), local
 
 
-def collate(batch: list[tuple[int, int, str]]) -> list[tuple[int, int, str]]:
+def collate(batch: list[tuple[int, int, str, bool]]) -> list[tuple[int, int, str, bool]]:
     return batch
 
 
@@ -76,7 +82,7 @@ def digest_of(sha: dict[str, str]) -> str:
 
 def epoch_items(args: argparse.Namespace, dataset: FileDataset,
                 generator: torch.Generator,
-                loader: DataLoader | None) -> Iterator[tuple[int, int, str]]:
+                loader: DataLoader | None) -> Iterator[tuple[int, int, str, bool]]:
     if loader is not None:
         for batch in loader:
             yield from batch
@@ -99,6 +105,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--mode", choices=["dataloader", "plain"], default="dataloader")
     p.add_argument("--out", help="write the JSON result here (default: stdout only summary)")
+    p.add_argument("--epoch-pause", type=float, default=0.0,
+                   help="seconds to sleep after each epoch (a validation phase)")
     return p.parse_args(argv)
 
 
@@ -132,8 +140,11 @@ def main(argv: list[str] | None = None) -> int:
         opens = nbytes = 0
         seen = [0] * len(relpaths)
         order = hashlib.sha256()
-        for index, length, hexd in epoch_items(args, dataset, generator, loader):
+        local_files: list[str] = []
+        for index, length, hexd, local in epoch_items(args, dataset, generator, loader):
             rel = relpaths[index]
+            if local:
+                local_files.append(rel)
             opens += 1
             nbytes += length
             seen[index] += 1
@@ -150,9 +161,11 @@ def main(argv: list[str] | None = None) -> int:
                   f"e.g. {bad[0]}", file=sys.stderr)
             status = 3
         epochs.append({"opens": opens, "bytes": nbytes, "seconds": round(dt, 6),
-                       "order_sha256": order.hexdigest()})
+                       "order_sha256": order.hexdigest(), "local": len(local_files),
+                       "local_files": sorted(local_files)})
         print(f"reader: epoch {epoch + 1}/{args.epochs}: {opens} opens, {nbytes} bytes, "
               f"{dt:.3f} s", flush=True)
+        time.sleep(args.epoch_pause)
 
     result = {"files": len(relpaths), "epochs": epochs, "sha256": sha,
               "digest": digest_of(sha)}
