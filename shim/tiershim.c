@@ -667,7 +667,7 @@ static FILE *call_fopen(int is64, const char *path, const char *mode, FILE *stre
 static FILE *do_fopen(int is64, const char *path, const char *mode, FILE *stream)
 {
     ensure_init();
-    if (stream && idx)
+    if (stream && path && idx)
         untrack(fileno(stream)); /* freopen closes the old fd */
     if (!idx || !path)
         return call_fopen(is64, path, mode, stream);

@@ -230,12 +230,12 @@ class Daemon:
     def _copy_job(self, i: int, tier: int, reserved: int) -> None:
         t = self.tiers[tier]
         f = self.files[i]
-        allocated = 0
+        allocated: int | None = None
         published = False
         try:
             allocated = self._copy(f, t)
             with self.lock:
-                if allocated and i not in self.invalid and not self._stop.is_set():
+                if allocated is not None and i not in self.invalid and not self._stop.is_set():
                     # the copy is complete under its final name: publish it
                     published = self.index.cas_state(self.slots[i], lib.TIERING_STATE_NONE, tier + 1)
                 if published:
@@ -255,43 +255,44 @@ class Daemon:
                 self.pending.discard(i)
                 if not published:
                     t.used -= reserved
-                    if allocated:
+                    if allocated is not None:
                         _unlink_quietly(t.data / f.rel)
         if published:
             self.policy.on_placed(i, tier)
 
-    def _copy(self, f: CatalogFile, t: TierState) -> int:
+    def _copy(self, f: CatalogFile, t: TierState) -> int | None:
         """Copies one file into the tier; returns the bytes it takes there, or
-        0 when the source changed (nothing is published then)."""
+        None when the source changed or the daemon stops (nothing to publish)."""
         src = self.catalog.source_path(f)
         dst = t.data / f.rel
         tmp = t.staging / f"{threading.get_ident()}-{os.getpid()}.part"
-        with self._pfs:
-            fd_in = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
-            with self.lock:
-                self.stats.pfs_opens += 1
-            try:
-                fd_out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            with self._pfs:
+                fd_in = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
+                with self.lock:
+                    self.stats.pfs_opens += 1
                 try:
-                    copied = self._transfer(fd_in, fd_out, f.size)
-                    st_out = os.fstat(fd_out)
+                    fd_out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+                    try:
+                        copied = self._transfer(fd_in, fd_out, f.size)
+                        st_out = os.fstat(fd_out)
+                    finally:
+                        os.close(fd_out)
+                    st_in = os.fstat(fd_in)
                 finally:
-                    os.close(fd_out)
-                st_in = os.fstat(fd_in)
-            finally:
-                os.close(fd_in)
-        if copied < 0:  # stopped halfway
-            os.unlink(tmp)
-            return 0
-        if copied != f.size or st_in.st_size != f.size or st_in.st_mtime_ns != f.mtime_ns:
-            os.unlink(tmp)
-            with self.lock:
-                self.stats.changed_sources += 1
-            log.info("%s changed since the scan: not placed", src)
-            return 0
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        os.rename(tmp, dst)
-        return max(st_out.st_blocks * 512, 1)
+                    os.close(fd_in)
+            if copied < 0:  # stopped halfway
+                return None
+            if copied != f.size or st_in.st_size != f.size or st_in.st_mtime_ns != f.mtime_ns:
+                with self.lock:
+                    self.stats.changed_sources += 1
+                log.info("%s changed since the scan: not placed", src)
+                return None
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            os.rename(tmp, dst)
+            return st_out.st_blocks * 512
+        finally:
+            _unlink_quietly(tmp)  # a partial or rejected copy; gone already after the rename
 
     def _transfer(self, fd_in: int, fd_out: int, size: int) -> int:
         copied = 0
