@@ -238,7 +238,7 @@ class Daemon:
                 if allocated is not None and i not in self.invalid and not self._stop.is_set():
                     # the copy is complete under its final name: publish it
                     published = self.index.cas_state(self.slots[i], lib.TIERING_STATE_NONE, tier + 1)
-                if published:
+                if published and allocated is not None:
                     self.where[i] = tier
                     t.files += 1
                     t.placed_bytes += f.size

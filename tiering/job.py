@@ -240,11 +240,11 @@ def run(job: Job) -> int:
     opts = job.opts
     resolve_command(opts.command)
     t_start = time.monotonic()
-    old_mask: set[signal.Signals] | None = None
+    old_mask: set[int] | None = None
     try:
         setup(job)
         # from here on signals are taken with sigtimedwait and forwarded
-        old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, set(FORWARDED) | {signal.SIGCHLD})
+        old_mask = set(signal.pthread_sigmask(signal.SIG_BLOCK, set(FORWARDED) | {signal.SIGCHLD}))
         if job.daemon is not None:
             job.daemon.start()  # its threads inherit the blocked signal mask
         env = child_environment(dict(os.environ), job.index.path if job.index else None,
