@@ -97,7 +97,7 @@ class Daemon:
         for i, s in enumerate(slots):
             self.file_of_slot[s] = i
         self.where = array("b", [NOT_PLACED]) * len(self.files)
-        self.pending: set[int] = set()
+        self.pending: dict[int, int] = {}   # file -> tier of a copy in flight
         self.invalid: set[int] = set()
         self._futures: set[Future[None]] = set()
         self._thread: threading.Thread | None = None
@@ -129,17 +129,25 @@ class Daemon:
     def _event_loop(self) -> None:
         last_tail_move = time.monotonic()
         last_pending = -1
+        rounds = 0
         while not self._stop.wait(0.005):
+            rounds += 1
+            if rounds % 10 == 0:
+                self._guarded(self.policy.poll)
             pending = self.index.pending_events()
             stuck = pending > 0 and pending == last_pending and time.monotonic() - last_tail_move > 0.5
             events = self.index.drain(force=stuck)
             if events or pending != last_pending:
                 last_tail_move = time.monotonic()
             last_pending = self.index.pending_events()
-            try:
-                self._handle(events)
-            except Exception as e:  # a policy bug must not take the job down
-                log.exception("placement error: %s", e)
+            self._guarded(self._handle, events)
+
+    def _guarded(self, fn: Callable[..., None], *args: object) -> None:
+        try:
+            fn(*args)
+        except Exception as e:  # a policy bug must not take the job down
+            log.exception("placement error: %s", e)
+            if len(self.stats.errors) < 20:
                 self.stats.errors.append(repr(e))
 
     def _handle(self, events: list[Event]) -> None:
@@ -184,7 +192,7 @@ class Daemon:
             if t.free() < need:
                 return False
             t.used += need
-            self.pending.add(i)
+            self.pending[i] = tier
             assert t.pool is not None
             fut = t.pool.submit(self._copy_job, i, tier, need)
             self._futures.add(fut)
@@ -196,8 +204,10 @@ class Daemon:
             with self.lock:
                 self._futures.discard(fut)
                 if fut.cancelled():
-                    self.pending.discard(i)
+                    self.pending.pop(i, None)
                     self.tiers[tier].used -= reserved
+            if fut.cancelled():
+                self.policy.on_failed(i)
         return done
 
     def evict(self, i: int) -> bool:
@@ -252,13 +262,15 @@ class Daemon:
             log.debug("copy of %s to %s failed: %s", f.rel, t.name, e)
         finally:
             with self.lock:
-                self.pending.discard(i)
+                self.pending.pop(i, None)
                 if not published:
                     t.used -= reserved
                     if allocated is not None:
                         _unlink_quietly(t.data / f.rel)
         if published:
             self.policy.on_placed(i, tier)
+        else:
+            self.policy.on_failed(i)
 
     def _copy(self, f: CatalogFile, t: TierState) -> int | None:
         """Copies one file into the tier; returns the bytes it takes there, or

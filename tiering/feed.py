@@ -1,0 +1,163 @@
+"""Where the clairvoyant policy learns the stream: a known sampler or an order
+file given on the command line (all epochs known ahead), or the messages the
+zero-code hook publishes from inside the training process (tiering/hook).
+
+Every feed hands out epochs as lists of catalog file ids.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+from .catalog import Catalog
+
+log = logging.getLogger("tiering")
+
+MERGE_WAIT = 1.0   # seconds to wait for the other local ranks' order of an epoch
+
+
+@dataclass
+class EpochOrder:
+    epoch: int
+    order: list[int]                 # catalog file ids, in read order
+    next: list[int] | None = None    # the next epoch's order, when the hook could predict it
+
+
+class PathMap:
+    """Absolute paths -> catalog file ids (through symlinked roots too)."""
+
+    def __init__(self, catalog: Catalog):
+        self.catalog = catalog
+        self._ids: dict[tuple[int, str], int] | None = None
+        self._prefixes: list[tuple[str, int]] = []
+        for i, r in enumerate(catalog.roots):
+            self._prefixes.append((r.rstrip("/") + "/", i))
+            real = os.path.realpath(r)
+            if real != r:
+                self._prefixes.append((real.rstrip("/") + "/", i))
+
+    def id_of(self, path: str) -> int:
+        if self._ids is None:
+            self._ids = {(f.root, f.rel): k for k, f in enumerate(self.catalog.files)}
+        p = os.path.normpath(path)
+        for prefix, root in self._prefixes:
+            if p.startswith(prefix):
+                return self._ids.get((root, p[len(prefix):]), -1)
+        return -1
+
+
+class ListFeed:
+    """Epochs known in advance (a sampler given on the command line, an order file)."""
+
+    def __init__(self, epochs: Iterator[list[int]]):
+        self._epochs = epochs
+        self.number = 0
+
+    def next_epoch(self) -> list[int] | None:
+        try:
+            order = next(self._epochs)
+        except StopIteration:
+            return None
+        self.number += 1
+        return order
+
+
+@dataclass
+class _Loader:
+    key: int
+    ids_by_rank: dict[int, list[int]] = field(default_factory=dict)   # dataset index -> catalog id
+    mapped: int = 0
+    pending: dict[int, dict[int, dict]] = field(default_factory=dict)  # epoch -> rank -> message
+    first_seen: dict[int, float] = field(default_factory=dict)
+
+
+class HookFeed:
+    """Reads the hook's messages from the order directory."""
+
+    def __init__(self, order_dir: Path, catalog: Catalog):
+        self.dir = order_dir
+        self.paths = PathMap(catalog)
+        self.loaders: dict[int, _Loader] = {}
+        self.errors: list[str] = []
+        self.main: int | None = None          # key of the loader whose stream is planned
+        self._done: set[str] = set()
+
+    def poll(self, now: float | None = None) -> list[tuple[int, EpochOrder]]:
+        """New complete epochs, as (loader key, order), oldest first."""
+        now = time.monotonic() if now is None else now
+        try:
+            names = sorted(n for n in os.listdir(self.dir) if n.endswith(".json") and n not in self._done)
+        except OSError:
+            return []
+        for name in names:
+            self._done.add(name)
+            try:
+                msg = json.loads((self.dir / name).read_text())
+                os.unlink(self.dir / name)
+            except (OSError, ValueError) as e:
+                log.info("order message %s unreadable: %s", name, e)
+                continue
+            self._take(msg, now)
+        return self._complete(now)
+
+    def _take(self, msg: dict, now: float) -> None:
+        kind = msg.get("kind")
+        key = int(msg.get("loader", 0))
+        loader = self.loaders.setdefault(key, _Loader(key))
+        rank = int(msg.get("rank", 0))
+        if kind == "error":
+            text = str(msg.get("message", "unknown problem"))
+            if text not in self.errors:
+                self.errors.append(text)
+                log.warning("order hook: %s", text)
+        elif kind == "dataset":
+            ids = [self.paths.id_of(p) for p in msg.get("paths", [])]
+            loader.ids_by_rank[rank] = ids
+            loader.mapped = max(loader.mapped, sum(i >= 0 for i in ids))
+            if loader.mapped == 0 and ids:
+                text = (f"the data set's files (e.g. {msg['paths'][0]}) are not under any --data "
+                        "directory; prefetching follows first touch")
+                if text not in self.errors:
+                    self.errors.append(text)
+                    log.warning("order hook: %s", text)
+            best = max(self.loaders.values(), key=lambda ld: ld.mapped)
+            if best.mapped > 0:
+                self.main = best.key
+        elif kind == "epoch":
+            epoch = int(msg["epoch"])
+            loader.pending.setdefault(epoch, {})[rank] = msg
+            loader.first_seen.setdefault(epoch, now)
+
+    def _complete(self, now: float) -> list[tuple[int, EpochOrder]]:
+        out: list[tuple[int, EpochOrder]] = []
+        for loader in self.loaders.values():
+            for epoch in sorted(loader.pending):
+                msgs = loader.pending[epoch]
+                ranks = set(loader.ids_by_rank) or {0}
+                if set(msgs) < ranks and now - loader.first_seen[epoch] < MERGE_WAIT:
+                    continue  # the other ranks' orders are on their way
+                del loader.pending[epoch]
+                order = self._merge(loader, msgs, "indices")
+                nxt = self._merge(loader, msgs, "next") if all(m.get("next") is not None for m in msgs.values()) else None
+                out.append((loader.key, EpochOrder(epoch, order, nxt)))
+        return out
+
+    @staticmethod
+    def _merge(loader: _Loader, msgs: dict[int, dict], field_name: str) -> list[int]:
+        """One node reads the union of its ranks' streams, about in lockstep:
+        interleave them position by position."""
+        streams = []
+        for rank in sorted(msgs):
+            ids = loader.ids_by_rank.get(rank) or next(iter(loader.ids_by_rank.values()), [])
+            streams.append([ids[i] for i in msgs[rank][field_name] if 0 <= i < len(ids) and ids[i] >= 0])
+        if len(streams) == 1:
+            return streams[0]
+        merged: list[int] = []
+        for k in range(max(map(len, streams))):
+            merged.extend(s[k] for s in streams if k < len(s))
+        return merged

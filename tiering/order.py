@@ -1,0 +1,470 @@
+"""The access stream, reproduced not guessed: for each epoch, the data-set indices the
+training reads, in order.
+
+Order sources: PyTorch samplers reproduced bit for bit by running the same torch
+operations on the same generator (never a re-implemented RNG), an explicit order file,
+and the rank/world facts a launcher (torchrun, Slurm) puts in the environment.
+
+torch is imported only when a shuffled order is asked for (it is not a core dependency
+of tiering); the torch installed here must be the training's version, since the
+permutation algorithm behind torch.randperm is what is being replayed.
+
+How torch 2.13.0 (CPU generator, mt19937) consumes random numbers -- read in
+torch/utils/data/{sampler,distributed,dataloader}.py and checked against the real
+classes by tests/test_order.py:
+
+* RandomSampler.__iter__ is a Python generator: nothing is drawn until the first index
+  is asked for. With generator=None it seeds a fresh generator from the *global* RNG
+  every epoch (unknowable here: spec.seed None -> OrderError).
+* Without replacement it yields num_samples // n full torch.randperm(n) and then ALWAYS
+  draws one more torch.randperm(n), of which it yields the first num_samples % n.
+  With the default num_samples == n that last permutation is drawn and thrown away:
+  every epoch consumes two permutations. It is drawn when the consumer asks for the
+  element after the last one (a for loop, BatchSampler with or without drop_last, and
+  the DataLoader all do); a training that breaks out of an epoch early does not draw it.
+* With replacement it draws torch.randint(high=n, size=(32,)) num_samples // 32 times,
+  then torch.randint(size=(num_samples % 32,)) (a size-0 draw leaves the state alone).
+* torch.randperm(n) consumes n - 1 32-bit words (randperm(1) consumes none);
+  torch.randint with a small range one 32-bit word per element;
+  torch.empty((), dtype=torch.int64).random_(generator=g) one 64-bit value (two words).
+* DataLoader(shuffle=True, generator=g) builds RandomSampler(dataset, generator=g) on
+  that same generator. Each iterator (_BaseDataLoaderIter.__init__) first calls
+  iter(batch_sampler) -- lazy, draws nothing -- then draws its workers' base seed,
+  torch.empty((), dtype=torch.int64).random_(generator=g), whatever num_workers is
+  (0 included). So an epoch is: base seed, then the sampler's draws (trailing unused
+  permutation included). num_workers=2 consumes exactly as num_workers=0: the main
+  process drives the sampler, and its prefetching exhausts it before the epoch ends.
+* persistent_workers=True (num_workers > 0): one iterator for the loader's lifetime,
+  reset per epoch by _reset(), which does not draw a base seed: only epoch 0 draws one.
+* BatchSampler(drop_last=True) reads nothing of the tail that does not fill a batch, but
+  the sampler underneath still runs to exhaustion (zip pulls until StopIteration), so
+  the generator state after the epoch is the same as without drop_last.
+* DistributedSampler: torch.Generator().manual_seed(seed + epoch) (epoch = the value
+  of set_epoch, 0 if never called), one randperm(n); without drop_last the list is padded
+  to num_replicas * ceil(n / num_replicas) by repeating it from the start (both torch
+  branches, padding <= n and padding > n, come to cyclic repetition: padded[i] =
+  perm[i % n]); with drop_last and n % R != 0 it keeps the first
+  R * ceil((n - R) / R) (0 when n < R); rank r takes padded[r::R].
+* SequentialSampler: range(n), no random numbers.
+"""
+from __future__ import annotations
+
+import operator
+import re
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Iterator, Mapping
+
+if TYPE_CHECKING:  # torch is imported lazily, only when a shuffled order is asked for
+    from torch import Generator, Tensor
+
+KINDS = ("random", "distributed", "sequential")
+RANDINT_CHUNK = 32          # RandomSampler draws with replacement in chunks of 32
+NPY_MAGIC = b"\x93NUMPY"
+
+
+class OrderError(Exception):
+    """The order cannot be reproduced from what was given; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class SamplerSpec:
+    """How the training samples its data set, as much as reproducing it needs."""
+    kind: str                           # "random" | "distributed" | "sequential"
+    seed: int | None = None             # random: the torch.Generator seed (None: unknown);
+                                        # distributed: the sampler's seed (None means 0)
+    replacement: bool = False           # random
+    num_samples: int | None = None      # random (None: the data-set length)
+    num_replicas: int = 1               # distributed: world size
+    rank: int = 0                       # distributed
+    shuffle: bool = True                # distributed
+    drop_last: bool = False             # distributed: the sampler's drop_last
+    batch_size: int | None = None       # the BatchSampler's (DataLoader's) batch size
+    batch_drop_last: bool = False       # the DataLoader's drop_last: the tail is not read
+    dataloader: bool = True             # random: driven by DataLoader(generator=g), the same g
+    persistent_workers: bool = False    # random + dataloader: DataLoader(persistent_workers=True)
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise OrderError(f"sampler kind {self.kind!r} is unknown; use one of {', '.join(KINDS)}")
+        if self.num_samples is not None and not _positive_int(self.num_samples):
+            raise OrderError(f"num_samples must be a positive integer, not {self.num_samples!r}")
+        if not _positive_int(self.num_replicas):
+            raise OrderError(f"num_replicas (the world size) must be >= 1, not {self.num_replicas!r}")
+        if not 0 <= self.rank < self.num_replicas:
+            raise OrderError(f"rank {self.rank} is outside num_replicas {self.num_replicas}: "
+                             f"ranks go from 0 to {self.num_replicas - 1}")
+        if self.batch_size is not None and not _positive_int(self.batch_size):
+            raise OrderError(f"batch_size must be a positive integer, not {self.batch_size!r}")
+        if self.batch_drop_last and self.batch_size is None:
+            raise OrderError("batch_drop_last needs batch_size: the dropped tail is what does not "
+                             "fill a batch of that size")
+
+
+def _positive_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _torch():  # type: ignore[no-untyped-def]
+    try:
+        import torch
+    except ImportError as e:
+        raise OrderError("reproducing a shuffled order needs torch (the training's own version); "
+                         "install it, or give the order as a file") from e
+    return torch
+
+
+def _check_args(spec: SamplerSpec, dataset_len: int, epoch: int = 0) -> None:
+    if not _positive_int(dataset_len):
+        raise OrderError(f"the data set has {dataset_len!r} samples; a sampler needs at least one")
+    if not isinstance(epoch, int) or epoch < 0:
+        raise OrderError(f"epoch must be an integer >= 0 (0 is the first epoch), not {epoch!r}")
+    if spec.kind == "random" and spec.seed is None:
+        raise OrderError("the random sampler's seed is unknown: give the seed of the torch.Generator "
+                         "passed to the DataLoader/RandomSampler, or use the hook or an order file")
+
+
+def _batch_cut(spec: SamplerSpec, order: list[int]) -> list[int]:
+    """The indices actually read: a BatchSampler with drop_last skips the last short batch."""
+    if spec.batch_drop_last and spec.batch_size is not None:
+        return order[: len(order) - len(order) % spec.batch_size]
+    return order
+
+
+# ---------------------------------------------------------------- random sampler
+
+def _random_epoch(spec: SamplerSpec, n: int, g: Generator, epoch: int) -> Tensor:
+    """Run one epoch's draws on g, in torch's own order; return the indices yielded."""
+    torch = _torch()
+    if spec.dataloader and (epoch == 0 or not spec.persistent_workers):
+        torch.empty((), dtype=torch.int64).random_(generator=g)   # the iterator's base seed
+    num = spec.num_samples if spec.num_samples is not None else n
+    parts: list[Tensor] = []
+    if spec.replacement:
+        for _ in range(num // RANDINT_CHUNK):
+            parts.append(torch.randint(high=n, size=(RANDINT_CHUNK,), dtype=torch.int64, generator=g))
+        parts.append(torch.randint(high=n, size=(num % RANDINT_CHUNK,), dtype=torch.int64, generator=g))
+    else:
+        for _ in range(num // n):
+            parts.append(torch.randperm(n, generator=g))
+        parts.append(torch.randperm(n, generator=g)[: num % n])    # drawn even when num % n == 0
+    return torch.cat(parts)
+
+
+class _StateCache:
+    """Generator states at the start of each epoch, per (spec, n), so that asking for
+    epoch k again, or k + 1 after k, does not replay every epoch from the seed."""
+
+    def __init__(self, max_keys: int = 8, max_epochs: int = 1024) -> None:
+        self._states: OrderedDict[tuple, list[Tensor]] = OrderedDict()
+        self._lock = threading.Lock()
+        self.max_keys = max_keys
+        self.max_epochs = max_epochs
+
+    @staticmethod
+    def key(spec: SamplerSpec, n: int) -> tuple:
+        return (spec.seed, spec.replacement, spec.num_samples, spec.dataloader,
+                spec.persistent_workers, n)
+
+    def nearest(self, key: tuple, epoch: int) -> tuple[int, Tensor | None]:
+        """The latest known epoch <= epoch and the state at its start."""
+        with self._lock:
+            states = self._states.get(key)
+            if not states:
+                return 0, None
+            self._states.move_to_end(key)
+            known = min(epoch, len(states) - 1)
+            return known, states[known]
+
+    def record(self, key: tuple, epoch: int, state: Tensor) -> None:
+        with self._lock:
+            states = self._states.setdefault(key, [])
+            self._states.move_to_end(key)
+            if epoch == len(states) and epoch < self.max_epochs:
+                states.append(state)
+            while len(self._states) > self.max_keys:
+                self._states.popitem(last=False)
+
+
+_STATES = _StateCache()
+
+
+def _generator_at(spec: SamplerSpec, n: int, epoch: int) -> Generator:
+    """A generator in the state the training's generator has when `epoch` begins."""
+    torch = _torch()
+    key = _StateCache.key(spec, n)
+    start, state = _STATES.nearest(key, epoch)
+    g = torch.Generator()
+    if state is None:
+        g.manual_seed(spec.seed)
+        _STATES.record(key, 0, g.get_state())
+    else:
+        g.set_state(state)
+    for e in range(start, epoch):
+        _random_epoch(spec, n, g, e)
+        _STATES.record(key, e + 1, g.get_state())
+    return g
+
+
+def _random_orders(spec: SamplerSpec, n: int, first: int, epochs: int) -> Iterator[list[int]]:
+    g = _generator_at(spec, n, first)
+    key = _StateCache.key(spec, n)
+    for e in range(first, first + epochs):
+        order = _random_epoch(spec, n, g, e).tolist()
+        _STATES.record(key, e + 1, g.get_state())
+        yield _batch_cut(spec, order)
+
+
+# ---------------------------------------------------------------- distributed sampler
+
+def _distributed_sizes(spec: SamplerSpec, n: int) -> tuple[int, int]:
+    """(num_samples per rank, total_size), DistributedSampler.__init__'s arithmetic done
+    in integers (torch uses math.ceil on floats: the same for any realistic n)."""
+    r = spec.num_replicas
+    if spec.drop_last and n % r != 0:
+        per_rank = -((r - n) // r)          # ceil((n - r) / r); 0 when n < r
+    else:
+        per_rank = -(-n // r)               # ceil(n / r)
+    return per_rank, per_rank * r
+
+
+def _distributed_epoch(spec: SamplerSpec, n: int, epoch: int) -> list[int]:
+    """This rank's slots rank, rank + R, ... of the list padded cyclically to total_size."""
+    per_rank, total = _distributed_sizes(spec, n)
+    if not spec.shuffle:
+        return [i % n for i in range(spec.rank, total, spec.num_replicas)]
+    torch = _torch()
+    g = torch.Generator()
+    g.manual_seed((spec.seed or 0) + epoch)
+    perm = torch.randperm(n, generator=g)
+    slots = torch.arange(per_rank, dtype=torch.int64) * spec.num_replicas + spec.rank
+    return perm[slots % n].tolist()
+
+
+# ---------------------------------------------------------------- public API
+
+def epoch_order(spec: SamplerSpec, dataset_len: int, epoch: int) -> list[int]:
+    """The indices read in `epoch` (0-based), in order, exactly as the real sampler
+    (through a DataLoader when spec.dataloader) yields them.
+
+    For a generator-driven random sampler every earlier epoch's draws are replayed
+    (states are cached, so asking epoch after epoch costs one epoch each); the training
+    must run each epoch to its end with one fresh `for batch in loader` and draw nothing
+    else from that generator. For a distributed sampler `epoch` is the value given to
+    set_epoch."""
+    _check_args(spec, dataset_len, epoch)
+    if spec.kind == "random":
+        return next(_random_orders(spec, dataset_len, epoch, 1))
+    if spec.kind == "distributed":
+        return _batch_cut(spec, _distributed_epoch(spec, dataset_len, epoch))
+    return _batch_cut(spec, list(range(dataset_len)))
+
+
+def epoch_orders(spec: SamplerSpec, dataset_len: int, epochs: int) -> Iterator[list[int]]:
+    """Epochs 0 .. epochs-1, one list each; a random sampler's generator runs on from one
+    epoch to the next, as in the training. Bad arguments raise here, not at the first next()."""
+    _check_args(spec, dataset_len)
+    if not isinstance(epochs, int) or epochs < 0:
+        raise OrderError(f"epochs must be an integer >= 0, not {epochs!r}")
+    if spec.kind == "random":
+        return _random_orders(spec, dataset_len, 0, epochs)
+    return (epoch_order(spec, dataset_len, e) for e in range(epochs))
+
+
+def node_stream(specs: list[SamplerSpec], dataset_len: int, epoch: int) -> list[int]:
+    """What one node reads in `epoch`: its ranks' orders interleaved by position
+    (specs[0][0], specs[1][0], ..., specs[0][1], ...); when one rank's order is shorter,
+    the others go on alone. An index read by two ranks appears twice."""
+    if not specs:
+        raise OrderError("node_stream needs the sampler of at least one rank on this node")
+    orders = [epoch_order(s, dataset_len, epoch) for s in specs]
+    out: list[int] = []
+    for pos in range(max(len(o) for o in orders)):
+        out.extend(o[pos] for o in orders if pos < len(o))
+    return out
+
+
+# ---------------------------------------------------------------- order files
+
+_EPOCH_LINE = re.compile(r"#\s*epoch\b", re.IGNORECASE)
+_INDEX_LINE = re.compile(r"[0-9]+")
+
+
+def read_order_file(path: Path, resolve: Callable[[str], int] | None = None) -> list[list[int]]:
+    """Epochs of data-set indices from an explicit order file.
+
+    Text (UTF-8): one entry per line, white space around it ignored. A decimal number is
+    an index; anything else is a path, turned into an index by `resolve` (KeyError,
+    LookupError or ValueError from it become an OrderError with the line number; other
+    exceptions pass through with the line noted). A blank line or a line "# epoch ..."
+    ends an epoch (several in a row end just one; no empty epochs); other lines starting
+    with "#" are comments.
+    .npy (recognised by its magic bytes): an integer array, 1-D for one epoch or 2-D
+    with one row per epoch."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise OrderError(f"order file {path}: cannot read it ({e.strerror or e})") from e
+    if data.startswith(NPY_MAGIC):
+        return _read_npy(path)
+    if path.suffix == ".npy":
+        raise OrderError(f"order file {path}: named .npy but not a numpy file; write it with numpy.save")
+    epochs = _read_text(path, data.decode("utf-8", errors="surrogateescape"), resolve)
+    if not epochs:
+        raise OrderError(f"order file {path}: no indices in it; write one index or path per line")
+    return epochs
+
+
+def _read_text(path: Path, text: str, resolve: Callable[[str], int] | None) -> list[list[int]]:
+    epochs: list[list[int]] = []
+    current: list[int] = []
+    for lineno, raw in enumerate(text.split("\n"), start=1):
+        line = raw.strip()
+        if not line or _EPOCH_LINE.match(line):
+            if current:
+                epochs.append(current)
+                current = []
+            continue
+        if line.startswith("#"):
+            continue
+        current.append(_entry(path, lineno, line, resolve))
+    if current:
+        epochs.append(current)
+    return epochs
+
+
+def _entry(path: Path, lineno: int, token: str, resolve: Callable[[str], int] | None) -> int:
+    if _INDEX_LINE.fullmatch(token):
+        return int(token)
+    where = f"order file {path}, line {lineno}"
+    if resolve is None:
+        raise OrderError(f"{where}: {token!r} is not a data-set index (an integer >= 0); "
+                         f"paths need a resolver that maps them to indices")
+    try:
+        value = resolve(token)
+    except (LookupError, ValueError) as e:
+        raise OrderError(f"{where}: {token!r} is not a file of the data set ({e})") from e
+    except Exception as e:
+        e.add_note(f"while reading {where}: {token!r}")
+        raise
+    try:
+        index = operator.index(value)
+    except TypeError:
+        index = -1
+    if isinstance(value, bool) or index < 0:
+        raise OrderError(f"{where}: {token!r} resolved to {value!r}, not an index >= 0")
+    return index
+
+
+def _read_npy(path: Path) -> list[list[int]]:
+    try:
+        import numpy as np
+    except ImportError as e:
+        raise OrderError(f"order file {path} is a .npy file; reading it needs numpy (pip install numpy)") from e
+    try:
+        arr = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as e:
+        raise OrderError(f"order file {path}: not a readable .npy array ({e})") from e
+    if not np.issubdtype(arr.dtype, np.integer):
+        raise OrderError(f"order file {path}: holds {arr.dtype} values; indices must be integers "
+                         f"(save it with an integer dtype, e.g. arr.astype('int64'))")
+    if arr.ndim not in (1, 2):
+        raise OrderError(f"order file {path}: a {arr.ndim}-D array; use 1-D (one epoch) or "
+                         f"2-D (one row per epoch)")
+    if arr.size == 0:
+        raise OrderError(f"order file {path}: the array is empty")
+    rows = arr.reshape(1, -1) if arr.ndim == 1 else arr
+    negative = np.argwhere(rows < 0)
+    if len(negative):
+        row, pos = (int(x) for x in negative[0])
+        raise OrderError(f"order file {path}: epoch {row + 1}, position {pos}: negative index "
+                         f"{int(rows[row, pos])}; indices start at 0")
+    return [[int(x) for x in row] for row in rows.tolist()]
+
+
+# ---------------------------------------------------------------- ranks and nodes
+
+def ranks_from_env(env: Mapping[str, str]) -> tuple[int, int, int, int]:
+    """(world_size, rank, local_world_size, node_rank) of the process this environment
+    belongs to.
+
+    torchrun (WORLD_SIZE present) wins over Slurm: WORLD_SIZE, RANK, LOCAL_WORLD_SIZE,
+    node rank GROUP_RANK, else (RANK - LOCAL_RANK) // LOCAL_WORLD_SIZE.
+    Slurm (SLURM_PROCID present): SLURM_NTASKS, SLURM_PROCID, SLURM_NTASKS_PER_NODE or
+    this node's entry of SLURM_TASKS_PER_NODE ("4(x2),3"), node rank SLURM_NODEID.
+    Missing values default to (1, 0, 1, 0). Note: under `srun tier-run -- torchrun ...`
+    the Slurm values describe the tier-run tasks, not the training ranks."""
+    if "WORLD_SIZE" in env:
+        world = _env_int(env, "WORLD_SIZE", 1)
+        rank = _env_int(env, "RANK", 0)
+        local = _env_int(env, "LOCAL_WORLD_SIZE", 1)
+        if "GROUP_RANK" in env:
+            node = _env_int(env, "GROUP_RANK", 0)
+        else:
+            node = (rank - _env_int(env, "LOCAL_RANK", rank % local)) // local
+    elif "SLURM_PROCID" in env:
+        world = _env_int(env, "SLURM_NTASKS", 1)
+        rank = _env_int(env, "SLURM_PROCID", 0)
+        node = _env_int(env, "SLURM_NODEID", 0)
+        local = _slurm_local_world(env, node)
+    else:
+        return 1, 0, 1, 0
+    if world < 1 or not 0 <= rank < world or not 1 <= local <= world or node < 0:
+        raise OrderError(f"inconsistent launcher environment: world size {world}, rank {rank}, "
+                         f"local world size {local}, node {node}; give --world-size/--rank instead")
+    return world, rank, local, node
+
+
+def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
+    value = env.get(name)
+    if value is None or value.strip() == "":
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise OrderError(f"environment variable {name}={value!r} is not an integer") from None
+
+
+def _slurm_local_world(env: Mapping[str, str], node: int) -> int:
+    if env.get("SLURM_NTASKS_PER_NODE", "").strip():
+        return _env_int(env, "SLURM_NTASKS_PER_NODE", 1)
+    spec = env.get("SLURM_TASKS_PER_NODE", "").strip()
+    if not spec:
+        return 1
+    counts = parse_slurm_tasks_per_node(spec)
+    if node >= len(counts):
+        raise OrderError(f"SLURM_TASKS_PER_NODE={spec!r} lists {len(counts)} nodes, but "
+                         f"SLURM_NODEID is {node}")
+    return counts[node]
+
+
+def parse_slurm_tasks_per_node(spec: str) -> list[int]:
+    """Slurm's compressed tasks-per-node list, one count per node: "4(x2),3" -> [4, 4, 3]."""
+    counts: list[int] = []
+    for part in spec.split(","):
+        m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
+        if not m:
+            raise OrderError(f"SLURM_TASKS_PER_NODE={spec!r}: cannot read {part!r} "
+                             f"(expected forms like 4 or 4(x2), comma-separated)")
+        counts.extend([int(m.group(1))] * int(m.group(2) or 1))
+    return counts
+
+
+def local_ranks(world_size: int, rank: int, local_world_size: int) -> list[int]:
+    """The global ranks on this process's node, under block placement (torchrun, Slurm's
+    default): node k holds ranks k*L .. k*L+L-1 (fewer on a last, partial node).
+    Uneven Slurm layouts ("4,3") are not block-regular; pass the ranks explicitly then."""
+    if not _positive_int(world_size) or not isinstance(rank, int) or not 0 <= rank < world_size:
+        raise OrderError(f"rank {rank!r} is outside world size {world_size!r}")
+    if not _positive_int(local_world_size) or local_world_size > world_size:
+        raise OrderError(f"local world size {local_world_size!r} must be between 1 and the "
+                         f"world size {world_size}")
+    first = rank // local_world_size * local_world_size
+    return list(range(first, min(first + local_world_size, world_size)))
+
+
+__all__ = ["KINDS", "OrderError", "SamplerSpec", "epoch_order", "epoch_orders", "local_ranks",
+           "node_stream", "parse_slurm_tasks_per_node", "ranks_from_env", "read_order_file"]
