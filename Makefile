@@ -3,7 +3,7 @@ PY ?= python3
 PIP = $(PY) -m pip install -q --disable-pip-version-check
 DEMO_DIR ?= $(or $(TMPDIR),/tmp)/tiering-demo
 
-.PHONY: all build install test demo clean
+.PHONY: all build install test demo clean bench-micro bench-deps
 
 all: build
 
@@ -18,7 +18,7 @@ install:
 	$(PIP) -e ".[test]"
 	$(MAKE) build
 
-test: install
+test: install bench-deps
 	$(PY) -m pytest -q
 
 # A generated ImageFolder data set of real JPEG files, a tiny CNN trained on
@@ -31,3 +31,24 @@ demo: install
 
 clean:
 	rm -rf build *.egg-info tiering/libtiershim.so shim/libtiershim.so
+
+# Shim microbenchmark: ns per open+close with and without the shim (outside the
+# roots, catalogued miss, redirected, relative path; indexes of 1k and 1M
+# entries) and read throughput; writes bench/results/micro.{json,md}.
+bench-micro: build
+	$(PY) -m bench.micro $(MICRO_ARGS)
+
+# FUSE 3 for the emulated PFS (bench/slowfs): as root, installs fuse3 and
+# libfuse3-dev with apt-get when missing; otherwise says what to install.
+# Then builds bench/slowfs/slowfs.
+bench-deps:
+	@if ! pkg-config --exists fuse3 2>/dev/null || ! command -v fusermount3 >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "bench-deps: installing fuse3 and libfuse3-dev with apt-get"; \
+	    apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y fuse3 libfuse3-dev pkg-config || exit 1; \
+	  else \
+	    echo "bench-deps: FUSE 3 is missing; run: sudo apt-get update && sudo apt-get install -y fuse3 libfuse3-dev pkg-config" >&2; \
+	    exit 1; \
+	  fi; \
+	fi
+	$(MAKE) -C bench/slowfs

@@ -10,7 +10,8 @@ import click
 from . import __version__
 from .job import Job, JobError, JobOptions, run
 from .policy import POLICIES
-from .profile import ProfileError, check_profile, format_profile, list_profiles, load_profile
+from .profile import ProfileError, check_profile, format_profile, human_bytes, list_profiles, load_profile
+from .stream import OrderOptions
 
 RUN_HELP = """Run COMMAND with the data set under each --data DIR served from local tiers.
 
@@ -23,6 +24,53 @@ profile (default: auto, which finds RAM and a local disk) while COMMAND runs;
 every copy is removed when it ends."""
 
 
+def _apply(f, opts):  # type: ignore[no-untyped-def]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def _order_options(f):  # type: ignore[no-untyped-def]
+    """How the daemon learns the order the training reads the data set in."""
+    return _apply(f, [
+        click.option("--sampler", type=click.Choice(["random", "distributed", "sequential"]),
+                     help="The training's sampler: RandomSampler / DataLoader(shuffle=True) with a seeded "
+                          "generator, DistributedSampler, or SequentialSampler."),
+        click.option("--seed", type=int, help="Seed of the sampler's generator (DistributedSampler: its seed)."),
+        click.option("--epochs", type=click.IntRange(min=1), default=1, show_default=True,
+                     help="Epochs the training runs (with --sampler)."),
+        click.option("--world-size", type=click.IntRange(min=1), help="Ranks in the job (default: torchrun/Slurm variables)."),
+        click.option("--rank", type=click.IntRange(min=0), help="A rank on this node (default: torchrun/Slurm variables)."),
+        click.option("--local-world-size", type=click.IntRange(min=1),
+                     help="Ranks on this node, which serves all of them (default: torchrun/Slurm variables)."),
+        click.option("--batch-size", type=click.IntRange(min=1), help="With --drop-last: the last partial batch is not read."),
+        click.option("--drop-last", is_flag=True, help="The DataLoader's drop_last."),
+        click.option("--order-file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                     help="The order itself: one data-set index or file path per line, epochs separated "
+                          "by a blank line or '# epoch'; or a .npy (one row per epoch)."),
+        click.option("--layout", nargs=1, default="imagefolder", show_default=True, metavar="imagefolder|sorted|manifest",
+                     type=click.Choice(["imagefolder", "datasetfolder", "sorted", "manifest"]),
+                     help="How data-set index i maps to a file: torchvision ImageFolder order, all files sorted, "
+                          "or a manifest (--manifest FILE)."),
+        click.option("--manifest", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                     help="With --layout manifest: the files of the data set, one per line (or a .json list), "
+                          "in index order."),
+        click.option("--extensions", metavar=".EXT,...",
+                     help="File extensions of the samples (DatasetFolder; default for ImageFolder: its image list)."),
+        click.option("--layout-root", type=click.Path(file_okay=False, exists=True, path_type=Path),
+                     help="The directory the training's ImageFolder is given, when it is not the (only) --data."),
+    ])
+
+
+def _order(kw: dict) -> OrderOptions:  # type: ignore[type-arg]
+    ext = kw.pop("extensions")
+    return OrderOptions(kw.pop("sampler"), kw.pop("seed"), kw.pop("epochs"), kw.pop("world_size"),
+                        kw.pop("rank"), kw.pop("local_world_size"), kw.pop("batch_size"), kw.pop("drop_last"),
+                        kw.pop("order_file"), kw.pop("layout"), kw.pop("manifest"),
+                        tuple(e.strip() for e in ext.split(",") if e.strip()) if ext else None,
+                        kw.pop("layout_root"))
+
+
 def _run_options(f):  # type: ignore[no-untyped-def]
     opts = [
         click.option("--profile", "profile", default="auto", show_default=True, metavar="NAME|FILE",
@@ -30,8 +78,14 @@ def _run_options(f):  # type: ignore[no-untyped-def]
         click.option("--data", "data", multiple=True, required=True, metavar="DIR",
                      type=click.Path(file_okay=False, dir_okay=True, exists=True),
                      help="A data-set directory on the PFS (repeatable)."),
-        click.option("--policy", type=click.Choice(sorted(POLICIES)), default="first-touch",
-                     show_default=True, help="Placement policy."),
+        click.option("--policy", type=click.Choice(sorted(POLICIES)), default=None,
+                     help="Placement policy [default: clairvoyant when the order is known (--sampler, "
+                          "--order-file, or the hook of a Python command), else first-touch]."),
+        click.option("--hook/--no-hook", default=None,
+                     help="Take the order from the DataLoader inside a Python COMMAND [default: on for "
+                          "python, torchrun and python scripts]."),
+        click.option("--window", type=click.IntRange(min=1), default=64, show_default=True,
+                     help="Clairvoyant: files fetched ahead of the reader."),
         click.option("--stats-json", type=click.Path(dir_okay=False, path_type=Path),
                      help="Write the job's statistics to this JSON file."),
         click.option("--keep", is_flag=True, help="Keep the index and the tier copies after exit."),
@@ -39,18 +93,18 @@ def _run_options(f):  # type: ignore[no-untyped-def]
                      help="-v: placement log and a status line every 5 s; -vv: also the shim's log."),
         click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED),
     ]
-    for o in reversed(opts):
-        f = o(f)
-    return f
+    return _order_options(_apply(f, opts))
 
 
-def _do_run(profile: str, data: tuple[str, ...], policy: str, stats_json: Path | None,
-            keep: bool, verbose: int, command: tuple[str, ...]) -> None:
+def _do_run(profile: str, data: tuple[str, ...], policy: str | None, hook: bool | None, window: int,
+            stats_json: Path | None, keep: bool, verbose: int, command: tuple[str, ...], **kw) -> None:  # type: ignore[no-untyped-def]
+    order = _order(kw)
     logging.basicConfig(level=logging.WARNING if not verbose else logging.INFO if verbose == 1 else logging.DEBUG,
                         format="tiering: %(message)s", stream=sys.stderr)
     try:
         prof = load_profile(profile)
-        job = Job(JobOptions(list(data), list(command), prof, policy, stats_json, keep, verbose))
+        job = Job(JobOptions(list(data), list(command), prof, policy=policy, order=order, hook=hook, window=window,
+                             stats_json=stats_json, keep=keep, verbose=verbose))
         code = run(job)
     except ProfileError as e:
         click.echo(f"tier-run: profile error: {e}", err=True)
@@ -82,6 +136,48 @@ def main() -> None:
 @_run_options
 def run_cmd(**kw):  # type: ignore[no-untyped-def]
     _do_run(**kw)
+
+
+@main.command("plan")
+@click.option("--profile", "profile_name", default="auto", show_default=True, metavar="NAME|FILE")
+@click.option("--data", multiple=True, required=True, metavar="DIR",
+              type=click.Path(file_okay=False, dir_okay=True, exists=True))
+@click.option("--window", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the prediction as JSON.")
+@_order_options
+def plan_cmd(profile_name: str, data: tuple[str, ...], window: int, as_json: bool, **kw) -> None:  # type: ignore[no-untyped-def]
+    """Predict, without running anything, the hits per tier and the PFS bytes
+    per epoch of the clairvoyant policy for a given order."""
+    import json as json_mod
+
+    from .catalog import CatalogError, ScanError, scan
+    from .order import OrderError
+    from .planner import simulate
+    from .stream import StreamError, epochs_from_options
+    order = _order(kw)
+    if not order.given:
+        raise click.UsageError("give the order: --sampler ... (with --seed and --epochs) or --order-file FILE")
+    try:
+        prof = load_profile(profile_name)
+        cat = scan(list(data))
+        epochs = list(epochs_from_options(order, cat))
+    except (ProfileError, ScanError, CatalogError, OrderError, StreamError) as e:
+        raise click.ClickException(str(e)) from None
+    sizes = [f.size for f in cat.files]
+    caps = [t.capacity for t in prof.tiers]
+    reports, _ = simulate(epochs, sizes, caps, window=window)
+    if as_json:
+        click.echo(json_mod.dumps({"files": len(cat.files), "bytes": cat.total_bytes,
+                                   "tiers": [{"name": t.name, "capacity": t.capacity} for t in prof.tiers],
+                                   "epochs": [r.as_dict() for r in reports]}, indent=2))
+        return
+    click.echo(f"{len(cat.files)} files, {human_bytes(cat.total_bytes)}; tiers: " +
+               ", ".join(f"{t.name} {human_bytes(t.capacity)}" for t in prof.tiers))
+    header = "epoch  accesses  " + "  ".join(f"{t.name + ' hits':>12}" for t in prof.tiers) + "   PFS reads   PFS bytes"
+    click.echo(header)
+    for k, r in enumerate(reports, 1):
+        click.echo(f"{k:>5}  {r.accesses:>8}  " + "  ".join(f"{h:>12}" for h in r.hits) +
+                   f"  {r.pfs_reads:>10}  {human_bytes(r.pfs_bytes):>10}")
 
 
 @main.group()

@@ -129,11 +129,9 @@ class Daemon:
     def _event_loop(self) -> None:
         last_tail_move = time.monotonic()
         last_pending = -1
-        rounds = 0
         while not self._stop.wait(0.005):
-            rounds += 1
-            if rounds % 10 == 0:
-                self._guarded(self.policy.poll)
+            # orders first: the hook writes an epoch's order before that epoch opens a file
+            self._guarded(self.policy.poll)
             pending = self.index.pending_events()
             stuck = pending > 0 and pending == last_pending and time.monotonic() - last_tail_move > 0.5
             events = self.index.drain(force=stuck)
@@ -159,7 +157,7 @@ class Daemon:
             if ev.kind == lib.TIERING_EV_WRITE:
                 self._invalidate(i)
             elif ev.kind in (lib.TIERING_EV_OPEN_PFS, lib.TIERING_EV_OPEN_TIER):
-                self.policy.on_open(i, ev.kind == lib.TIERING_EV_OPEN_TIER)
+                self.policy.on_open(i, ev.kind == lib.TIERING_EV_OPEN_TIER, ev.pid)
 
     def _invalidate(self, i: int) -> None:
         with self.lock:

@@ -25,12 +25,16 @@ import psutil
 from . import catalog as catalog_mod
 from .daemon import Daemon, TierState, remove_tree
 from .index import Root, SharedIndex, library_path
-from .policy import POLICIES
+from .order import OrderError
+from .feed import HookFeed, ListFeed
+from .policy import POLICIES, Clairvoyant, Policy
 from .profile import Profile, human_bytes
+from .stream import OrderOptions, StreamError, is_python_command, list_feed
 
 log = logging.getLogger("tiering")
 
 SHIM_NAME = "libtiershim.so"
+HOOK_DIR = Path(__file__).resolve().parent / "hook"
 OWNER_FILE = "owner.json"
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
              signal.SIGUSR1, signal.SIGUSR2)
@@ -49,7 +53,11 @@ class JobOptions:
     data: list[str]
     command: list[str]
     profile: Profile
-    policy: str = "first-touch"
+    policy: str | None = None           # None: clairvoyant when the order is known or hooked, else first-touch
+    order: OrderOptions = field(default_factory=OrderOptions)
+    hook: bool | None = None            # None: on for Python commands
+    window: int = 64                    # clairvoyant: positions fetched ahead of the reader
+    scan_cache: Path | None = field(default_factory=catalog_mod.default_cache_dir)
     stats_json: Path | None = None
     keep: bool = False
     verbose: int = 0
@@ -65,7 +73,13 @@ class Job:
     index: SharedIndex | None = None
     daemon: Daemon | None = None
     catalog: catalog_mod.Catalog | None = None
+    policy: str = "first-touch"         # the one in force
+    hooked: bool = False                # the order hook is injected into COMMAND
     timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def order_dir(self) -> Path | None:
+        return self.run_dir / "orders" if self.run_dir is not None and self.hooked else None
 
 
 def _user() -> str:
@@ -131,7 +145,7 @@ def _index_parent() -> str:
 # -- environment of COMMAND ------------------------------------------------------
 
 def child_environment(env: dict[str, str], index_path: Path | None, lib: Path,
-                      shim_debug: bool) -> dict[str, str]:
+                      shim_debug: bool, order_dir: Path | None = None) -> dict[str, str]:
     """COMMAND's environment: our shim appended to LD_PRELOAD (replacing the
     shim of an outer tier-run, so nothing is interposed twice)."""
     out = dict(env)
@@ -148,6 +162,13 @@ def child_environment(env: dict[str, str], index_path: Path | None, lib: Path,
     out.pop("TIERING_DISABLE", None)
     if shim_debug:
         out["TIERING_DEBUG"] = "1"
+    if order_dir is not None:
+        # the hook's sitecustomize goes first; it runs the one it shadows
+        paths = [p for p in out.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(HOOK_DIR)]
+        out["PYTHONPATH"] = os.pathsep.join([str(HOOK_DIR)] + paths)
+        out["TIERING_ORDER_DIR"] = str(order_dir)
+    else:
+        out.pop("TIERING_ORDER_DIR", None)
     return out
 
 
@@ -170,10 +191,11 @@ def setup(job: Job) -> None:
     sweep_leftovers([_index_parent()] + [t.path for t in opts.profile.tiers], job.user)
     t0 = time.monotonic()
     try:
-        job.catalog = catalog_mod.scan(opts.data, threads=opts.scan_threads)
-    except catalog_mod.ScanError as e:
+        job.catalog = catalog_mod.scan(opts.data, threads=opts.scan_threads, cache_dir=opts.scan_cache)
+    except catalog_mod.CatalogError as e:
         raise JobError(str(e)) from None
     job.timings["scan"] = time.monotonic() - t0
+    feed = _choose_policy(job)
     for t in opts.profile.tiers:
         try:
             root = _make_private_dir(t.path, job.user)
@@ -195,11 +217,45 @@ def setup(job: Job) -> None:
         job.run_dir / "index", roots, [str(t.data) for t in job.tiers],
         [f.rel for f in cat.files], [f.root for f in cat.files],
         [f.size for f in cat.files], [f.mtime_ns for f in cat.files])
-    job.daemon = Daemon(job.index, cat, slots, job.tiers, opts.profile.pfs.read_threads,
-                        POLICIES[opts.policy])
+    if job.hooked:
+        (job.run_dir / "orders").mkdir(mode=0o700)
+        feed = HookFeed(job.run_dir / "orders", cat)
+
+    def make_policy(d: Daemon) -> Policy:
+        if job.policy == "clairvoyant":
+            return Clairvoyant(d, feed, window=opts.window)
+        return POLICIES[job.policy](d)
+
+    job.daemon = Daemon(job.index, cat, slots, job.tiers, opts.profile.pfs.read_threads, make_policy)
+
+
+def _choose_policy(job: Job) -> ListFeed | HookFeed | None:
+    """The policy in force and, for clairvoyant, a feed known before COMMAND runs."""
+    opts = job.opts
+    assert job.catalog is not None
+    job.hooked = (opts.hook if opts.hook is not None else is_python_command(opts.command)) \
+        and not opts.order.given and opts.policy in (None, "clairvoyant")
+    if opts.policy is not None and opts.policy != "clairvoyant" and opts.order.given:
+        raise JobError(f"--policy {opts.policy} does not use an order; drop --sampler/--order-file "
+                       "or use --policy clairvoyant")
+    if opts.order.given:
+        job.policy = "clairvoyant"
+        try:
+            return list_feed(opts.order, job.catalog)
+        except (StreamError, catalog_mod.CatalogError, OrderError) as e:
+            raise JobError(str(e)) from None
+    if opts.policy == "clairvoyant" and not job.hooked:
+        raise JobError("--policy clairvoyant needs the order the training reads in: give --sampler "
+                       "(with --seed, --epochs) or --order-file, or run a Python command so that "
+                       "the order hook can take it from the DataLoader (--hook)")
+    job.policy = "clairvoyant" if job.hooked else (opts.policy or "first-touch")
+    return None
 
 
 def cleanup(job: Job) -> None:
+    d, cat = job.daemon, job.catalog
+    if d is not None and cat is not None and cat.from_cache and d.stats.changed_sources and job.opts.scan_cache:
+        catalog_mod.drop_cache(job.opts.scan_cache, cat.roots)  # rescan next time
     if job.opts.keep:
         return
     if job.index is not None:
@@ -248,7 +304,7 @@ def run(job: Job) -> int:
         if job.daemon is not None:
             job.daemon.start()  # its threads inherit the blocked signal mask
         env = child_environment(dict(os.environ), job.index.path if job.index else None,
-                                library_path(), opts.verbose >= 2)
+                                library_path(), opts.verbose >= 2, job.order_dir)
         t0 = time.monotonic()
         try:
             child = os.posix_spawnp(opts.command[0], opts.command, env,

@@ -12,8 +12,9 @@ epoch, as far as it is known.  The planner is used in two ways:
 
 Rules (Belady's rule with prefetching):
 
-- Fetch ahead in stream order, as far as the tiers can hold.  A file is put
-  in the fastest tier with free room.
+- Fetch ahead in stream order: into free room as far as the tiers hold,
+  and, within `window` positions of the reader, also by evicting.  A file is
+  put in the fastest tier with free room.
 - When no tier has room, make room by evicting the resident files whose next
   use is farthest in the future, across all tiers (the tier whose farthest
   file is farthest goes first), but only files needed later than the one
@@ -122,11 +123,13 @@ class Planner:
         """Fetches to issue now, in the order they are needed."""
         actions: list[Action] = []
         self.cursor = max(self.cursor, self.reader)
-        limit = len(self.stream) if self.window is None else min(len(self.stream), self.reader + self.window)
-        while self.cursor < limit:
+        window_end = INF if self.window is None else self.reader + self.window
+        while self.cursor < len(self.stream):
             pos = self.cursor
             f = self.stream[pos]
             if f not in self.resident and pos not in self._consumed:
+                if pos >= window_end and self._free_tier(f) is None:
+                    break  # beyond the window, fetch only into free room
                 tier = self._make_room(f, pos, actions)
                 if tier is None:
                     break  # every resident file is needed sooner: wait for the reader
@@ -168,6 +171,13 @@ class Planner:
             if self.resident.get(f) == tier and self._key(f) == (neg, freq):
                 return h[0]
             heapq.heappop(h)
+        return None
+
+    def _free_tier(self, f: int) -> int | None:
+        size = self.alloc(self.sizes[f])
+        for k, cap in enumerate(self.capacities):
+            if cap - self.used[k] >= size:
+                return k
         return None
 
     def _make_room(self, f: int, need: int, actions: list[Action]) -> int | None:

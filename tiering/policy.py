@@ -37,8 +37,8 @@ class Policy:
     def start(self) -> None:
         """Called once the tier pools run, before COMMAND starts."""
 
-    def on_open(self, i: int, from_tier: bool) -> None:
-        """File i was opened by the job, from a tier or from the PFS."""
+    def on_open(self, i: int, from_tier: bool, pid: int = 0) -> None:
+        """File i was opened by process pid of the job, from a tier or from the PFS."""
 
     def on_placed(self, i: int, tier: int) -> None:
         """A copy of file i was published on tier."""
@@ -47,7 +47,7 @@ class Policy:
         """A queued copy of file i was not published (failure, change, stop)."""
 
     def poll(self) -> None:
-        """Called by the event loop about every 50 ms."""
+        """Called by the event loop before each batch of events."""
 
     def report(self) -> dict[str, Any]:
         """Policy-specific statistics for the summary."""
@@ -61,7 +61,7 @@ class Off(Policy):
 class FirstTouch(Policy):
     name = "first-touch"
 
-    def on_open(self, i: int, from_tier: bool) -> None:
+    def on_open(self, i: int, from_tier: bool, pid: int = 0) -> None:
         if from_tier:
             return
         tier = self.d.fastest_with_room(i)
@@ -93,7 +93,7 @@ class Lru(Policy):
         # per tier: placed files, least recently opened first
         self.recency: list[OrderedDict[int, None]] = [OrderedDict() for _ in daemon.tiers]
 
-    def on_open(self, i: int, from_tier: bool) -> None:
+    def on_open(self, i: int, from_tier: bool, pid: int = 0) -> None:
         with self.d.lock:
             tier = self.d.where[i]
             if tier >= 0:
@@ -152,6 +152,8 @@ class Clairvoyant(Policy):
         if isinstance(self.feed, ListFeed):
             with self.d.lock:
                 self._extend_from_list()
+                if self.planner is not None:
+                    self._pump()  # known before COMMAND starts: begin now
 
     def _fresh(self) -> None:
         """A new plan over what is placed now."""
@@ -168,7 +170,11 @@ class Clairvoyant(Policy):
     def _add(self, epoch: int, order: list[int]) -> None:
         if self.planner is None:
             self._fresh()
-        assert self.planner is not None
+        assert self.planner is not None and self.progress is not None
+        if not self.epochs:
+            # opens match within this many positions of the reader: more than
+            # DataLoader workers read out of order, well under an epoch
+            self.progress.window = max(32, min(4 * self.window, len(order) // 4))
         self.epoch_starts.append(len(self.planner.stream))
         self.epochs.append(epoch)
         self.planner.extend(order)
@@ -233,7 +239,7 @@ class Clairvoyant(Policy):
     def following(self) -> bool:
         return self.planner is not None and not self.diverged
 
-    def on_open(self, i: int, from_tier: bool) -> None:
+    def on_open(self, i: int, from_tier: bool, pid: int = 0) -> None:
         with self.d.lock:
             if not self.following:
                 self.first_touch.on_open(i, from_tier)
@@ -242,7 +248,7 @@ class Clairvoyant(Policy):
             self.progress.sync()
             if not self.progress.in_stream(i):
                 return  # not part of the planned data set: left on the PFS
-            if self.progress.on_open(i) is not None:
+            if self.progress.on_open(i, pid) is not None:
                 if isinstance(self.feed, ListFeed):
                     self._extend_from_list()
                 self._pump()

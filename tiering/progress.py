@@ -9,7 +9,6 @@ matching the stream at all (a different seed, a resumed run).
 """
 from __future__ import annotations
 
-import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -17,7 +16,6 @@ from .planner import Planner
 
 HISTORY = 256          # opens looked at to decide divergence
 DIVERGED_SHARE = 0.5   # ... of which at least this share did not match
-DUPLICATE_SECONDS = 0.2
 
 
 @dataclass
@@ -31,7 +29,7 @@ class Progress:
     mismatched: int = 0
     skipped: int = 0
     _recent: deque[bool] = field(default_factory=lambda: deque(maxlen=HISTORY))
-    _last_match: dict[int, float] = field(default_factory=dict)
+    _last_open: dict[int, int] = field(default_factory=dict)   # pid -> file it opened last
     _indexed: int = 0                         # stream positions already in `positions`
 
     def sync(self) -> None:
@@ -44,31 +42,29 @@ class Progress:
     def in_stream(self, f: int) -> bool:
         return f in self.positions
 
-    def on_open(self, f: int, now: float | None = None) -> int | None:
-        """Matches one open of file f; returns the stream position or None."""
+    def on_open(self, f: int, pid: int = 0) -> int | None:
+        """Matches one open of file f by process pid; returns the stream
+        position or None.  A process that opens the same file twice in a row
+        reads one sample twice (a DataLoader worker handles its samples one
+        after the other): the second open is not a new position."""
         self.sync()
-        now = time.monotonic() if now is None else now
+        if self._last_open.get(pid) == f:
+            self.duplicates += 1
+            return None
+        self._last_open[pid] = f
         reader = self.planner.reader
         q = self._first_unconsumed(f, reader)
-        if q is not None and q < reader + self.window and not self._reopened(f, now):
+        if q is not None and q < reader + self.window:
             self.positions[f].popleft()
             self.planner.consume(q)
             self.high = max(self.high, q)
             self.matched += 1
-            self._last_match[f] = now
             self._recent.append(True)
             self._catch_up()
             return q
-        if self._reopened(f, now):
-            self.duplicates += 1
-            return None
         self.mismatched += 1
         self._recent.append(False)
         return None
-
-    def _reopened(self, f: int, now: float) -> bool:
-        last = self._last_match.get(f)
-        return last is not None and now - last < DUPLICATE_SECONDS
 
     def _first_unconsumed(self, f: int, reader: int) -> int | None:
         dq = self.positions.get(f)

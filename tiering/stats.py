@@ -19,7 +19,7 @@ def collect(job: "Job", exit_code: int) -> dict[str, Any]:
     job_pfs = c["opens_pfs"] if c else 0
     daemon_opens = d.stats.pfs_opens if d else 0
     return {
-        "policy": job.opts.policy,
+        "policy": job.policy,
         "exit_code": exit_code,
         "command": job.opts.command,
         "profile": job.opts.profile.name,
@@ -50,6 +50,7 @@ def collect(job: "Job", exit_code: int) -> dict[str, Any]:
             "write_opens": c["writes"] if c else 0,
             "errors": d.stats.errors[:20] if d else [],
         },
+        "order": d.policy.report() if d else {},
         "events": c["events_posted"] if c else 0,
         "events_dropped": c["events_dropped"] if c else 0,
         "seconds": {k: round(v, 3) for k, v in job.timings.items()},

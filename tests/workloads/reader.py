@@ -3,7 +3,7 @@ that every epoch sees the same bytes.
 
     python tests/workloads/reader.py --data DIR --epochs 3 [--workers 2]
         [--mp-context fork|spawn|forkserver] [--seed 0] [--batch-size 8]
-        [--mode dataloader|plain] [--out FILE.json] [--epoch-pause S]
+        [--mode dataloader|plain] [--out FILE.json] [--epoch-pause S] [--sample-delay S]
 
 * Files: every regular file under DIR (symlinks followed), skipping names that start
   with "." (files and directories), in sorted order of their path relative to DIR.
@@ -57,6 +57,7 @@ class FileDataset(Dataset):
         self.root = root
         self.real_root = os.path.realpath(root)
         self.relpaths = relpaths
+        self.files = [os.path.join(root, r) for r in relpaths]  # what the order hook maps indices with
 
     def __len__(self) -> int:
         return len(self.relpaths)
@@ -105,6 +106,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--mode", choices=["dataloader", "plain"], default="dataloader")
     p.add_argument("--out", help="write the JSON result here (default: stdout only summary)")
+    p.add_argument("--sample-delay", type=float, default=0.0,
+                   help="seconds of 'compute' per sample in the main process")
     p.add_argument("--epoch-pause", type=float, default=0.0,
                    help="seconds to sleep after each epoch (a validation phase)")
     return p.parse_args(argv)
@@ -145,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
             rel = relpaths[index]
             if local:
                 local_files.append(rel)
+            if args.sample_delay:
+                time.sleep(args.sample_delay)
             opens += 1
             nbytes += length
             seen[index] += 1

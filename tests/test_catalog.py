@@ -1,0 +1,579 @@
+"""tiering.catalog: the parallel scan, the scan cache and the data-set order.
+
+The ImageFolder/DatasetFolder orders are checked against examples/imagefolder.py
+(an independent implementation of torchvision's documented rules, run on the
+same trees): the sample paths must agree element for element, and the catalog
+file each sample maps to must hold the bytes ImageFolder would read."""
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tiering import catalog as catalog_mod
+from tiering.catalog import (IMG_EXTENSIONS, Catalog, CatalogError, CatalogFile, Layout, ScanError,
+                             cache_file, dataset_order, dataset_samples, scan)
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "examples"))
+try:
+    import imagefolder  # type: ignore[import-not-found]  # examples/imagefolder.py: torchvision's rules
+finally:
+    sys.path.remove(str(REPO / "examples"))
+
+
+def touch(path: Path, data: bytes | None = None) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data if data is not None else os.fsencode(str(path)))  # unique bytes per file
+    return path
+
+
+def link_dir(link: Path, target: Path | str) -> None:
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(target, target_is_directory=True)
+
+
+def age(*roots: Path, seconds: float = 3600) -> None:
+    """Moves every directory's mtime into the past (a freshly made tree is too
+    recent to be cached, see RACY_SECONDS)."""
+    t = time.time() - seconds
+    for root in roots:
+        for d, _, _ in os.walk(root):
+            os.utime(d, (t, t))
+
+
+def reference(root: Path, extensions: tuple[str, ...] | None = None,
+              allow_empty: bool = False) -> list[str]:
+    """Sample paths as examples/imagefolder.py lists them."""
+    _, class_to_idx = imagefolder.find_classes(root)
+    return [p for p, _ in imagefolder.make_dataset(str(root), class_to_idx, extensions=extensions,
+                                                   allow_empty=allow_empty)]
+
+
+def assert_same_samples(cat: Catalog, layout: Layout, expected: list[str]) -> list[int]:
+    samples = dataset_samples(cat, layout)
+    assert [p for p, _ in samples] == expected
+    order = dataset_order(cat, layout)
+    assert order == [k for _, k in samples]
+    for path, k in samples:   # the catalog file is the one opened, byte for byte
+        src = cat.source_path(cat.files[k])
+        assert os.path.realpath(src) == os.path.realpath(path)
+        assert Path(src).read_bytes() == Path(path).read_bytes()
+    return order
+
+
+# ------------------------------------------------------------------ the scan
+
+def test_scan_catalogue(tmp_path: Path) -> None:
+    root = tmp_path / "d"
+    touch(root / "b" / "x.bin", b"12345")
+    touch(root / "a" / "deep" / "y.bin", b"")
+    touch(root / ".hidden", b"abc")
+    (root / "empty").mkdir()
+    (root / "gone.jpg").symlink_to(tmp_path / "nowhere")
+    os.mkfifo(root / "b" / "pipe.jpg")
+    (root / "b" / "flink.bin").symlink_to(root / "b" / "x.bin")
+    cat = scan([str(root)], threads=4)
+    assert cat.roots == [str(root)] and cat.dir_links == [False] and not cat.from_cache
+    assert [(f.root, f.rel, f.size) for f in cat.files] == [
+        (0, ".hidden", 3), (0, "a/deep/y.bin", 0), (0, "b/flink.bin", 5), (0, "b/x.bin", 5)]
+    st = os.stat(root / "b" / "x.bin")
+    assert cat.files[3].mtime_ns == st.st_mtime_ns
+    assert cat.total_bytes == 13
+    assert cat.source_path(cat.files[1]) == str(root / "a" / "deep" / "y.bin")
+    assert [d.rel for d in cat.dirs] == ["", "a", "a/deep", "b", "empty"]
+    assert cat.dirs[3].ino == os.stat(root / "b").st_ino
+    assert cat.skipped == [(0, "b/pipe.jpg"), (0, "gone.jpg")]
+    assert cat.aliases == []
+    # the fields job.py builds by hand still work positionally
+    assert Catalog(cat.roots, cat.files, cat.dir_links).total_bytes == 13
+    with pytest.raises(ScanError, match="not a directory"):
+        scan([str(root / "b" / "x.bin")])
+
+
+def test_symlinked_dirs_catalogued_once_deterministically(tmp_path: Path) -> None:
+    root, ext = tmp_path / "d", tmp_path / "ext"
+    touch(ext / "e.jpg")
+    touch(root / "real" / "r.jpg")
+    link_dir(root / "a_link", root / "real")       # sorts before "real": the real path still wins
+    link_dir(root / "l1", ext)
+    link_dir(root / "z" / "l2", ext)               # a second link to ext
+    link_dir(root / "real" / "up", "..")           # a loop
+    for _ in range(3):
+        cat = scan([str(root)], threads=8)
+        assert [f.rel for f in cat.files] == ["l1/e.jpg", "real/r.jpg"]
+        assert [(a.rel, a.target) for a in cat.aliases] == [("a_link", "real"), ("real/up", ""),
+                                                             ("z/l2", "l1")]
+        assert cat.dir_links == [True]
+    only_loop = tmp_path / "o"
+    touch(only_loop / "c" / "f.jpg")
+    link_dir(only_loop / "c" / "back", "..")
+    assert scan([str(only_loop)]).dir_links == [True]   # an alias alone is a symlinked dir too
+
+
+REAL_SCANDIR = os.scandir
+
+
+class SlowFS:
+    """os.scandir with a delay per listing and per entry stat, as a PFS has,
+    counting how many calls are in flight at once."""
+
+    def __init__(self, listing: float, per_stat: float):
+        self.listing, self.per_stat = listing, per_stat
+        self.lock = threading.Lock()
+        self.inflight = self.max_inflight = self.calls = 0
+
+    def wait(self, seconds: float) -> None:
+        with self.lock:
+            self.inflight += 1
+            self.calls += 1
+            self.max_inflight = max(self.max_inflight, self.inflight)
+        time.sleep(seconds)
+        with self.lock:
+            self.inflight -= 1
+
+    def scandir(self, path: str):  # type: ignore[no-untyped-def]
+        fs = self
+        fs.wait(fs.listing)
+
+        class Entry:
+            def __init__(self, e: os.DirEntry) -> None:
+                self.e, self.name = e, e.name
+
+            def is_symlink(self) -> bool:
+                return self.e.is_symlink()
+
+            def stat(self, follow_symlinks: bool = True) -> os.stat_result:
+                fs.wait(fs.per_stat)
+                return self.e.stat(follow_symlinks=follow_symlinks)
+
+        class It:
+            def __init__(self) -> None:
+                self.it = REAL_SCANDIR(path)
+
+            def __enter__(self) -> "It":
+                return self
+
+            def __exit__(self, *a: object) -> None:
+                self.it.close()
+
+            def __iter__(self):  # type: ignore[no-untyped-def]
+                return (Entry(e) for e in self.it)
+
+        return It()
+
+
+def test_scan_overlaps_metadata_latency(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = tmp_path / "d"
+    for c in range(12):
+        for f in range(15):
+            touch(root / f"c{c}" / "s" / f"{f}.jpg", b"")
+    for f in range(600):                 # one flat directory: its stats are batched too
+        touch(root / "flat" / f"{f}.jpg", b"")
+    expected = scan([str(root)], threads=1)
+    assert len(expected.files) == 12 * 15 + 600
+    fs = SlowFS(listing=0.02, per_stat=0.002)
+    monkeypatch.setattr(os, "scandir", fs.scandir)
+    t0 = time.monotonic()
+    cat = scan([str(root)], threads=16)
+    elapsed = time.monotonic() - t0
+    serial = 26 * fs.listing + (12 * 16 + 13 + 600) * fs.per_stat    # >= 2.6 s one after another
+    assert fs.calls == 26 + 12 * 16 + 13 + 600
+    assert cat.files == expected.files and cat.dirs == expected.dirs
+    assert fs.max_inflight >= 8
+    print(f"latency emulation: {elapsed:.2f} s with 16 threads, {serial:.2f} s of latency in series")
+    assert elapsed < serial / 3, (elapsed, serial)
+    fs1 = SlowFS(listing=0.0, per_stat=0.0)
+    monkeypatch.setattr(os, "scandir", fs1.scandir)
+    scan([str(root)], threads=1)
+    assert fs1.max_inflight == 1
+
+
+# ------------------------------------------------------------ ImageFolder order
+
+@pytest.fixture
+def hand_tree(tmp_path: Path) -> Path:
+    root = tmp_path / "root"
+    for rel in ["a/z.JPG", "a/a.png", "a/B.jpeg", "a/notes.txt", "a/.hidden.jpg", "a/.jpg",
+                "a/x/1.jpeg", "a/x-y/2.jpg", "a/x.y/4.JPEG", "a/x/deep/3.jpg", "a/x/deep/n.txt",
+                "a/É.png", "a/e.png", "a/ß.webp", "a/with space.tif",
+                "B/only.WebP", "Z z/k.bmp", "_u/m.pgm", "ä/ü.ppm", ".dotclass/d.jpg",
+                "n/n1/n2/n3/deep.jpeg", "n/n1-/x.jpg", "n/n1/a.jpg",
+                "top.jpg"]:
+        touch(root / rel)
+    outside = tmp_path / "outside"
+    touch(outside / "5.jpg")
+    touch(outside / "sub" / "6.png")
+    touch(tmp_path / "linked" / "7.jpg")
+    link_dir(root / "c", outside)                          # class via symlink
+    link_dir(root / "c2", outside)                         # a second link to the same directory
+    link_dir(root / "a" / "link", tmp_path / "linked")     # symlinked subdirectory, outside
+    link_dir(root / "a" / "again", "x/deep")               # symlinked subdirectory, inside the class
+    link_dir(root / "B" / "peer", "../_u")                 # another class's directory
+    (root / "file-link").symlink_to(root / "top.jpg")      # not a class
+    touch(root / "B" / "notes.md")
+    return root
+
+
+def test_imagefolder_order_matches_reference(hand_tree: Path) -> None:
+    cat = scan([str(hand_tree)])
+    expected = reference(hand_tree)
+    order = assert_same_samples(cat, Layout("imagefolder"), expected)
+    rel = [os.path.relpath(p, hand_tree) for p in expected]
+    # the documented rules, spelled out: classes sorted by code point (".dotclass" < "B" < "Z z"
+    # < "_u" < "a" < "c" < "c2" < "n" < "ä"; symlinked and hidden directories count), walk tuples
+    # sorted by directory path string ("n/n1" < "n/n1-" < "n/n1/n2"), names sorted by code point
+    # ("É" < "ß"), dot files kept, case-insensitive extensions, files in the root ignored,
+    # symlinked directories walked wherever they appear
+    assert rel == [
+        ".dotclass/d.jpg", "B/only.WebP", "B/peer/m.pgm", "Z z/k.bmp", "_u/m.pgm",
+        "a/.hidden.jpg", "a/.jpg", "a/B.jpeg", "a/a.png", "a/e.png", "a/with space.tif", "a/z.JPG",
+        "a/É.png", "a/ß.webp", "a/again/3.jpg", "a/link/7.jpg", "a/x/1.jpeg", "a/x-y/2.jpg",
+        "a/x.y/4.JPEG", "a/x/deep/3.jpg", "c/5.jpg", "c/sub/6.png", "c2/5.jpg", "c2/sub/6.png",
+        "n/n1/a.jpg", "n/n1-/x.jpg", "n/n1/n2/n3/deep.jpeg", "ä/ü.ppm"]
+    # one catalog file per directory: paths through a second link map to the same entry
+    ids = dict(zip(rel, order))
+    assert ids["a/again/3.jpg"] == ids["a/x/deep/3.jpg"]
+    assert ids["c/5.jpg"] == ids["c2/5.jpg"] and ids["B/peer/m.pgm"] == ids["_u/m.pgm"]
+    assert len(set(order)) == len(order) - 4
+    # the ImageFolder dataset itself (same list) and its layout given as Layout.root
+    ds = imagefolder.ImageFolder(str(hand_tree), decode=False)
+    assert [p for p, _ in ds.samples] == expected
+    assert dataset_order(cat, Layout("imagefolder", root=hand_tree)) == order
+
+
+def test_imagefolder_walk_order_of_nested_names(tmp_path: Path) -> None:
+    """Walk tuples sort by path string: '-' (0x2d) and '.' (0x2e) come before '/' (0x2f),
+    '0' (0x30) after it, upper case before lower case."""
+    root = tmp_path / "r"
+    for rel in ["k/n1/a.jpg", "k/n1-/x.jpg", "k/n1.b/y.jpg", "k/n1/n2/deep.jpeg", "k/N0/z.png",
+                "k/n10/w.jpg"]:
+        touch(root / rel)
+    cat = scan([str(root)])
+    expected = [str(root / r) for r in ["k/N0/z.png", "k/n1/a.jpg", "k/n1-/x.jpg", "k/n1.b/y.jpg",
+                                        "k/n1/n2/deep.jpeg", "k/n10/w.jpg"]]
+    assert reference(root) == expected
+    assert_same_samples(cat, Layout("imagefolder"), expected)
+
+
+def test_datasetfolder_with_extensions(hand_tree: Path) -> None:
+    cat = scan([str(hand_tree)])
+    exts = (".txt", ".md", ".png")
+    with pytest.raises(CatalogError, match=r"no valid file for the classes \.dotclass, Z z, _u, n, ä\b"):
+        dataset_order(cat, Layout("datasetfolder", extensions=exts))
+    expected = reference(hand_tree, extensions=exts, allow_empty=True)
+    assert [os.path.relpath(p, hand_tree) for p in expected] == [
+        "B/notes.md", "a/a.png", "a/e.png", "a/notes.txt", "a/É.png", "a/again/n.txt",
+        "a/x/deep/n.txt", "c/sub/6.png", "c2/sub/6.png"]
+    assert_same_samples(cat, Layout("datasetfolder", extensions=exts, allow_empty=True), expected)
+    with pytest.raises(CatalogError, match="needs the extensions"):
+        dataset_order(cat, Layout("datasetfolder"))
+    # a single string works as in torchvision; upper-case extensions match nothing there either
+    one = Layout("datasetfolder", extensions=".txt", allow_empty=True)  # type: ignore[arg-type]
+    assert one.extensions == (".txt",)
+    assert_same_samples(cat, one, reference(hand_tree, extensions=(".txt",), allow_empty=True))
+    with pytest.raises(CatalogError, match="Found no valid file for the classes"):
+        dataset_order(cat, Layout("datasetfolder", extensions=(".TXT",)))
+    with pytest.raises(FileNotFoundError):
+        reference(hand_tree, extensions=(".TXT",))
+
+
+def test_imagefolder_errors(hand_tree: Path, tmp_path: Path) -> None:
+    (hand_tree / "empty" / "sub").mkdir(parents=True)
+    touch(hand_tree / "empty" / "sub" / "readme.txt")
+    cat = scan([str(hand_tree)])
+    with pytest.raises(CatalogError, match="Found no valid file for the classes empty"):
+        dataset_order(cat, Layout("imagefolder"))
+    with pytest.raises(FileNotFoundError, match="Found no valid file for the classes empty"):
+        reference(hand_tree)
+    assert_same_samples(cat, Layout("imagefolder", allow_empty=True), reference(hand_tree, allow_empty=True))
+
+    flat = tmp_path / "flat"
+    touch(flat / "a.jpg")
+    with pytest.raises(CatalogError, match="Couldn't find any class folder"):
+        dataset_order(scan([str(flat)]), Layout("imagefolder"))
+
+    dangling = tmp_path / "dangling"
+    touch(dangling / "k" / "ok.jpg")
+    (dangling / "k" / "gone.jpg").symlink_to(tmp_path / "nowhere.jpg")
+    (dangling / "k" / "gone.txt").symlink_to(tmp_path / "nowhere.txt")   # not a sample: fine
+    assert len(reference(dangling)) == 2          # ImageFolder lists the dangling link
+    with pytest.raises(CatalogError, match="gone.jpg is not a regular file"):
+        dataset_order(scan([str(dangling)]), Layout("imagefolder"))
+
+    loop = tmp_path / "loop"
+    touch(loop / "k" / "sub" / "f.jpg")
+    link_dir(loop / "k" / "sub" / "up", "../..")
+    with pytest.raises(CatalogError, match="loop"):
+        dataset_order(scan([str(loop)]), Layout("imagefolder"))
+
+    with pytest.raises(CatalogError, match="unknown layout"):
+        dataset_order(cat, Layout("webdataset"))
+
+
+def test_imagefolder_with_several_roots(tmp_path: Path) -> None:
+    ds, other = tmp_path / "ds", tmp_path / "other"
+    touch(ds / "train" / "k1" / "a.jpg")
+    touch(ds / "train" / "k0" / "b.jpg")
+    touch(ds / "val" / "k0" / "c.jpg")
+    touch(other / "k" / "d.jpg")
+    cat = scan([str(other), str(ds)])
+    with pytest.raises(CatalogError, match="2 data roots"):
+        dataset_order(cat, Layout("imagefolder"))
+    assert_same_samples(cat, Layout("imagefolder", root=ds / "train"), reference(ds / "train"))
+    assert_same_samples(cat, Layout("imagefolder", root=other), reference(other))
+    with pytest.raises(CatalogError, match="not inside the data roots"):
+        dataset_order(cat, Layout("imagefolder", root=tmp_path))
+    with pytest.raises(CatalogError, match="no such directory"):
+        dataset_order(cat, Layout("imagefolder", root=ds / "test"))
+
+
+def test_imagefolder_through_symlinked_root_and_odd_bytes(tmp_path: Path) -> None:
+    real = tmp_path / "real"
+    touch(real / "k" / "plain.jpg")
+    bad = os.fsencode(str(real / "k")) + b"/caf\xe9.jpg"       # not UTF-8: a surrogate escape
+    with open(bad, "wb") as f:
+        f.write(b"latin-1 name")
+    (tmp_path / "alias").symlink_to(real, target_is_directory=True)
+    cat = scan([str(tmp_path / "alias")])
+    assert_same_samples(cat, Layout("imagefolder"), reference(tmp_path / "alias"))
+    assert os.fsencode(cat.source_path(cat.files[0])) == bad.replace(b"/real/", b"/alias/")
+    assert cat.files[0].size == len(b"latin-1 name")
+
+
+def test_catalog_built_by_hand_infers_directories(tmp_path: Path) -> None:
+    files = [CatalogFile(0, r, 1, 1) for r in ["a/x/1.jpg", "a/x-y/2.jpg", "b/3.png", "top.jpg"]]
+    cat = Catalog(["/data"], files, [False])
+    assert [p for p, _ in dataset_samples(cat, Layout("imagefolder"))] == [
+        "/data/a/x/1.jpg", "/data/a/x-y/2.jpg", "/data/b/3.png"]
+
+
+# ------------------------------------------------------------- sorted and manifest
+
+def test_sorted_layout(tmp_path: Path) -> None:
+    r1, r2 = tmp_path / "d", tmp_path / "d-2"
+    for rel in ["b.JPG", "a/x.jpg", "a-b/y.txt", ".h.jpg"]:
+        touch(r1 / rel)
+    touch(r2 / "z.jpg")
+    cat = scan([str(r2), str(r1)])
+    paths = [p for p, _ in dataset_samples(cat, Layout("sorted"))]
+    # by full path: "/d-2/..." sorts before "/d/..." ('-' < '/')
+    assert paths == sorted(str(p) for p in list(r1.rglob("*")) + list(r2.rglob("*")) if p.is_file())
+    assert paths[0] == str(r2 / "z.jpg")
+    assert [os.path.basename(p) for p, _ in dataset_samples(cat, Layout("sorted", extensions=(".jpg",)))] \
+        == ["z.jpg", ".h.jpg", "x.jpg", "b.JPG"]
+    one = scan([str(r1)])
+    assert dataset_order(one, Layout("sorted")) == list(range(len(one.files)))
+
+
+def test_manifest_layout(tmp_path: Path) -> None:
+    root, ext = tmp_path / "d", tmp_path / "ext"
+    touch(root / "a" / "1.jpg")
+    touch(root / "b c" / "ü.bin")
+    touch(ext / "e.jpg")
+    link_dir(root / "l1", ext)
+    link_dir(root / "l2", ext)                           # alias of l1
+    (tmp_path / "rootlink").symlink_to(root, target_is_directory=True)
+    cat = scan([str(root)])
+    ids = {f.rel: k for k, f in enumerate(cat.files)}
+    text = tmp_path / "m.txt"
+    text.write_text("b c/ü.bin\r\n\n" + str(root / "a" / "1.jpg") + "\n./l2/e.jpg\n"
+                    + str(root / "l2" / ".." / "l1" / "e.jpg") + "\na/1.jpg\n", encoding="utf-8")
+    order = dataset_order(cat, Layout("manifest", manifest=text))
+    assert order == [ids["b c/ü.bin"], ids["a/1.jpg"], ids["l1/e.jpg"], ids["l1/e.jpg"], ids["a/1.jpg"]]
+    js = tmp_path / "m.json"
+    js.write_text(json.dumps([["a/1.jpg", 0], "l1/e.jpg", [str(root / "b c" / "ü.bin"), 1]]))
+    assert dataset_order(cat, Layout("manifest", manifest=js)) == [ids["a/1.jpg"], ids["l1/e.jpg"],
+                                                                    ids["b c/ü.bin"]]
+    # relative to Layout.root
+    (tmp_path / "rel.txt").write_text("1.jpg\n")
+    assert dataset_order(cat, Layout("manifest", manifest=tmp_path / "rel.txt", root=root / "a")) \
+        == [ids["a/1.jpg"]]
+    # a root given through a symlink: paths under the link and under its target both resolve
+    via_link = scan([str(tmp_path / "rootlink")])
+    assert via_link.roots == [str(tmp_path / "rootlink")]
+    (tmp_path / "both.txt").write_text(f"{tmp_path / 'rootlink' / 'a' / '1.jpg'}\n{root / 'l2' / 'e.jpg'}\n")
+    assert dataset_order(via_link, Layout("manifest", manifest=tmp_path / "both.txt")) == [
+        ids["a/1.jpg"], ids["l1/e.jpg"]]
+
+    bad = tmp_path / "bad.txt"
+    bad.write_text(f"a/1.jpg\n{ext / 'e.jpg'}\na/missing.jpg\na\n../escape.jpg\n")
+    with pytest.raises(CatalogError) as e:
+        dataset_order(cat, Layout("manifest", manifest=bad))
+    msg = str(e.value)
+    assert "4 of 5 entries" in msg and "line 2" in msg and "outside the data roots" in msg
+    assert "line 3" in msg and "does not exist" in msg and "line 4" in msg and "not a regular file" in msg
+    assert "line 5" in msg
+    (tmp_path / "empty.txt").write_text("\n \n")
+    with pytest.raises(CatalogError, match="lists no files"):
+        dataset_order(cat, Layout("manifest", manifest=tmp_path / "empty.txt"))
+    (tmp_path / "broken.json").write_text("[1, 2")
+    with pytest.raises(CatalogError, match="not valid JSON"):
+        dataset_order(cat, Layout("manifest", manifest=tmp_path / "broken.json"))
+    (tmp_path / "num.json").write_text("[3]")
+    with pytest.raises(CatalogError, match="item 0"):
+        dataset_order(cat, Layout("manifest", manifest=tmp_path / "num.json"))
+    with pytest.raises(CatalogError, match="needs the manifest"):
+        dataset_order(cat, Layout("manifest"))
+    with pytest.raises(CatalogError, match="cannot read"):
+        dataset_order(cat, Layout("manifest", manifest=tmp_path / "nope.txt"))
+    two = scan([str(root), str(ext)])
+    with pytest.raises(CatalogError, match="must give absolute paths"):
+        dataset_order(two, Layout("manifest", manifest=text))
+
+
+# ------------------------------------------------------------------ the cache
+
+class StatCounter:
+    """Counts os.stat calls and refuses os.scandir (a cache hit lists nothing)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch):
+        self.paths: list[str] = []
+        real = os.stat
+
+        def counting_stat(path, *a, **kw):  # type: ignore[no-untyped-def]
+            self.paths.append(os.fsdecode(path))
+            return real(path, *a, **kw)
+
+        def no_scandir(path):  # type: ignore[no-untyped-def]
+            raise AssertionError(f"scandir({path}) on a cache hit")
+
+        monkeypatch.setattr(os, "stat", counting_stat)
+        monkeypatch.setattr(os, "scandir", no_scandir)
+
+
+def cached_tree(tmp_path: Path) -> tuple[Path, Path]:
+    root, ext = tmp_path / "d", tmp_path / "ext"
+    for rel in ["k1/a.jpg", "k1/n/deep/b.jpg", "k2/c.jpg", "k2/.h.jpg"]:
+        touch(root / rel)
+    touch(ext / "e.jpg")
+    link_dir(root / "k3", ext)
+    link_dir(root / "k1" / "again", "n")
+    age(root, ext)
+    return root, ext
+
+
+def test_cache_reused_without_per_file_stats(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root, _ = cached_tree(tmp_path)
+    cache = tmp_path / "cache"
+    first = scan([str(root)], cache_dir=cache)
+    assert not first.from_cache and cache_file(cache, str(root)).is_file()
+    assert oct(cache.stat().st_mode & 0o777) == "0o700"
+    assert oct(cache_file(cache, str(root)).stat().st_mode & 0o777) == "0o600"
+    counter = StatCounter(monkeypatch)
+    again = scan([str(root)], threads=4, cache_dir=cache)
+    monkeypatch.undo()
+    assert again.from_cache
+    for name in ("roots", "files", "dir_links", "dirs", "aliases", "skipped"):
+        assert getattr(again, name) == getattr(first, name), name
+    files = {again.source_path(f) for f in again.files}
+    assert not files & set(counter.paths)          # no stat of any file
+    assert len(counter.paths) <= len(first.dirs) + len(first.aliases) + 2
+    assert dataset_order(again, Layout("imagefolder")) == dataset_order(first, Layout("imagefolder"))
+    # without cache_dir nothing is read or written
+    assert not scan([str(root)]).from_cache
+    # a file rewritten in place is not seen (documented); dropping the cache rescans
+    touch(root / "k2" / "c.jpg", b"longer than before")
+    stale = scan([str(root)], cache_dir=cache)
+    assert stale.from_cache and stale.files == first.files
+    catalog_mod.drop_cache(cache, again.roots)
+    fresh = scan([str(root)], cache_dir=cache)
+    assert not fresh.from_cache and fresh.files != first.files
+    assert scan([str(root)], cache_dir=cache).files == fresh.files
+
+
+@pytest.mark.parametrize("change", ["add", "remove", "rename", "mkdir", "retarget"])
+def test_cache_invalidated_by_changes(tmp_path: Path, change: str) -> None:
+    root, ext = cached_tree(tmp_path)
+    cache = tmp_path / "cache"
+    scan([str(root)], cache_dir=cache)
+    assert scan([str(root)], cache_dir=cache).from_cache
+    deep = root / "k1" / "n" / "deep"
+    if change == "add":
+        touch(deep / "new.jpg")
+    elif change == "remove":
+        (deep / "b.jpg").unlink()
+    elif change == "rename":
+        (deep / "b.jpg").rename(deep / "b2.jpg")
+    elif change == "mkdir":
+        (deep / "sub").mkdir()
+    else:   # the directory behind the symlinked class is replaced: no mtime under root changes
+        ext.rename(tmp_path / "ext.old")
+        touch(tmp_path / "ext" / "e.jpg")
+        touch(tmp_path / "ext" / "f.jpg")
+    fresh = scan([str(root)])
+    got = scan([str(root)], cache_dir=cache)
+    assert not got.from_cache
+    assert got.files == fresh.files and got.dirs == fresh.dirs
+    # too recent to be trusted: not cached again until the tree has aged
+    assert not cache_file(cache, str(root)).exists()
+    age(root, tmp_path / "ext")
+    scan([str(root)], cache_dir=cache)
+    assert scan([str(root)], cache_dir=cache).files == fresh.files
+
+
+def test_corrupt_cache_ignored(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    root, _ = cached_tree(tmp_path)
+    cache = tmp_path / "cache"
+    good = scan([str(root)], cache_dir=cache)
+    path = cache_file(cache, str(root))
+    doc = json.loads(gzip.decompress(path.read_bytes()))
+    bads = {
+        "garbage": b"not gzip at all",
+        "truncated": path.read_bytes()[:40],
+        "not json": gzip.compress(b"{"),
+        "wrong root": gzip.compress(json.dumps({**doc, "root": "/elsewhere"}).encode()),
+        "wrong version": gzip.compress(json.dumps({**doc, "version": 99}).encode()),
+        "bad column": gzip.compress(json.dumps({**doc, "files": {**doc["files"], "size": ["x"]}}).encode()),
+        "missing table": gzip.compress(json.dumps({k: v for k, v in doc.items() if k != "dirs"}).encode()),
+    }
+    for what, data in bads.items():
+        path.write_bytes(data)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="tiering"):
+            got = scan([str(root)], cache_dir=cache)
+        assert not got.from_cache and got.files == good.files, what
+        assert any("ignoring the catalog cache" in r.getMessage() for r in caplog.records), what
+        assert scan([str(root)], cache_dir=cache).from_cache, what    # rewritten
+
+
+def test_cache_per_root_and_unwritable(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    root, _ = cached_tree(tmp_path)
+    other = tmp_path / "other"
+    touch(other / "k" / "o.jpg")
+    age(other)
+    cache = tmp_path / "cache"
+    scan([str(root)], cache_dir=cache)
+    both = scan([str(other), str(root)], cache_dir=cache)    # root from the cache, other scanned
+    assert not both.from_cache
+    assert scan([str(other), str(root)], cache_dir=cache).from_cache
+    fresh = tmp_path / "fresh"
+    touch(fresh / "k" / "f.jpg")                          # too recent: not cached
+    assert not scan([str(fresh)], cache_dir=cache).from_cache
+    assert not cache_file(cache, str(fresh)).exists()
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the cache directory should be")
+    with caplog.at_level(logging.WARNING, logger="tiering"):
+        got = scan([str(root)], cache_dir=blocked / "catalogs")
+    assert got.files == [f for f in both.files if f.root == 0] and not got.from_cache
+    assert any("cannot write the catalog cache" in r.getMessage() for r in caplog.records)
+    assert not list(cache.glob(".tmp-*"))
+
+
+def test_default_cache_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert catalog_mod.default_cache_dir() == tmp_path / "tiering" / "catalogs"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert catalog_mod.default_cache_dir() == tmp_path / "home" / ".cache" / "tiering" / "catalogs"
+
+
+def test_img_extensions_are_torchvisions() -> None:
+    assert IMG_EXTENSIONS == tuple(imagefolder.IMG_EXTENSIONS)

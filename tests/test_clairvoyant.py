@@ -1,0 +1,132 @@
+"""The clairvoyant policy end to end: an unchanged training script with a
+seeded, shuffled DataLoader under tier-run; the daemon follows the real order
+and the opens served from the tiers match what the plan predicts."""
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from conftest import PYTHON
+from test_tier_run import N_FILES, READER, dataset, digest, no_leftovers, profile, tier_run  # noqa: F401
+
+SAMPLER = ["--sampler", "random", "--seed", "0", "--epochs", "3", "--layout", "sorted"]
+
+
+def run(tmp: Path, data: Path, prof: Path, *opts: str, reader_seed: int = 0, workers: int = 2,
+        pause: str = "0.3", delay: str = "0") -> tuple[dict, dict, subprocess.CompletedProcess[str]]:
+    stats, out = tmp / "stats.json", tmp / "reader.json"
+    r = tier_run(["--profile", str(prof), "--data", str(data), "--stats-json", str(stats), *opts, "--",
+                  PYTHON, str(READER), "--data", str(data), "--epochs", "3", "--out", str(out),
+                  "--workers", str(workers), "--seed", str(reader_seed), "--epoch-pause", pause,
+                  "--sample-delay", delay])
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return json.loads(stats.read_text()), json.loads(out.read_text()), r
+
+
+def plan(data: Path, prof: Path, *opts: str) -> dict:
+    r = subprocess.run([PYTHON, "-m", "tiering", "plan", "--profile", str(prof), "--data", str(data),
+                        "--json", *opts], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_unchanged_script_is_followed_through_the_hook(tmp_path):
+    data = tmp_path / "pfs"
+    contents = dataset(data)
+    stats, rd, r = run(tmp_path, data, profile(tmp_path))
+    assert stats["policy"] == "clairvoyant"
+    order = stats["order"]
+    assert order["following"] and not order["diverged"], r.stderr
+    assert order["epochs_known"] == 4          # the three read, and the next one predicted
+    assert order["matched_opens"] >= 0.95 * 3 * N_FILES
+    assert "no longer follow" not in r.stderr
+    ep = rd["epochs"]
+    assert ep[1]["local"] + ep[2]["local"] >= 0.99 * 2 * N_FILES
+    assert stats["opens"]["by_tier"]["ram"] == sum(e["local"] for e in ep)
+    assert rd["digest"] == digest(contents)
+
+
+def test_sampler_options_match_the_plan(tmp_path):
+    data = tmp_path / "pfs"
+    contents = dataset(data)
+    prof = profile(tmp_path)
+    predicted = plan(data, prof, *SAMPLER)
+    stats, rd, r = run(tmp_path, data, prof, *SAMPLER)
+    order = stats["order"]
+    assert stats["policy"] == "clairvoyant" and order["following"] and not order["diverged"], r.stderr
+    hits = [sum(e["hits_by_tier"]) for e in predicted["epochs"]]
+    assert hits == [N_FILES] * 3                       # it all fits: every access a hit
+    local = [e["local"] for e in rd["epochs"]]
+    # known before COMMAND starts: even epoch 1 is mostly prefetched
+    assert local[0] >= 0.5 * N_FILES
+    assert local[1] + local[2] >= 0.99 * (hits[1] + hits[2])
+    assert rd["digest"] == digest(contents)
+
+
+def test_data_twice_the_tiers_streams_within_capacity(tmp_path):
+    data = tmp_path / "pfs"
+    contents = dataset(data)
+    total = sum(map(len, contents.values()))
+    cap = total // 2
+    prof = profile(tmp_path, capacity=str(cap))
+    predicted = plan(data, prof, *SAMPLER)
+    # 2 ms of compute per sample: the daemon, copying ahead, keeps up with the reader
+    stats, rd, r = run(tmp_path, data, prof, *SAMPLER, "--window", "16", delay="0.002")
+    order = stats["order"]
+    assert order["following"] and not order["diverged"], r.stderr
+    assert stats["tiers"][0]["used"] <= cap
+    assert order["evictions"] > 0
+    assert stats["placement"]["evictions"] > 0
+    hits = sum(sum(e["hits_by_tier"]) for e in predicted["epochs"])
+    served = stats["opens"]["by_tier"]["ram"]
+    assert served >= 0.8 * hits, (served, hits)
+    assert stats["opens"]["total"] == 3 * N_FILES
+    assert rd["digest"] == digest(contents)
+
+
+def test_a_different_seed_is_noticed_and_first_touch_takes_over(tmp_path):
+    data = tmp_path / "pfs"
+    contents = dataset(data)
+    stats, rd, r = run(tmp_path, data, profile(tmp_path), "--sampler", "random", "--seed", "99",
+                       "--epochs", "3", "--layout", "sorted", reader_seed=0, workers=0)
+    order = stats["order"]
+    assert order["diverged"] and not order["following"]
+    assert r.stderr.count("no longer follow") == 1
+    # first touch placed what was read, so the later epochs are still served locally
+    assert rd["epochs"][2]["local"] >= 0.9 * N_FILES
+    assert rd["digest"] == digest(contents)
+
+
+def test_order_file(tmp_path):
+    from tiering.order import SamplerSpec, epoch_orders
+    data = tmp_path / "pfs"
+    contents = dataset(data)
+    rels = sorted(contents)
+    lines = []
+    for e, order in enumerate(epoch_orders(SamplerSpec(kind="random", seed=0), len(rels), 3)):
+        if e:
+            lines.append("")
+        lines += [rels[i] for i in order]
+    f = tmp_path / "order.txt"
+    f.write_text("\n".join(lines) + "\n")
+    stats, rd, r = run(tmp_path, data, profile(tmp_path), "--order-file", str(f), "--layout", "sorted")
+    order = stats["order"]
+    assert order["following"] and not order["diverged"], r.stderr
+    assert order["matched_opens"] >= 0.95 * 3 * N_FILES
+    assert rd["digest"] == digest(contents)
+
+
+def test_plan_command_prints_a_table(tmp_path):
+    data = tmp_path / "pfs"
+    dataset(data, n=50)
+    r = subprocess.run([PYTHON, "-m", "tiering", "plan", "--profile", str(profile(tmp_path, capacity="600KiB")),
+                        "--data", str(data), "--sampler", "random", "--seed", "3", "--epochs", "2",
+                        "--layout", "sorted"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("50 files")
+    assert "ram hits" in lines[1] and "PFS bytes" in lines[1]
+    assert [ln.split()[0] for ln in lines[2:]] == ["1", "2"]
+    r = subprocess.run([PYTHON, "-m", "tiering", "plan", "--data", str(data)], capture_output=True, text=True)
+    assert r.returncode == 2 and "give the order" in r.stderr

@@ -1,0 +1,129 @@
+"""The stream from command-line options: which sampler (or order file) the
+training uses and how its data-set indices map to catalog files."""
+from __future__ import annotations
+
+import itertools
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Mapping
+
+from .catalog import Catalog, Layout, dataset_order
+from .feed import ListFeed, PathMap
+from .order import SamplerSpec, epoch_order, epoch_orders, local_ranks, node_stream, ranks_from_env, read_order_file
+
+PYTHON_NAMES = re.compile(r"^(python[0-9.]*|pypy[0-9.]*|torchrun|ipython[0-9]*)$")
+
+
+@dataclass(frozen=True)
+class OrderOptions:
+    sampler: str | None = None          # random | distributed | sequential
+    seed: int | None = None
+    epochs: int = 1
+    world_size: int | None = None
+    rank: int | None = None
+    local_world_size: int | None = None
+    batch_size: int | None = None
+    drop_last: bool = False
+    order_file: Path | None = None
+    layout: str = "imagefolder"
+    manifest: Path | None = None
+    extensions: tuple[str, ...] | None = None
+    layout_root: Path | None = None
+
+    @property
+    def given(self) -> bool:
+        return self.sampler is not None or self.order_file is not None
+
+
+class StreamError(Exception):
+    pass
+
+
+def is_python_command(command: list[str]) -> bool:
+    """python, python3, torchrun..., or a script whose shebang names python."""
+    if not command:
+        return False
+    if PYTHON_NAMES.match(os.path.basename(command[0])):
+        return True
+    if os.path.basename(command[0]) == "env" and len(command) > 1:
+        return is_python_command(command[1:])
+    from shutil import which
+    exe = which(command[0])
+    try:
+        with open(exe or command[0], "rb") as f:
+            first = f.readline(200)
+    except OSError:
+        return False
+    return first.startswith(b"#!") and b"python" in first
+
+
+def _layout(opts: OrderOptions) -> Layout:
+    if opts.layout == "manifest" and opts.manifest is None:
+        raise StreamError("--layout manifest needs the manifest file: --layout manifest FILE")
+    return Layout(opts.layout, extensions=opts.extensions, manifest=opts.manifest, root=opts.layout_root)
+
+
+def _specs(opts: OrderOptions, env: Mapping[str, str]) -> list[SamplerSpec]:
+    world, rank, local_world, _ = ranks_from_env(env)
+    world = opts.world_size if opts.world_size is not None else world
+    rank = opts.rank if opts.rank is not None else rank
+    local_world = opts.local_world_size if opts.local_world_size is not None else (
+        local_world if opts.world_size is None else 1)
+    if not 0 <= rank < world:
+        raise StreamError(f"--rank {rank} is outside --world-size {world}: ranks go from 0 to {world - 1}")
+    ranks = [rank] if opts.sampler != "distributed" else local_ranks(world, rank, local_world)
+    if opts.sampler == "random" and opts.seed is None:
+        raise StreamError("--sampler random needs --seed N: the seed of the generator given to the "
+                          "DataLoader (without one the order cannot be known; use the hook instead)")
+    kind = opts.sampler or "sequential"
+    return [SamplerSpec(kind=kind, seed=opts.seed if kind != "distributed" else (opts.seed or 0),
+                        num_replicas=world if kind == "distributed" else 1,
+                        rank=r if kind == "distributed" else 0,
+                        batch_size=opts.batch_size, batch_drop_last=opts.drop_last)
+            for r in ranks]
+
+
+def epochs_from_options(opts: OrderOptions, catalog: Catalog,
+                        env: Mapping[str, str] = os.environ) -> Iterator[list[int]]:
+    """Catalog file ids, epoch by epoch, as the options describe them."""
+    mapping = dataset_order(catalog, _layout(opts))
+    if opts.order_file is not None:
+        # numbers are data-set indices; paths name files, turned into their index
+        paths = PathMap(catalog)
+        index_of = {cid: k for k, cid in enumerate(mapping)}
+
+        def resolve(token: str) -> int:
+            cid = paths.id_of(token if os.path.isabs(token) else os.path.join(catalog.roots[0], token))
+            if cid not in index_of:
+                raise StreamError(f"{opts.order_file}: {token} is not a sample of the data set "
+                                  f"(--layout {opts.layout}) under the --data directories")
+            return index_of[cid]
+
+        for k, order in enumerate(read_order_file(opts.order_file, resolve)):
+            bad = next((i for i in order if not 0 <= i < len(mapping)), None)
+            if bad is not None:
+                raise StreamError(f"{opts.order_file}: epoch {k + 1} names index {bad}, but the data set "
+                                  f"has {len(mapping)} samples (indices 0..{len(mapping) - 1})")
+            yield [mapping[i] for i in order]
+        return
+    specs = _specs(opts, env)
+    n = len(mapping)
+    if len(specs) == 1:
+        for order in epoch_orders(specs[0], n, opts.epochs):
+            yield [mapping[i] for i in order]
+    else:
+        for e in range(opts.epochs):
+            yield [mapping[i] for i in node_stream(specs, n, e)]
+
+
+def list_feed(opts: OrderOptions, catalog: Catalog, env: Mapping[str, str] = os.environ) -> ListFeed:
+    """A feed whose first epoch is already computed, so that bad options fail
+    before COMMAND starts."""
+    epochs = epochs_from_options(opts, catalog, env)
+    first = next(epochs, None)
+    return ListFeed(itertools.chain([first] if first is not None else [], epochs))
+
+
+__all__ = ["OrderOptions", "StreamError", "epoch_order", "epochs_from_options", "is_python_command", "list_feed"]
