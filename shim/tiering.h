@@ -22,7 +22,7 @@
 
 /* BEGIN CDEF */
 #define TIERING_MAGIC 0x5845444e49524954
-#define TIERING_VERSION 1
+#define TIERING_VERSION 2
 #define TIERING_MAX_ROOTS 16
 #define TIERING_MAX_TIERS 4
 #define TIERING_PATH_MAX 512
@@ -71,13 +71,12 @@ struct tiering_event {
 };
 
 struct tiering_counters {
-    uint64_t opens;                  /* opens of catalogued files, any tier */
-    uint64_t opens_pfs;              /* ... of which served from the PFS    */
-    uint64_t opens_tier[4];          /* ... served from tier k              */
+    /* opens of catalogued files = opens_pfs + the sum of opens_tier */
+    uint64_t opens_pfs;              /* served from the PFS                 */
+    uint64_t opens_tier[4];          /* served from tier k                  */
     uint64_t bytes_tier;             /* sizes of the files served from tiers */
     uint64_t fallbacks;              /* copy vanished between lookup and open */
     uint64_t writes;                 /* write opens of catalogued files     */
-    uint64_t events_posted;
     uint64_t events_dropped;         /* ring full (counted by the daemon)   */
 };
 
@@ -100,7 +99,10 @@ struct tiering_header {
     struct tiering_root roots[16];
     struct tiering_root tiers[4];  /* physical prefixes, fastest first */
     struct tiering_counters counters;
-    uint64_t ring_head;      /* atomic; next position a producer takes */
+    uint64_t pad[7];
+    uint64_t ring_head;      /* atomic; next position a producer takes (= events
+                                posted), on a cache line of its own */
+    uint64_t pad2[7];
 };
 
 /* Helpers exported by libtiershim.so for the daemon (loaded with dlopen). */

@@ -244,7 +244,6 @@ static void post(uint16_t kind, uint32_t slot, uint16_t tier)
     ev->kind = kind;
     ev->tier = tier;
     __atomic_store_n(&ev->seq, pos + 1, __ATOMIC_RELEASE);
-    __atomic_fetch_add(&idx->counters.events_posted, 1, __ATOMIC_RELAXED);
 }
 
 static inline void count(uint64_t *c, uint64_t v) { __atomic_fetch_add(c, v, __ATOMIC_RELAXED); }
@@ -263,7 +262,7 @@ static inline uint32_t tracked(int fd)
 /* fd is about to be closed (or replaced): forget it and post a close event */
 static inline void untrack(int fd)
 {
-    if (idx && fd >= 0 && fd < MAX_TRACKED_FDS) {
+    if (idx && fd >= 0 && fd < MAX_TRACKED_FDS && __atomic_load_n(&fd_slot[fd], __ATOMIC_RELAXED)) {
         uint32_t s = __atomic_exchange_n(&fd_slot[fd], 0, __ATOMIC_RELAXED);
         if (s)
             post(TIERING_EV_CLOSE, s - 1, 0);
@@ -430,10 +429,87 @@ static int append_components(char *out, size_t *len, const char *src, size_t *mi
     return 0;
 }
 
+/* A path whose last component is "", "." or ".." names a directory: such an
+ * open must fail or succeed exactly as on the PFS, so it is never redirected. */
+static int names_directory(const char *path)
+{
+    size_t n = strlen(path);
+    if (n == 0 || path[n - 1] == '/')
+        return 1;
+    const char *last = strrchr(path, '/');
+    last = last ? last + 1 : path;
+    return strcmp(last, ".") == 0 || strcmp(last, "..") == 0;
+}
+
+/* True when s has no "//", "/./" or "/../" and does not end in "/", "/." or
+ * "/..": a path in the form the catalog stores, usable as it is. */
+static int is_plain(const char *s)
+{
+    if (s[0] == '/')
+        return 0;
+    for (const char *p = s; (p = strchr(p, '/')) != NULL; p++) {
+        const char *c = p + 1;
+        if (*c == '/' || *c == '\0' || (c[0] == '.' && (c[1] == '/' || c[1] == '\0')) ||
+            (c[0] == '.' && c[1] == '.' && (c[2] == '/' || c[2] == '\0')))
+            return 0;
+    }
+    return s[0] != '.' || (s[1] != '/' && s[1] != '\0' && (s[1] != '.' || (s[2] != '/' && s[2] != '\0')));
+}
+
+static int64_t probe(uint32_t root_id, const char *rel, size_t len)
+{
+    uint64_t fp[2];
+    tiering_fingerprint(root_id, rel, len, fp);
+    for (uint64_t s = fp[0] & slot_mask;; s = (s + 1) & slot_mask) {
+        const struct tiering_entry *e = &entries[s];
+        if (e->fp_lo == fp[0] && e->fp_hi == fp[1])
+            return (int64_t)s;
+        if (!e->fp_lo && !e->fp_hi)
+            return -1;
+    }
+}
+
+/* The root that abs (len bytes) lies under, as its index, or -1; *rl is its
+ * length without a trailing slash (0 for "/"). */
+static int root_of(const char *abs, size_t len, size_t *rl)
+{
+    for (uint32_t i = 0; i < idx->nroots; i++) {
+        const struct tiering_root *r = &idx->roots[i];
+        size_t l = r->len == 1 ? 0 : r->len;
+        if (len > l + 1 && abs[l] == '/' && memcmp(abs, r->path, l) == 0) {
+            *rl = l;
+            return (int)i;
+        }
+    }
+    return -1;
+}
+
 /* Finds the catalogued entry that path (relative to dirfd) names.  On success
- * returns the slot and sets *rel to the part of abs below the data root. */
+ * returns the slot and sets *rel (and *rel_len) to the part below the data
+ * root, in path itself when it is plain, else in abs. */
 static int64_t lookup(int dirfd, const char *path, char *abs, const char **rel, size_t *rel_len)
 {
+    size_t rl;
+    if (path[0] == '/') {
+        /* fast path: an absolute path outside every root costs a prefix
+         * compare; one inside, already plain, is used as it is */
+        size_t len = strlen(path);
+        int r = root_of(path, len, &rl);
+        if (r < 0) {
+            /* "//root/x" or "/a/../root/x" may still lead into a root, but
+             * they are rare: they simply read the PFS */
+            return -1;
+        }
+        if (is_plain(path + rl + 1)) {
+            if (names_directory(path))
+                return -1;
+            *rel = path + rl + 1;
+            *rel_len = len - rl - 1;
+            return probe(idx->roots[r].id, *rel, *rel_len);
+        }
+    }
+    if (names_directory(path))
+        return -1;
     size_t len = 1, min_pop = PATH_MAX;
     abs[0] = '/';
     abs[1] = '\0';
@@ -456,28 +532,16 @@ static int64_t lookup(int dirfd, const char *path, char *abs, const char **rel, 
     }
     if (append_components(abs, &len, path, &min_pop) < 0)
         return -1;
-    for (uint32_t i = 0; i < idx->nroots; i++) {
-        const struct tiering_root *r = &idx->roots[i];
-        size_t rl = r->len == 1 ? 0 : r->len; /* root "/" */
-        if (len <= rl + 1 || abs[rl] != '/' || memcmp(abs, r->path, rl) != 0)
-            continue;
-        /* ".." is resolved lexically; that is only the kernel's answer when
-         * it never climbed to the root and no directory below it is a link */
-        if (min_pop != PATH_MAX && (min_pop < rl || (r->flags & TIERING_ROOT_HAS_DIR_LINKS)))
-            return -1;
-        uint64_t fp[2];
-        *rel = abs + rl + 1;
-        *rel_len = len - rl - 1;
-        tiering_fingerprint(r->id, *rel, *rel_len, fp);
-        for (uint64_t s = fp[0] & slot_mask;; s = (s + 1) & slot_mask) {
-            const struct tiering_entry *e = &entries[s];
-            if (e->fp_lo == fp[0] && e->fp_hi == fp[1])
-                return (int64_t)s;
-            if (!e->fp_lo && !e->fp_hi)
-                return -1;
-        }
-    }
-    return -1;
+    int r = root_of(abs, len, &rl);
+    if (r < 0)
+        return -1;
+    /* ".." is resolved lexically; that is only the kernel's answer when it
+     * never climbed out of the root and no directory below it is a link */
+    if (min_pop != PATH_MAX && (min_pop < rl || (idx->roots[r].flags & TIERING_ROOT_HAS_DIR_LINKS)))
+        return -1;
+    *rel = abs + rl + 1;
+    *rel_len = len - rl - 1;
+    return probe(idx->roots[r].id, *rel, *rel_len);
 }
 
 /* ---- the open path -------------------------------------------------------- */
@@ -542,7 +606,6 @@ static int route(int64_t slot, int write, int redirectable, const char *rel, siz
 /* Books a successful open of a catalogued file. */
 static void opened(int fd, int64_t slot, int tier)
 {
-    count(&idx->counters.opens, 1);
     if (tier >= 0) {
         count(&idx->counters.opens_tier[tier], 1);
         count(&idx->counters.bytes_tier, entries[slot].size);

@@ -87,6 +87,24 @@ def test_dot_and_double_slash_paths_resolve_to_the_entry(shimenv, cbin, tmp_path
     assert target == str(shimenv.tier / "a/two.bin")
 
 
+@pytest.mark.parametrize("suffix", ["/", "/.", "/..", "//"])
+def test_paths_that_name_a_directory_fail_as_on_the_pfs(shimenv, cbin, tmp_path, suffix):
+    shimenv.place("a/two.bin")
+    path = f"{shimenv.root}/a/two.bin{suffix}"
+    plain = dict(shimenv.env)
+    del plain["LD_PRELOAD"]
+    want = shimenv.run([str(cbin / "shimtest"), "open", path, str(tmp_path / "o")], env=plain).stdout
+    got = shimenv.run([str(cbin / "shimtest"), "open", path, str(tmp_path / "o")]).stdout
+    assert got == want
+    assert want.strip().startswith("errno=") or suffix == "/.."
+
+
+def test_double_slash_right_after_the_root(shimenv, cbin, tmp_path):
+    shimenv.place("a/two.bin")
+    got, target = read_via(shimenv, cbin, "open", f"{shimenv.root}//a/two.bin", tmp_path)
+    assert (got, target) == (shimenv.contents["a/two.bin"], str(shimenv.tier / "a/two.bin"))
+
+
 def test_dotdot_that_climbs_out_of_the_root_is_not_redirected(shimenv, cbin, tmp_path):
     shimenv.place("a/two.bin")
     path = f"{shimenv.root}/../data/a/two.bin"     # same file, but resolved above the root

@@ -206,14 +206,15 @@ class SharedIndex:
     # -- counters and ring ------------------------------------------------
     def counters(self) -> dict[str, Any]:
         c = self.header.counters
+        tiers = [int(c.opens_tier[i]) for i in range(self.header.ntiers)]
         return {
-            "opens": int(c.opens),
+            "opens": int(c.opens_pfs) + sum(tiers),
             "opens_pfs": int(c.opens_pfs),
-            "opens_tier": [int(c.opens_tier[i]) for i in range(self.header.ntiers)],
+            "opens_tier": tiers,
             "bytes_tier": int(c.bytes_tier),
             "fallbacks": int(c.fallbacks),
             "writes": int(c.writes),
-            "events_posted": int(c.events_posted),
+            "events_posted": int(self.header.ring_head),
             "events_dropped": int(c.events_dropped),
         }
 
