@@ -3,7 +3,7 @@ PY ?= python3
 PIP = $(PY) -m pip install -q --disable-pip-version-check
 DEMO_DIR ?= $(or $(TMPDIR),/tmp)/tiering-demo
 
-.PHONY: all build install test demo clean bench-micro bench-deps
+.PHONY: all build install test demo clean bench bench-quick bench-micro bench-deps
 
 all: build
 
@@ -31,6 +31,16 @@ demo: install
 
 clean:
 	rm -rf build *.egg-info tiering/libtiershim.so shim/libtiershim.so
+
+# The benchmark suite: the emulated PFS (slowfs), three scenarios, every
+# policy against the PFS directly and the /dev/shm lower bound; writes
+# bench/results/{<scenario>.json,summary.md,epochs.png}.  About 10 minutes;
+# bench-quick is the under-a-minute smoke run (results in bench/results/quick).
+bench: install bench-deps
+	$(PY) -m bench.run $(BENCH_ARGS)
+
+bench-quick: install bench-deps
+	$(PY) -m bench.run --quick --out bench/results/quick $(BENCH_ARGS)
 
 # Shim microbenchmark: ns per open+close with and without the shim (outside the
 # roots, catalogued miss, redirected, relative path; indexes of 1k and 1M

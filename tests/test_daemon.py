@@ -208,6 +208,7 @@ class SlowDaemon(Daemon):
 
 
 def test_pfs_reads_are_bounded_by_the_profile(setup_factory):
+    SlowDaemon.active = SlowDaemon.peak = 0
     files = {f"f{i}": 100 for i in range(12)}
     s = setup_factory(files=files, pfs_threads=2, threads=6, daemon_cls=SlowDaemon)
     for rel in files:
@@ -227,3 +228,14 @@ def test_stop_cancels_queued_copies_and_releases_their_room(setup_factory):
     assert s.tier.files < 40
     assert s.tier.used == allocated_on_disk(s.tier.data)
     assert not s.d.place(s.i["f39"], 0)
+
+
+def test_pfs_concurrency_is_reached_with_few_tier_threads(setup_factory):
+    SlowDaemon.active = SlowDaemon.peak = 0
+    files = {f"f{i}": 100 for i in range(12)}
+    s = setup_factory(files=files, pfs_threads=4, threads=1, daemon_cls=SlowDaemon)
+    for rel in files:
+        s.d.place(s.i[rel], 0)
+    s.wait()
+    assert s.tier.files == 12
+    assert SlowDaemon.peak == 4

@@ -90,7 +90,8 @@ class Daemon:
         self.tiers = tiers
         self.stats = DaemonStats()
         self.lock = threading.RLock()
-        self._pfs = threading.BoundedSemaphore(max(1, pfs_threads))
+        self.pfs_threads = max(1, pfs_threads)
+        self._pfs = threading.BoundedSemaphore(self.pfs_threads)
         self._stop = threading.Event()
         # catalog index by slot, and where each file is (tier or NOT_PLACED)
         self.file_of_slot = array("i", [-1]) * int(index.header.nslots)
@@ -106,7 +107,10 @@ class Daemon:
     # -- lifecycle ----------------------------------------------------------
     def start(self) -> None:
         for t in self.tiers:
-            t.pool = ThreadPoolExecutor(max_workers=max(1, t.threads), thread_name_prefix=f"tiering-{t.name}")
+            # a copy waits on the PFS most of the time: enough workers that the
+            # PFS's concurrency (the semaphore) is what bounds the reads
+            t.pool = ThreadPoolExecutor(max_workers=max(1, t.threads, self.pfs_threads),
+                                        thread_name_prefix=f"tiering-{t.name}")
         self._thread = threading.Thread(target=self._event_loop, name="tiering-events", daemon=True)
         self._thread.start()
         self.policy.start()

@@ -63,7 +63,8 @@ class Planner:
         self.stream: list[int] = []
         self.next_pos: list[int] = []         # next position of the same file, INF if unknown
         self._last: dict[int, int] = {}       # file -> its last position in the stream so far
-        self.remaining: dict[int, int] = {}   # file -> known uses not yet consumed (frequency)
+        self.remaining: dict[int, int] = {}   # file -> known uses not yet consumed
+        self.uses: dict[int, int] = {}        # file -> its uses in the known stream (frequency)
         self.need: dict[int, int] = {}        # file -> next unconsumed use (INF if none known)
         self.resident: dict[int, int] = {}    # file -> tier
         self.used = [0] * len(self.capacities)
@@ -84,6 +85,7 @@ class Planner:
                 self.next_pos[prev] = pos
             self._last[f] = pos
             self.remaining[f] = self.remaining.get(f, 0) + 1
+            self.uses[f] = self.uses.get(f, 0) + 1
             if self.need.get(f, INF) == INF:
                 self.need[f] = pos
                 if f in self.resident:
@@ -128,6 +130,9 @@ class Planner:
             pos = self.cursor
             f = self.stream[pos]
             if f not in self.resident and pos not in self._consumed:
+                if all(self.alloc(self.sizes[f]) > cap for cap in self.capacities):
+                    self.cursor += 1
+                    continue  # fits no tier: read from the PFS, no reason to pause
                 if pos >= window_end and self._free_tier(f) is None:
                     break  # beyond the window, fetch only into free room
                 tier = self._make_room(f, pos, actions)
@@ -157,7 +162,7 @@ class Planner:
     def _key(self, f: int) -> tuple[int, int]:
         # farthest next use first; among files with none, the least used first
         n = self.need.get(f, INF)
-        return (-n, self.remaining.get(f, 0) if n == INF else 0)
+        return (-n, self.uses.get(f, 0) if n == INF else 0)
 
     def _push(self, f: int) -> None:
         neg, freq = self._key(f)
@@ -188,10 +193,19 @@ class Planner:
             for k in candidates:
                 if self.capacities[k] - self.used[k] >= size:
                     for v, t in victims:
-                        actions.append(Action("evict", v, t, self.reader))
+                        if t == k:
+                            actions.append(Action("evict", v, t, self.reader))
+                        else:  # it made no room where f goes: it stays
+                            self.resident[v] = t
+                            self.used[t] += self.alloc(self.sizes[v])
+                            self._push(v)
                     return k
             # evict the file needed farthest in the future, across tiers, if it
-            # is needed after `need`; otherwise undo and wait for the reader
+            # is needed after `need`; otherwise undo and wait for the reader.
+            # (A prefetched file not read yet is never the victim.  Belady
+            # would sometimes rather wait for the reader to read it and evict
+            # it then; that saves PFS bytes only when the window is a large
+            # share of the tier, and costs the prefetch its lead.)
             tops = [t for t in (self._top(k) for k in candidates) if t is not None]
             best = min(tops) if tops else None
             if best is None or -best[0] <= need:
@@ -224,7 +238,7 @@ class EpochReport:
 
 
 def simulate(epochs: Sequence[Sequence[int]], sizes: Sequence[int], capacities: Sequence[int], *,
-             window: int | None = None, known_ahead: int = 1) -> tuple[list[EpochReport], list[Action]]:
+             window: int | None = 64, known_ahead: int = 1) -> tuple[list[EpochReport], list[Action]]:
     """Runs the planner over the epochs with a reader that never waits for a
     fetch (unlimited PFS bandwidth).  known_ahead: how many epochs beyond the
     current one are known (1: the next epoch's order is known while the
