@@ -41,6 +41,7 @@ def test_unchanged_script_is_followed_through_the_hook(tmp_path):
     assert order["epochs_known"] == 4          # the three read, and the next one predicted
     assert order["matched_opens"] >= 0.95 * 3 * N_FILES
     assert "no longer follow" not in r.stderr
+    assert "3 epochs known" not in r.stderr and "4 epochs known" in r.stderr
     ep = rd["epochs"]
     assert ep[1]["local"] + ep[2]["local"] >= 0.99 * 2 * N_FILES
     assert stats["opens"]["by_tier"]["ram"] == sum(e["local"] for e in ep)
@@ -93,6 +94,7 @@ def test_a_different_seed_is_noticed_and_first_touch_takes_over(tmp_path):
     order = stats["order"]
     assert order["diverged"] and not order["following"]
     assert r.stderr.count("no longer follow") == 1
+    assert "stopped following the order" in r.stderr
     # first touch placed what was read, so the later epochs are still served locally
     assert rd["epochs"][2]["local"] >= 0.9 * N_FILES
     assert rd["digest"] == digest(contents)

@@ -223,6 +223,7 @@ assert where == p, where
     r = tier_run(["--profile", str(profile(tmp_path)), "--data", str(data), "--stats-json", str(stats_file),
                   "--", PYTHON, "-c", script])
     assert r.returncode == 0, r.stderr
+    assert "none received: placed by first touch" in r.stderr   # a Python command without a DataLoader
     stats = json.loads(stats_file.read_text())
     assert stats["placement"]["write_opens"] == 1
     assert stats["placement"]["invalidated"] == 1

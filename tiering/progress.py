@@ -21,7 +21,7 @@ DIVERGED_SHARE = 0.5   # ... of which at least this share did not match
 @dataclass
 class Progress:
     planner: Planner
-    window: int = 1024                        # how far ahead of the low-water mark an open may match
+    window: int = 1024                        # how far ahead of the furthest match an open may match
     positions: dict[int, deque[int]] = field(default_factory=dict)  # file -> its unconsumed positions
     high: int = 0                             # highest position matched so far
     matched: int = 0
@@ -54,7 +54,9 @@ class Progress:
         self._last_open[pid] = f
         reader = self.planner.reader
         q = self._first_unconsumed(f, reader)
-        if q is not None and q < reader + self.window:
+        # within a window ahead of the furthest match (not of the low-water
+        # mark: a lost event must not make every later open look foreign)
+        if q is not None and q < max(reader, self.high) + self.window:
             self.positions[f].popleft()
             self.planner.consume(q)
             self.high = max(self.high, q)

@@ -74,6 +74,18 @@ def summary_text(s: dict[str, Any]) -> str:
     if pl["copy_failures"] or pl["evictions"] or pl["invalidated"] or pl["changed_sources"]:
         lines.append(f"  copies   {pl['copies']} done, {pl['copy_failures']} failed, {pl['evictions']} evicted,"
                      f" {pl['invalidated']} invalidated by writes, {pl['changed_sources']} changed on the PFS")
+    o = s.get("order") or {}
+    if s["policy"] == "clairvoyant":
+        if o.get("diverged"):
+            lines.append(f"  order    the reads stopped following the order after {o['matched_opens']} matched opens:"
+                         " placed by first touch from then on")
+        elif o.get("following"):
+            lines.append(f"  order    {o['epochs_known']} epochs known, {o['matched_opens']} opens followed,"
+                         f" {o['fetches']} files fetched ahead, {o['evictions']} evicted")
+        else:
+            lines.append("  order    none received: placed by first touch")
+        for err in o.get("hook_errors", []):
+            lines.append(f"  order    hook: {err}")
     if s["events_dropped"]:
         lines.append(f"  events   {s['events_dropped']} of {s['events']} dropped (ring full)")
     return "\n".join(lines)
