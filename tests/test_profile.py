@@ -327,13 +327,23 @@ def test_validation_errors_name_file_key_and_fix(case_id, tmp_path):
     assert hint in msg
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere")
 def test_unwritable_path_is_an_error(tmp_path):
+    import subprocess
     locked = tmp_path / "locked"
     locked.mkdir(mode=0o500)
-    path = write(tmp_path, one_tier(tmp_path, path=str(locked)))
-    with pytest.raises(ProfileError, match=r"tiers\[0\].path: path .* is not writable.*optional: true"):
-        check_profile(str(path))
+    mounted = False
+    if os.geteuid() == 0:  # root writes through mode bits: a read-only mount stops it
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(locked)],
+                           capture_output=True, text=True)
+        assert r.returncode == 0, f"as root this test mounts a read-only tmpfs: {r.stderr}"
+        mounted = True
+    try:
+        path = write(tmp_path, one_tier(tmp_path, path=str(locked), capacity="4KiB"))
+        with pytest.raises(ProfileError, match=r"tiers\[0\].path: path .* is not writable.*optional: true"):
+            check_profile(str(path))
+    finally:
+        if mounted:
+            subprocess.run(["umount", "-l", str(locked)])
 
 
 def test_check_profile_missing_file(tmp_path):
