@@ -139,7 +139,7 @@ def make_layout(parent: Path, read_bytes: int) -> Layout:
     write_file(lay.outside_root / UNPLACED_REL, SMALL_SIZE, 2)
     # the tier copies, as the daemon would have made them
     for rel in (PLACED_REL, BIG_REL):
-        dst = lay.tier_root / rel
+        dst = lay.tier_root / "0" / rel  # <tier>/<data-root id>/<rel>, as the daemon lays it out
         dst.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(lay.data_root / rel, dst)
     return lay
@@ -170,7 +170,7 @@ def configurations(lay: Layout, sizes: Sequence[int]) -> list[Config]:
     src = str(lay.data_root / UNPLACED_REL)
     placed = str(lay.data_root / PLACED_REL)
     outside = str(lay.outside_root / UNPLACED_REL)
-    copy = str(lay.tier_root / PLACED_REL)
+    copy = str(lay.tier_root / "0" / PLACED_REL)
     rel_dir = str((lay.data_root / PLACED_REL).parent)
     rel_name = Path(PLACED_REL).name
     real = os.path.realpath
@@ -195,7 +195,7 @@ def configurations(lay: Layout, sizes: Sequence[int]) -> list[Config]:
                    description=f"shim, {n} entries: relative path (cwd in the root), redirected"),
         ]
     big_src = str(lay.data_root / BIG_REL)
-    big_copy = str(lay.tier_root / BIG_REL)
+    big_copy = str(lay.tier_root / "0" / BIG_REL)
     out += [
         Config("read_direct", "read", big_copy, real(big_copy), None,
                description="no shim: read the tier copy opened directly"),

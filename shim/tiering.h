@@ -22,7 +22,7 @@
 
 /* BEGIN CDEF */
 #define TIERING_MAGIC 0x5845444e49524954
-#define TIERING_VERSION 2
+#define TIERING_VERSION 3
 #define TIERING_MAX_ROOTS 16
 #define TIERING_MAX_TIERS 4
 #define TIERING_PATH_MAX 512
@@ -33,7 +33,7 @@
 #define TIERING_STATE_NONE 0
 #define TIERING_STATE_INVALID 255
 
-/* root.flags */
+/* root.flags (informational: the shim resolves ".." only into real paths) */
 #define TIERING_ROOT_HAS_DIR_LINKS 1
 
 /* event.kind */

@@ -393,10 +393,16 @@ __attribute__((constructor)) static void shim_constructor(void) { ensure_init();
 /* ---- path resolution ------------------------------------------------------- */
 
 /* Appends the components of src to out[*len], resolving ".", ".." and "//"
- * lexically.  *min_pop is lowered to the shortest length left by a "..". */
-static int append_components(char *out, size_t *len, const char *src, size_t *min_pop)
+ * lexically.  Returns 1 when a ".." removed a component that src itself
+ * brought (then the text is not the kernel's answer: "missing/.." fails with
+ * ENOENT, "file/.." with ENOTDIR, "link/.." leaves the link's target), 0
+ * when every ".." only climbed into what out held before (a real path from
+ * getcwd or /proc/self/fd, where text and kernel agree), -1 when too long. */
+static int append_components(char *out, size_t *len, const char *src)
 {
     const char *p = src;
+    size_t floor = *len;
+    int popped_own = 0;
     while (*p) {
         while (*p == '/')
             p++;
@@ -409,12 +415,14 @@ static int append_components(char *out, size_t *len, const char *src, size_t *mi
         if (clen == 1 && p[0] == '.') {
             /* nothing */
         } else if (clen == 2 && p[0] == '.' && p[1] == '.') {
+            if (*len > floor)
+                popped_own = 1;
             while (*len > 1 && out[*len - 1] != '/')
                 (*len)--;
             if (*len > 1)
                 (*len)--; /* drop the slash too, keep "/" for the root */
-            if (*len < *min_pop)
-                *min_pop = *len;
+            if (*len < floor)
+                floor = *len;
         } else {
             if (*len + 1 + clen >= PATH_MAX)
                 return -1;
@@ -426,7 +434,7 @@ static int append_components(char *out, size_t *len, const char *src, size_t *mi
         p = q;
     }
     out[*len] = '\0';
-    return 0;
+    return popped_own;
 }
 
 /* A path whose last component is "", "." or ".." names a directory: such an
@@ -510,7 +518,7 @@ static int64_t lookup(int dirfd, const char *path, char *abs, const char **rel, 
     }
     if (names_directory(path))
         return -1;
-    size_t len = 1, min_pop = PATH_MAX;
+    size_t len = 1;
     abs[0] = '/';
     abs[1] = '\0';
     if (path[0] != '/') {
@@ -526,18 +534,13 @@ static int64_t lookup(int dirfd, const char *path, char *abs, const char **rel, 
                 return -1;
             base[n] = '\0';
         }
-        if (append_components(abs, &len, base, &min_pop) < 0)
+        if (append_components(abs, &len, base) != 0)
             return -1;
-        min_pop = PATH_MAX; /* the base is a real path already */
     }
-    if (append_components(abs, &len, path, &min_pop) < 0)
-        return -1;
+    if (append_components(abs, &len, path) != 0)
+        return -1; /* too long, or a ".." the text alone cannot resolve */
     int r = root_of(abs, len, &rl);
     if (r < 0)
-        return -1;
-    /* ".." is resolved lexically; that is only the kernel's answer when it
-     * never climbed out of the root and no directory below it is a link */
-    if (min_pop != PATH_MAX && (min_pop < rl || (idx->roots[r].flags & TIERING_ROOT_HAS_DIR_LINKS)))
         return -1;
     *rel = abs + rl + 1;
     *rel_len = len - rl - 1;
@@ -570,15 +573,25 @@ static inline int is_write(int flags)
            (flags & O_TMPFILE) == O_TMPFILE;
 }
 
-/* Builds tier root + "/" + rel into out; 0 on success. */
-static int tier_path(uint32_t tier, const char *rel, size_t rel_len, char *out)
+/* Builds tier root + "/" + data-root id + "/" + rel into out (two data roots
+ * may hold the same relative path); 0 on success. */
+static int tier_path(uint32_t tier, uint32_t root, const char *rel, size_t rel_len, char *out)
 {
     const struct tiering_root *t = &idx->tiers[tier];
-    if (t->len + 1 + rel_len >= PATH_MAX)
+    char digits[12], id[16];
+    int nd = 0, n = 0;
+    do
+        digits[nd++] = (char)('0' + root % 10);
+    while ((root /= 10) && nd < 11);
+    id[n++] = '/';
+    while (nd)
+        id[n++] = digits[--nd];
+    id[n++] = '/';
+    if (t->len + (size_t)n + rel_len >= PATH_MAX)
         return -1;
     memcpy(out, t->path, t->len);
-    out[t->len] = '/';
-    memcpy(out + t->len + 1, rel, rel_len + 1);
+    memcpy(out + t->len, id, (size_t)n);
+    memcpy(out + t->len + n, rel, rel_len + 1);
     return 0;
 }
 
@@ -598,7 +611,7 @@ static int route(int64_t slot, int write, int redirectable, const char *rel, siz
     if (!redirectable || st == TIERING_STATE_NONE || st > idx->ntiers ||
         __atomic_load_n(&idx->disabled, __ATOMIC_RELAXED))
         return -1;
-    if (tier_path(st - 1, rel, rel_len, phys) < 0)
+    if (tier_path(st - 1, e->root, rel, rel_len, phys) < 0)
         return -1;
     return (int)st - 1;
 }
@@ -803,10 +816,14 @@ EXPORT int closedir(DIR *dir)
     return real.closedir(dir);
 }
 
+/* A vfork child shares our memory: what it closes or duplicates before exec
+ * (subprocess does just that) must not change the parent's bookkeeping. */
+static inline int in_vfork_child(void) { return (uint32_t)syscall(SYS_getpid) != my_pid; }
+
 EXPORT int close_range(unsigned int first, unsigned int last, int flags)
 {
     ensure_init();
-    if (idx && !(flags & (int)CLOSE_RANGE_CLOEXEC))
+    if (idx && !(flags & (int)CLOSE_RANGE_CLOEXEC) && !in_vfork_child())
         for (unsigned int fd = first; fd <= last && fd < MAX_TRACKED_FDS; fd++)
             untrack((int)fd);
     if (real.close_range)
@@ -829,7 +846,7 @@ static int dup_to(int oldfd, int newfd, int flags, int use3)
     ensure_init();
     uint32_t s = tracked(oldfd);
     int r = use3 ? real.dup3(oldfd, newfd, flags) : real.dup2(oldfd, newfd);
-    if (idx && r >= 0 && oldfd != newfd) {
+    if (idx && r >= 0 && oldfd != newfd && !in_vfork_child()) {
         untrack(r);
         track(r, s);
     }

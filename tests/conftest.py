@@ -61,7 +61,7 @@ class ShimEnv:
     env: dict[str, str] = field(default_factory=dict)
 
     def place(self, rel: str, data: bytes | None = None) -> Path:
-        dst = self.tier / rel
+        dst = self.tier / "0" / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
         dst.write_bytes(self.contents[rel] if data is None else data)
         assert self.index.cas_state(self.slots[rel], lib.TIERING_STATE_NONE, 1)

@@ -27,12 +27,12 @@ def churn(se: ShimEnv, stop: threading.Event, counts: dict[str, int]) -> None:
         slot = se.slots[rel]
         if se.index.state(slot) == 1:
             if se.index.cas_state(slot, 1, 0):        # unpublish, then delete
-                (se.tier / rel).unlink()
+                (se.tier / "0" / rel).unlink()
                 counts["evicted"] += 1
         else:
             tmp = staging / "part"
             tmp.write_bytes(se.contents[rel])
-            dst = se.tier / rel
+            dst = se.tier / "0" / rel
             dst.parent.mkdir(parents=True, exist_ok=True)
             os.rename(tmp, dst)                       # complete before it is published
             if se.index.cas_state(slot, 0, 1):

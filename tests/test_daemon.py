@@ -78,7 +78,7 @@ def test_placed_copies_are_published_with_exact_accounting(setup_factory):
     s.wait()
     for rel, data in s.contents.items():
         assert s.state(rel) == 1
-        assert (s.tier.data / rel).read_bytes() == data
+        assert (s.tier.data / "0" / rel).read_bytes() == data
     assert s.tier.files == len(FILES)
     assert s.tier.placed_bytes == sum(FILES.values())
     assert s.tier.used == allocated_on_disk(s.tier.data)   # bytes really used, not estimates
@@ -94,7 +94,7 @@ def test_eviction_unpublishes_then_deletes(setup_factory):
     s.wait()
     assert s.d.evict(s.i["a/y.bin"])
     assert s.state("a/y.bin") == lib.TIERING_STATE_NONE
-    assert not (s.tier.data / "a/y.bin").exists()
+    assert not (s.tier.data / "0" / "a/y.bin").exists()
     assert (s.tier.used, s.tier.files, s.tier.placed_bytes) == (0, 0, 0)
     assert not s.d.evict(s.i["a/y.bin"])
 
@@ -111,7 +111,7 @@ def test_source_changed_since_the_scan_is_not_published(setup_factory):
     assert s.state("a/x.bin") == s.state("b/z.bin") == lib.TIERING_STATE_NONE
     assert s.state("a/y.bin") == 1
     assert s.d.stats.changed_sources == 2
-    assert not (s.tier.data / "a/x.bin").exists() and not (s.tier.data / "b/z.bin").exists()
+    assert not (s.tier.data / "0" / "a/x.bin").exists() and not (s.tier.data / "0" / "b/z.bin").exists()
     assert s.tier.used == allocated_on_disk(s.tier.data)
 
 
@@ -123,7 +123,7 @@ def test_write_invalidation_wins_over_a_copy_in_flight(setup_factory):
     assert s.d.place(s.i["big.bin"], 0)
     s.wait()
     assert s.index.state(slot) == lib.TIERING_STATE_INVALID
-    assert not (s.tier.data / "big.bin").exists()
+    assert not (s.tier.data / "0" / "big.bin").exists()
     assert s.tier.used == 0 and s.tier.files == 0
 
 
@@ -138,7 +138,7 @@ def test_write_event_drops_an_existing_copy(setup_factory):
     assert r.returncode == 0
     from tiering.index import Event
     s.d._handle([Event(lib.TIERING_EV_WRITE, slot, 1, 0)])
-    assert not (s.tier.data / "a/x.bin").exists()
+    assert not (s.tier.data / "0" / "a/x.bin").exists()
     assert s.d.stats.invalidated == 1 and s.tier.used == 0
     assert not s.d.place(s.i["a/x.bin"], 0)
 
@@ -178,11 +178,11 @@ def test_full_device_leaves_no_partial_copy(tmp_path, setup_factory):
         s.wait()
         assert s.state("big.bin") == lib.TIERING_STATE_NONE
         assert s.d.stats.copy_failures >= 1
-        assert not (s.tier.data / "big.bin").exists()
+        assert not (s.tier.data / "0" / "big.bin").exists()
         assert list(s.tier.staging.iterdir()) == []
         for rel in ("a/x.bin", "a/y.bin"):
             if s.state(rel) == 1:
-                assert (s.tier.data / rel).read_bytes() == s.contents[rel]
+                assert (s.tier.data / "0" / rel).read_bytes() == s.contents[rel]
         assert s.tier.used == allocated_on_disk(s.tier.data)
         s.close()
     finally:

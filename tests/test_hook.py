@@ -91,6 +91,15 @@ def test_a_dataset_without_a_file_list_is_reported(data, tmp_path):
     assert not [m for m in msgs if m["kind"] == "epoch"]
 
 
+def test_a_custom_sampler_is_left_alone(data, tmp_path):
+    plain, _ = train(data, tmp_path, False, "--sampler", "custom")
+    hooked, msgs = train(data, tmp_path, True, "--sampler", "custom")
+    assert hooked == plain                      # its RNG and state were not shared with a copy
+    errors = [m for m in msgs if m["kind"] == "error"]
+    assert len(errors) == 1 and "Shuffled is not one of torch's" in errors[0]["message"]
+    assert not [m for m in msgs if m["kind"] == "epoch"]
+
+
 def test_feed_turns_messages_into_catalog_orders(data, tmp_path):
     _, msgs = train(data, tmp_path, True, "--sampler", "random", "--workers", "0")
     cat = scan([str(data)])

@@ -32,7 +32,7 @@ def test_every_entry_point_serves_the_tier_copy_with_the_same_bytes(shimenv, cbi
         else:
             got, target = read_via(shimenv, cbin, entry, str(shimenv.root / rel), tmp_path)
         assert got == data, rel
-        assert target == str(shimenv.tier / rel), rel
+        assert target == str(shimenv.tier / "0" / rel), rel
     c = shimenv.index.counters()
     assert c["opens"] == len(shimenv.contents)
     assert c["opens_tier"] == [len(shimenv.contents)]
@@ -76,15 +76,30 @@ def test_paths_outside_the_catalog_pass_through_uncounted(shimenv, cbin, tmp_pat
     assert shimenv.index.counters()["opens"] == 0
 
 
-@pytest.mark.parametrize("path_form", [
-    "{root}/a/./two.bin", "{root}//a//two.bin", "{root}/a/deep/../two.bin",
-    "{root}/a/deep/er/../../two.bin", "{root}/b/../a/two.bin",
-])
+@pytest.mark.parametrize("path_form", ["{root}/a/./two.bin", "{root}//a//two.bin", "{root}/./a/.//two.bin"])
 def test_dot_and_double_slash_paths_resolve_to_the_entry(shimenv, cbin, tmp_path, path_form):
     shimenv.place("a/two.bin")
     got, target = read_via(shimenv, cbin, "open", path_form.format(root=shimenv.root), tmp_path)
     assert got == shimenv.contents["a/two.bin"]
-    assert target == str(shimenv.tier / "a/two.bin")
+    assert target == str(shimenv.tier / "0" / "a/two.bin")
+
+
+@pytest.mark.parametrize("path_form", [
+    "{root}/a/deep/../two.bin", "{root}/a/deep/er/../../two.bin", "{root}/b/../a/two.bin",
+    "{root}/missing/../a/two.bin", "{root}/a/one.bin/../two.bin",
+])
+def test_dotdot_in_the_path_itself_goes_to_the_pfs(shimenv, cbin, tmp_path, path_form):
+    """By text these name a/two.bin, but the kernel walks them: "missing/.."
+    fails with ENOENT, "one.bin/.." with ENOTDIR, a linked directory's ".."
+    leaves its target.  The shim does not guess: the PFS answers."""
+    shimenv.place("a/two.bin")
+    path = path_form.format(root=shimenv.root)
+    plain = dict(shimenv.env)
+    del plain["LD_PRELOAD"]
+    want = shimenv.run([str(cbin / "shimtest"), "open", path, str(tmp_path / "o")], env=plain).stdout
+    got = shimenv.run([str(cbin / "shimtest"), "open", path, str(tmp_path / "o")]).stdout
+    assert got == want
+    assert got.strip() in (str(shimenv.root / "a/two.bin"), "errno=2", "errno=20")
 
 
 @pytest.mark.parametrize("suffix", ["/", "/.", "/..", "//"])
@@ -102,7 +117,7 @@ def test_paths_that_name_a_directory_fail_as_on_the_pfs(shimenv, cbin, tmp_path,
 def test_double_slash_right_after_the_root(shimenv, cbin, tmp_path):
     shimenv.place("a/two.bin")
     got, target = read_via(shimenv, cbin, "open", f"{shimenv.root}//a/two.bin", tmp_path)
-    assert (got, target) == (shimenv.contents["a/two.bin"], str(shimenv.tier / "a/two.bin"))
+    assert (got, target) == (shimenv.contents["a/two.bin"], str(shimenv.tier / "0" / "a/two.bin"))
 
 
 def test_dotdot_that_climbs_out_of_the_root_is_not_redirected(shimenv, cbin, tmp_path):
@@ -119,14 +134,14 @@ def test_relative_paths_from_the_cwd(shimenv, cbin, tmp_path):
                      (shimenv.root / "b", "../a/deep/er/three.bin"), (shimenv.root / "a", "./deep/er/./three.bin")):
         got, target = read_via(shimenv, cbin, "open", rel, tmp_path, cwd=cwd)
         assert got == shimenv.contents["a/deep/er/three.bin"]
-        assert target == str(shimenv.tier / "a/deep/er/three.bin"), (cwd, rel)
+        assert target == str(shimenv.tier / "0" / "a/deep/er/three.bin"), (cwd, rel)
 
 
 def test_openat_relative_to_a_subdirectory(shimenv, cbin, tmp_path):
     shimenv.place("a/deep/er/three.bin")
     got, target = read_via(shimenv, cbin, "openat", "er/three.bin", tmp_path, dir_=str(shimenv.root / "a/deep"))
     assert got == shimenv.contents["a/deep/er/three.bin"]
-    assert target == str(shimenv.tier / "a/deep/er/three.bin")
+    assert target == str(shimenv.tier / "0" / "a/deep/er/three.bin")
 
 
 def test_symlinked_root_and_its_real_path_both_hit(tmp_path, cbin):
@@ -138,15 +153,15 @@ def test_symlinked_root_and_its_real_path_both_hit(tmp_path, cbin):
     tier.mkdir()
     logical = link / "ds"
     index, slots = build_index(tmp_path, [Root(str(logical), 0), Root(str(real), 0)], real, contents, tier)
-    (tier / "x").mkdir()
-    (tier / "x/f.bin").write_bytes(contents["x/f.bin"])
+    (tier / "0" / "x").mkdir(parents=True)
+    (tier / "0" / "x/f.bin").write_bytes(contents["x/f.bin"])
     assert index.cas_state(slots["x/f.bin"], 0, 1)
     se = ShimEnv(real, tier, index, slots, contents,
                  dict(os.environ, LD_PRELOAD=str(Path(lib_path())), TIERING_INDEX=str(index.path)))
     for p in (logical / "x/f.bin", real / "x/f.bin"):
         got, target = read_via(se, cbin, "open", str(p), tmp_path)
         assert got == contents["x/f.bin"]
-        assert target == str(tier / "x/f.bin")
+        assert target == str(tier / "0" / "x/f.bin")
     index.close()
 
 
@@ -163,8 +178,8 @@ def test_root_with_symlinked_subdirectory_refuses_dotdot(tmp_path, cbin):
     tier.mkdir()
     index, slots = build_index(tmp_path, [Root(str(root), 0, has_dir_links=True)], root, contents, tier)
     for rel in contents:
-        (tier / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tier / rel).write_bytes(contents[rel])
+        (tier / "0" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tier / "0" / rel).write_bytes(contents[rel])
         assert index.cas_state(slots[rel], 0, 1)
     se = ShimEnv(root, tier, index, slots, contents,
                  dict(os.environ, LD_PRELOAD=str(lib_path()), TIERING_INDEX=str(index.path)))
@@ -174,7 +189,7 @@ def test_root_with_symlinked_subdirectory_refuses_dotdot(tmp_path, cbin):
     assert got == contents["a/f.bin"]
     assert target == str(root / "a/f.bin")
     got, target = read_via(se, cbin, "open", f"{root}/a/f.bin", tmp_path)
-    assert target == str(tier / "a/f.bin")
+    assert target == str(tier / "0" / "a/f.bin")
     index.close()
 
 

@@ -133,9 +133,9 @@ def test_partial_fit_serves_exactly_the_placed_files(tmp_path):
                               reader_args=("--workers", "2"))
     tier_root = Path(stats["tiers"][0]["path"])
     try:
-        placed = sorted(str(p.relative_to(tier_root / "data")) for p in (tier_root / "data").rglob("*") if p.is_file())
+        placed = sorted(str(p.relative_to(tier_root / "data" / "0")) for p in (tier_root / "data" / "0").rglob("*") if p.is_file())
         for rel in placed:  # every copy is byte-identical to its source
-            assert (tier_root / "data" / rel).read_bytes() == contents[rel]
+            assert (tier_root / "data" / "0" / rel).read_bytes() == contents[rel]
     finally:
         shutil.rmtree(tier_root)
         shutil.rmtree(Path(stats["tiers"][0]["path"]).parent / "index", ignore_errors=True)
@@ -345,3 +345,68 @@ def test_console_scripts_are_installed():
     assert r.returncode == 0 and "--data" in r.stdout
     r = subprocess.run([shutil.which("tiering") or "tiering", "profile", "list"], capture_output=True, text=True)
     assert "auto" in r.stdout.split() and "frontera" in r.stdout.split()
+
+
+def test_two_data_roots_with_the_same_relative_paths_keep_their_own_bytes(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    ca = make_data(a, {"x/same.bin": 3000, "only-a.bin": 10}, seed=1)
+    cb = make_data(b, {"x/same.bin": 3000, "only-b.bin": 10}, seed=2)
+    assert ca["x/same.bin"] != cb["x/same.bin"]
+    script = f"""
+import os, sys, time
+paths = [{str(a / 'x/same.bin')!r}, {str(b / 'x/same.bin')!r}]
+for p in paths:
+    open(p, 'rb').read()
+for _ in range(200):              # until both first-touch copies are in place
+    local = []
+    for p in paths:
+        with open(p, 'rb') as f:
+            local.append(not os.readlink(f'/proc/self/fd/{{f.fileno()}}').startswith({str(tmp_path)!r}))
+    if all(local):
+        break
+    time.sleep(0.02)
+for p in paths:
+    with open(p, 'rb') as f:
+        sys.stdout.write(f.read().hex() + '\\n')
+print(all(local))
+"""
+    r = tier_run(["--profile", str(profile(tmp_path)), "--data", str(a), "--data", str(b), "--policy", "first-touch",
+                  "--", PYTHON, "-c", script])
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.split()
+    assert bytes.fromhex(lines[0]) == ca["x/same.bin"] and bytes.fromhex(lines[1]) == cb["x/same.bin"]
+    assert lines[2] == "True"
+
+
+def test_ignored_signals_stay_ignored_and_python_ignores_do_not_leak(tmp_path):
+    data = tmp_path / "pfs"
+    dataset(data, n=2)
+    r = subprocess.run([PYTHON, "-m", "tiering", "run", "--profile", str(profile(tmp_path)), "--data", str(data),
+                        "--", "cat", "/proc/self/status"], capture_output=True, text=True, timeout=120,
+                       preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    assert r.returncode == 0, r.stderr
+    ignored = int(next(ln for ln in r.stdout.splitlines() if ln.startswith("SigIgn:")).split()[1], 16)
+    assert ignored & (1 << (signal.SIGHUP - 1))            # nohup still holds for COMMAND
+    assert not ignored & (1 << (signal.SIGPIPE - 1))       # Python's own SIG_IGN is not inherited
+    assert not ignored & (1 << (signal.SIGXFSZ - 1))
+
+
+def test_disable_variable_turns_the_shim_off_under_tier_run(tmp_path):
+    data = tmp_path / "pfs"
+    contents = dataset(data, n=20)
+    stats = tmp_path / "s.json"
+    script = ("import os, time\n"
+              f"fs = sorted(os.path.join(d, f) for d, _, n in os.walk({str(data)!r}) for f in n)\n"
+              "time.sleep(1.0)\n"
+              "local = 0\n"
+              "for p in fs:\n"
+              "    with open(p, 'rb') as f:\n"
+              f"        local += not os.readlink(f'/proc/self/fd/{{f.fileno()}}').startswith({str(data)!r})\n"
+              "print(local)\n")
+    r = tier_run(["--profile", str(profile(tmp_path)), "--data", str(data), "--policy", "stage",
+                  "--stats-json", str(stats), "--", PYTHON, "-c", script],
+                 env=dict(os.environ, TIERING_DISABLE="1"))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "0"
+    s = json.loads(stats.read_text())
+    assert s["tiers"][0]["files"] == len(contents) and s["opens"]["total"] == 0

@@ -66,6 +66,11 @@ class TierState:
     def free(self) -> int:
         return self.capacity - self.used
 
+    def copy_path(self, f: CatalogFile) -> Path:
+        """Where a file's copy lives: <data>/<data-root id>/<relative path>
+        (the shim builds the same path)."""
+        return self.data / str(f.root) / f.rel
+
 
 @dataclass
 class DaemonStats:
@@ -99,6 +104,7 @@ class Daemon:
             self.file_of_slot[s] = i
         self.where = array("b", [NOT_PLACED]) * len(self.files)
         self.pending: dict[int, int] = {}   # file -> tier of a copy in flight
+        self.allocated: dict[int, int] = {}  # file -> bytes its published copy was counted for
         self.invalid: set[int] = set()
         self._futures: set[Future[None]] = set()
         self._thread: threading.Thread | None = None
@@ -117,13 +123,14 @@ class Daemon:
 
     def stop(self) -> None:
         """Stops placing: queued copies are cancelled, running ones finish or abort."""
-        self._stop.set()
+        with self.lock:  # a place() past its stop check has submitted already
+            self._stop.set()
         if self._thread:
             self._thread.join()
         for t in self.tiers:
             if t.pool:
                 t.pool.shutdown(wait=True, cancel_futures=True)
-        self._handle(self.index.drain(force=True))
+        self._guarded(self._handle, self.index.drain(force=True))
 
     @property
     def stopping(self) -> bool:
@@ -227,13 +234,8 @@ class Daemon:
         slot = self.slots[i]
         self.index.cas_state(slot, tier + 1, lib.TIERING_STATE_NONE)
         t = self.tiers[tier]
-        path = t.data / f.rel
-        try:
-            allocated = path.stat().st_blocks * 512
-            path.unlink()
-        except OSError:
-            allocated = allocation(f.size)
-        t.used -= allocated
+        _unlink_quietly(t.copy_path(f))
+        t.used -= self.allocated.pop(i, allocation(f.size))
         t.files -= 1
         t.placed_bytes -= f.size
         self.where[i] = NOT_PLACED
@@ -255,6 +257,7 @@ class Daemon:
                     t.files += 1
                     t.placed_bytes += f.size
                     t.used += allocated - reserved
+                    self.allocated[i] = allocated
                     self.stats.copies += 1
         except Exception as e:  # a failed copy only means the PFS serves this file
             t.failures += 1
@@ -268,7 +271,7 @@ class Daemon:
                 if not published:
                     t.used -= reserved
                     if allocated is not None:
-                        _unlink_quietly(t.data / f.rel)
+                        _unlink_quietly(t.copy_path(f))
         if published:
             self.policy.on_placed(i, tier)
         else:
@@ -278,7 +281,7 @@ class Daemon:
         """Copies one file into the tier; returns the bytes it takes there, or
         None when the source changed or the daemon stops (nothing to publish)."""
         src = self.catalog.source_path(f)
-        dst = t.data / f.rel
+        dst = t.copy_path(f)
         tmp = t.staging / f"{threading.get_ident()}-{os.getpid()}.part"
         try:
             with self._pfs:
@@ -289,6 +292,7 @@ class Daemon:
                     fd_out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
                     try:
                         copied = self._transfer(fd_in, fd_out, f.size)
+                        os.fchmod(fd_out, 0o400)   # a copy is never written through
                         st_out = os.fstat(fd_out)
                     finally:
                         os.close(fd_out)

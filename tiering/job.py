@@ -159,7 +159,6 @@ def child_environment(env: dict[str, str], index_path: Path | None, lib: Path,
         return out
     out["LD_PRELOAD"] = " ".join(kept + [str(lib)])
     out["TIERING_INDEX"] = str(index_path)
-    out.pop("TIERING_DISABLE", None)
     if shim_debug:
         out["TIERING_DEBUG"] = "1"
     if order_dir is not None:
@@ -253,6 +252,8 @@ def _choose_policy(job: Job) -> ListFeed | HookFeed | None:
 
 
 def cleanup(job: Job) -> None:
+    if job.index is not None:
+        job.index.set_disabled(True)  # processes COMMAND left behind stop using the tiers
     d, cat = job.daemon, job.catalog
     if d is not None and cat is not None and cat.from_cache and d.stats.changed_sources and job.opts.scan_cache:
         catalog_mod.drop_cache(job.opts.scan_cache, cat.roots)  # rescan next time
@@ -269,7 +270,13 @@ def cleanup(job: Job) -> None:
 
 # -- running COMMAND -----------------------------------------------------------
 
-def _wait(child: int, status_every: float, on_status: Any) -> int:
+def _ignored() -> set[int]:
+    """Signals tier-run was started with set to ignore (nohup...): COMMAND
+    inherits that, and they are not forwarded."""
+    return {s for s in FORWARDED if signal.getsignal(s) == signal.SIG_IGN}
+
+
+def _wait(child: int, status_every: float, on_status: Any, ignored: set[int]) -> int:
     """Waits for COMMAND, forwarding signals that were not also sent to it by
     the terminal (those arrive from the kernel, si_pid 0) or by itself."""
     watched = set(FORWARDED) | {signal.SIGCHLD}
@@ -277,7 +284,7 @@ def _wait(child: int, status_every: float, on_status: Any) -> int:
     while True:
         info = signal.sigtimedwait(watched, 1.0)
         if info is not None and info.si_signo != signal.SIGCHLD:
-            if info.si_pid not in (0, child):
+            if info.si_pid not in (0, child) and info.si_signo not in ignored:
                 try:
                     os.kill(child, info.si_signo)
                 except ProcessLookupError:
@@ -300,6 +307,7 @@ def run(job: Job) -> int:
     try:
         setup(job)
         # from here on signals are taken with sigtimedwait and forwarded
+        ignored = _ignored()
         old_mask = set(signal.pthread_sigmask(signal.SIG_BLOCK, set(FORWARDED) | {signal.SIGCHLD}))
         if job.daemon is not None:
             job.daemon.start()  # its threads inherit the blocked signal mask
@@ -308,11 +316,14 @@ def run(job: Job) -> int:
         t0 = time.monotonic()
         try:
             child = os.posix_spawnp(opts.command[0], opts.command, env,
-                                    setsigmask=set(), setsigdef=set(FORWARDED) | {signal.SIGCHLD})
+                                    setsigmask=set(),
+                                    # Python ignores SIGPIPE and SIGXFSZ; COMMAND gets the defaults
+                                    setsigdef=(set(FORWARDED) - ignored) | {signal.SIGCHLD, signal.SIGPIPE,
+                                                                            signal.SIGXFSZ})
         except OSError as e:
             raise JobError(f"cannot start COMMAND {opts.command[0]!r}: {e.strerror}",
                            126 if e.errno in (13, 8) else 127) from None
-        exit_code = _wait(child, 5.0 if opts.verbose else 0.0, lambda: _print_status(job))
+        exit_code = _wait(child, 5.0 if opts.verbose else 0.0, lambda: _print_status(job), ignored)
         exit_code = exit_code if exit_code >= 0 else 128 - exit_code
         job.timings["command"] = time.monotonic() - t0
         if job.daemon is not None:

@@ -165,8 +165,15 @@ class Planner:
         return (-n, self.uses.get(f, 0) if n == INF else 0)
 
     def _push(self, f: int) -> None:
+        tier = self.resident[f]
         neg, freq = self._key(f)
-        heapq.heappush(self._heaps[self.resident[f]], (neg, freq, f))
+        heap = self._heaps[tier]
+        heapq.heappush(heap, (neg, freq, f))
+        if len(heap) > 4 * (self.used[tier] // BLOCK + 16):
+            # stale entries pile up when nothing needs room (data that fits):
+            # rebuild from what is resident in this tier
+            heap[:] = [(*self._key(g), g) for g, t in self.resident.items() if t == tier]
+            heapq.heapify(heap)
 
     def _top(self, tier: int) -> tuple[int, int, int] | None:
         """The valid entry of the tier's heap with the farthest next use."""

@@ -35,11 +35,27 @@ class Files(Dataset):
         return i, x
 
 
+class Shuffled(torch.utils.data.Sampler):
+    """A user's own sampler with a Python RNG and state shuffled in place."""
+
+    def __init__(self, n: int):
+        import random
+        self.rng = random.Random(3)
+        self.idx = list(range(n))
+
+    def __len__(self) -> int:
+        return len(self.idx)
+
+    def __iter__(self):
+        self.rng.shuffle(self.idx)
+        return iter(list(self.idx))
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--data", required=True)
     p.add_argument("--out", required=True)
-    p.add_argument("--sampler", default="random", choices=["random", "global", "distributed", "sequential"])
+    p.add_argument("--sampler", default="random", choices=["random", "global", "distributed", "sequential", "custom"])
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--persistent", action="store_true")
     p.add_argument("--epochs", type=int, default=3)
@@ -60,6 +76,8 @@ def main() -> None:
     elif a.sampler == "distributed":
         sampler = DistributedSampler(ds, num_replicas=2, rank=1, shuffle=True, seed=5)
         loader = DataLoader(ds, sampler=sampler, **kw)
+    elif a.sampler == "custom":
+        loader = DataLoader(ds, sampler=Shuffled(len(ds)), **kw)
     else:
         loader = DataLoader(ds, shuffle=False, **kw)
     model = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 1))

@@ -43,9 +43,16 @@ def _write(kind, payload):
     """One message = one JSON file in the order directory, written atomically."""
     name = f"{os.getpid()}-{next(_seq):08d}-{kind}"
     tmp = os.path.join(_ORDER_DIR, f".{name}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(dict(payload, kind=kind, pid=os.getpid(), rank=_rank()), f)
-    os.rename(tmp, os.path.join(_ORDER_DIR, name + ".json"))
+    try:
+        with open(tmp, "w") as f:
+            json.dump(dict(payload, kind=kind, pid=os.getpid(), rank=_rank()), f)
+        os.rename(tmp, os.path.join(_ORDER_DIR, name + ".json"))
+    except OSError:
+        try:
+            os.unlink(tmp)   # e.g. /dev/shm full: leave nothing behind
+        except OSError:
+            pass
+        raise
 
 
 def _rank():
@@ -87,14 +94,31 @@ def _len(ds):
         return -1
 
 
-def _flatten(items):
+class _TooLong(Exception):
+    pass
+
+
+def _flatten(items, limit=None):
     out = []
     for it in items:
         if isinstance(it, (list, tuple)):
             out.extend(int(i) for i in it)
         else:
             out.append(int(it))
+        if limit is not None and len(out) > limit:
+            raise _TooLong()
     return out
+
+
+def _own_samplers(s):
+    """True when s and the samplers inside it are torch's own classes: those
+    can be run on a copy without touching the real one (a custom sampler may
+    keep RNGs or state the copy would share, or never end)."""
+    while s is not None:
+        if not type(s).__module__.startswith("torch.utils.data"):
+            return False
+        s = getattr(s, "sampler", None)
+    return True
 
 
 # -- the order, computed on copies so that no RNG of the training moves ---------
@@ -153,8 +177,9 @@ def _orders(loader, index_sampler):
     import torch
     import torch.utils.data as tud
     clones = {}
+    limit = 4 * max(_len(loader.dataset), 0) + 1024   # an epoch is not endless
     with _SavedRNG() as saved:
-        items = _flatten(_copy_sampler(index_sampler, clones))
+        items = _flatten(_copy_sampler(index_sampler, clones), limit)
         global_rng = saved.touched()
     if global_rng:
         return items, None   # the next epoch depends on the global RNG at that time
@@ -166,7 +191,7 @@ def _orders(loader, index_sampler):
         inner = getattr(nxt_sampler, "sampler", nxt_sampler)
         if isinstance(inner, tud.distributed.DistributedSampler):
             inner.set_epoch(inner.epoch + 1)   # what a training loop calls before the next epoch
-        nxt = _flatten(nxt_sampler)
+        nxt = _flatten(nxt_sampler, limit)
     return items, nxt
 
 
@@ -215,7 +240,20 @@ def _publisher(loader, index_sampler):
                 return
             _write("dataset", {"loader": key, "paths": paths})
             _datasets_sent.add(key)
-        items, nxt = _orders(loader, index_sampler)
+        if not _own_samplers(index_sampler):
+            _write("error", {"loader": key, "message":
+                             f"the sampler {type(getattr(index_sampler, 'sampler', index_sampler)).__name__} is "
+                             "not one of torch's: the hook does not run it twice; give the order with "
+                             "--order-file, or prefetching follows first touch"})
+            _unmappable.add(key)
+            return
+        try:
+            items, nxt = _orders(loader, index_sampler)
+        except _TooLong:
+            _write("error", {"loader": key, "message": "the sampler yields more than 4x the data set per "
+                             "epoch: not announced; prefetching follows first touch"})
+            _unmappable.add(key)
+            return
         _write("epoch", {"loader": key, "epoch": epoch, "indices": items, "next": nxt})
 
     return announce
