@@ -325,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "tiering-bench")
     a = p.parse_args(argv)
-    s = Settings(files=a.files or (120 if a.quick else 2000), epochs=a.epochs or (2 if a.quick else 3),
+    s = Settings(files=a.files or (40 if a.quick else 2000), epochs=a.epochs or (2 if a.quick else 3),
                  compute_ms=a.compute_ms if a.compute_ms is not None else (0.0 if a.quick else 30.0),
                  workers=0 if a.quick else 2, batch_size=32, reader=a.reader, pfs=SlowFsOptions(),
                  work=a.work, out=a.out)
