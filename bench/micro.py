@@ -43,6 +43,7 @@ from tiering.index import Root, SharedIndex, lib, library_path
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
 SOURCE = BENCH_DIR / "micro.c"
+NOSYS_SOURCE = BENCH_DIR / "nosys.c"
 DEFAULT_OUT = BENCH_DIR / "results"
 
 INDEX_SIZES = (1_000, 1_000_000)
@@ -58,6 +59,7 @@ SMALL_SIZE = 110 * 1024
 AIM_OUTSIDE_NS = 5.0
 AIM_MISS_NS = 11.0
 AIM_REDIRECT_DESIGN_NS = 85.0
+AIM_HIT_OWN_NS = 30.0  # "a hit +30 ns on a hot index": the shim's code alone
 GOAL_REDIRECT_NS = 100.0
 
 
@@ -70,6 +72,7 @@ class Config:
     entries: Optional[int]       # index size; None: no shim
     cwd: Optional[str] = None
     description: str = ""
+    nosys: bool = False          # libc's open/close replaced by bench/nosys.c: the shim's code alone
 
 
 @dataclass
@@ -99,12 +102,15 @@ class Settings:
 # ---------------------------------------------------------------- set-up ---
 
 def build_binary(work: Path) -> Path:
+    """Builds bench/micro.c and, beside it, libnosys.so from bench/nosys.c."""
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not cc:
         raise SystemExit("bench.micro: a C compiler (cc or gcc) is needed")
     out = work / "micro"
-    subprocess.run([cc, "-O2", "-Wall", "-Wextra", "-U_FORTIFY_SOURCE", "-D_FORTIFY_SOURCE=0",
-                    "-o", str(out), str(SOURCE)], check=True)
+    flags = ["-O2", "-Wall", "-Wextra", "-U_FORTIFY_SOURCE", "-D_FORTIFY_SOURCE=0"]
+    subprocess.run([cc, *flags, "-o", str(out), str(SOURCE)], check=True)
+    subprocess.run([cc, *flags, "-shared", "-fPIC", "-o", str(work / "libnosys.so"), str(NOSYS_SOURCE)],
+                   check=True)
     return out
 
 
@@ -194,6 +200,19 @@ def configurations(lay: Layout, sizes: Sequence[int]) -> list[Config]:
             Config(f"shim{t}_relative", "open", rel_name, real(copy), n, cwd=rel_dir,
                    description=f"shim, {n} entries: relative path (cwd in the root), redirected"),
         ]
+    # the shim's code alone: open/close of libc replaced by a stub (bench/nosys.c)
+    out.append(Config("nosys", "open", outside, real(outside), None, nosys=True,
+                      description="no shim, open/close stubbed out (no system call)"))
+    for n in sizes:
+        t = SIZE_TAG.get(n, str(n))
+        out += [
+            Config(f"own{t}_outside", "open", outside, real(outside), n, nosys=True,
+                   description=f"shim, {n} entries, open/close stubbed: path outside the data roots"),
+            Config(f"own{t}_miss", "open", src, real(src), n, nosys=True,
+                   description=f"shim, {n} entries, open/close stubbed: catalogued, not placed"),
+            Config(f"own{t}_redirected", "open", placed, real(copy), n, nosys=True,
+                   description=f"shim, {n} entries, open/close stubbed: placed, redirected"),
+        ]
     big_src = str(lay.data_root / BIG_REL)
     big_copy = str(lay.tier_root / "0" / BIG_REL)
     out += [
@@ -216,9 +235,14 @@ def clean_env() -> dict[str, str]:
 
 def run_config(binary: Path, cfg: Config, lay: Layout, st: Settings) -> dict[str, Any]:
     env = clean_env()
+    preload = []
     if cfg.entries is not None:
-        env["LD_PRELOAD"] = st.shim
+        preload.append(st.shim)
         env["TIERING_INDEX"] = str(lay.indexes[cfg.entries])
+    if cfg.nosys:
+        preload.append(str(binary.parent / "libnosys.so"))  # after the shim: its RTLD_NEXT
+    if preload:
+        env["LD_PRELOAD"] = " ".join(preload)
     args = [str(binary), cfg.mode, cfg.path, "--expect", cfg.expect, "--label", cfg.name]
     if cfg.mode == "open":
         args += ["--iterations", str(st.iterations), "--warmup", str(st.warmup),
@@ -326,6 +350,10 @@ def compute_deltas(measurements: list[dict[str, Any]], sizes: Sequence[int],
                                       "one getcwd more than the absolute hit"),
             "relative_minus_redirected": (f"shim{t}_relative", f"shim{t}_redirected", None,
                                           "the cost of the getcwd"),
+            "own_outside": (f"own{t}_outside", "nosys", AIM_OUTSIDE_NS, "DESIGN aim +5 ns"),
+            "own_miss": (f"own{t}_miss", "nosys", AIM_MISS_NS, "DESIGN aim +11 ns"),
+            "own_redirected": (f"own{t}_redirected", "nosys", AIM_HIT_OWN_NS,
+                               "DESIGN aim +30 ns (a hit on a hot index)"),
         }
         for key, (a, b, goal, text) in rows.items():
             d = delta(measurements, a, b, repeats, estimator)
@@ -336,6 +364,9 @@ def compute_deltas(measurements: list[dict[str, Any]], sizes: Sequence[int],
             elif key == "miss_minus_noshim":
                 d["verdict"] = "at aim" if d["ns"] <= AIM_MISS_NS + 2 * d["noise_ns"] else \
                     f"over aim by {d['ns'] - AIM_MISS_NS:.0f} ns"
+            elif key.startswith("own_"):
+                d["meets_goal"] = d["ns"] <= goal + 2 * d["noise_ns"]
+                d["verdict"] = "at aim" if d["meets_goal"] else f"over aim by {d['ns'] - goal:.0f} ns"
             elif key == "redirected_minus_direct":
                 d["meets_goal"] = d["ns"] <= GOAL_REDIRECT_NS
                 d["verdict"] = "meets goal" if d["meets_goal"] else \
@@ -434,6 +465,9 @@ def markdown(result: dict[str, Any]) -> str:
         "redirected_minus_direct": "redirected − direct /dev/shm open",
         "relative_minus_direct": "relative-path redirected − direct /dev/shm open",
         "relative_minus_redirected": "relative − absolute redirected (getcwd)",
+        "own_outside": "shim code alone: outside the roots",
+        "own_miss": "shim code alone: catalogued miss",
+        "own_redirected": "shim code alone: redirected",
     }
     for key, title in titles.items():
         for n in s["index_sizes"]:

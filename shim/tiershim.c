@@ -134,8 +134,15 @@ EXPORT void tiering_fingerprint(uint32_t root, const char *s, size_t len, uint64
     uint64_t h1 = 0x9e3779b97f4a7c15ULL ^ root ^ ((uint64_t)len << 32);
     uint64_t h2 = 0xc2b2ae3d27d4eb4fULL + root + len;
     for (size_t i = 0; i < len; i += 8) {
+        /* the next 8 bytes as a word, the last one zero-padded as a
+         * little-endian load would; a constant-size memcpy is one load, a
+         * variable-size one a call into libc */
         uint64_t w = 0;
-        memcpy(&w, s + i, len - i < 8 ? len - i : 8);
+        if (len - i >= 8)
+            memcpy(&w, s + i, 8);
+        else
+            for (size_t j = len - i; j-- > 0;)
+                w = (w << 8) | (unsigned char)s[i + j];
         uint64_t k1 = rotl(w * c1, 31) * c2, k2 = rotl(w * c2, 33) * c1;
         h1 = (rotl(h1 ^ k1, 27) + h2) * 5 + 0x52dce729;
         h2 = (rotl(h2 ^ k2, 31) + h1) * 5 + 0x38495ab5;
@@ -449,19 +456,23 @@ static int names_directory(const char *path)
     return strcmp(last, ".") == 0 || strcmp(last, "..") == 0;
 }
 
-/* True when s has no "//", "/./" or "/../" and does not end in "/", "/." or
- * "/..": a path in the form the catalog stores, usable as it is. */
-static int is_plain(const char *s)
+/* The length of s when it is a plain relative path, the form the catalog
+ * stores (no leading or trailing "/", no empty, "." or ".." component), so
+ * usable as it is; 0 otherwise. */
+static size_t plain_len(const char *s)
 {
-    if (s[0] == '/')
-        return 0;
-    for (const char *p = s; (p = strchr(p, '/')) != NULL; p++) {
-        const char *c = p + 1;
-        if (*c == '/' || *c == '\0' || (c[0] == '.' && (c[1] == '/' || c[1] == '\0')) ||
-            (c[0] == '.' && c[1] == '.' && (c[2] == '/' || c[2] == '\0')))
+    const char *p = s;
+    for (;;) {
+        if (p[0] == '/' || p[0] == '\0')
             return 0;
+        if (p[0] == '.' && (p[1] == '/' || p[1] == '\0' || (p[1] == '.' && (p[2] == '/' || p[2] == '\0'))))
+            return 0;
+        while (*p && *p != '/')
+            p++;
+        if (!*p)
+            return (size_t)(p - s);
+        p++;
     }
-    return s[0] != '.' || (s[1] != '/' && s[1] != '\0' && (s[1] != '.' || (s[2] != '/' && s[2] != '\0')));
 }
 
 static int64_t probe(uint32_t root_id, const char *rel, size_t len)
@@ -492,29 +503,47 @@ static int root_of(const char *abs, size_t len, size_t *rl)
     return -1;
 }
 
-/* Finds the catalogued entry that path (relative to dirfd) names.  On success
- * returns the slot and sets *rel (and *rel_len) to the part below the data
- * root, in path itself when it is plain, else in abs. */
-static int64_t lookup(int dirfd, const char *path, char *abs, const char **rel, size_t *rel_len)
+/* The fast test for an absolute path: the index of the data root it starts
+ * with, followed by "/", or -1; *rl is that root's length without a trailing
+ * slash (0 for "/").  strncmp stops at the end of a shorter path. */
+static inline int root_prefix(const struct tiering_header *h, const char *path, size_t *rl)
 {
-    size_t rl;
+    for (uint32_t i = 0; i < h->nroots; i++) {
+        const struct tiering_root *r = &h->roots[i];
+        size_t l = r->len == 1 ? 0 : r->len;
+        if (l == 0 || (path[1] == r->path[1] && strncmp(path, r->path, l) == 0 && path[l] == '/')) {
+            *rl = l;
+            return (int)i;
+        }
+    }
+    return -1;
+}
+
+/* Finds the catalogued entry that path (relative to dirfd) names; root is
+ * root_prefix()'s answer (root length rl) for an absolute path.  An absolute
+ * path outside every root is not looked up: "//root/x" or "/a/../root/x" may
+ * still lead into a root, but they are rare and simply read the PFS.  On
+ * success returns the slot and sets *rel (and *rel_len) to the part below the
+ * data root, in path itself when it is plain, else in abs. */
+static int64_t lookup(int dirfd, const char *path, int root, size_t rl, char *abs, const char **rel,
+                      size_t *rel_len)
+{
     if (path[0] == '/') {
-        /* fast path: an absolute path outside every root costs a prefix
-         * compare; one inside, already plain, is used as it is */
-        size_t len = strlen(path);
-        int r = root_of(path, len, &rl);
-        if (r < 0) {
-            /* "//root/x" or "/a/../root/x" may still lead into a root, but
-             * they are rare: they simply read the PFS */
+        if (root < 0)
             return -1;
+        /* The common case first: the text below the root as it is.  The
+         * catalog holds plain paths only (plain_len), and no other text can
+         * equal one, so a hit needs no further check. */
+        const char *r = path + rl + 1;
+        size_t n = strlen(r);
+        int64_t slot = probe(idx->roots[root].id, r, n);
+        if (slot >= 0) {
+            *rel = r;
+            *rel_len = n;
+            return slot;
         }
-        if (is_plain(path + rl + 1)) {
-            if (names_directory(path))
-                return -1;
-            *rel = path + rl + 1;
-            *rel_len = len - rl - 1;
-            return probe(idx->roots[r].id, *rel, *rel_len);
-        }
+        if (plain_len(r) == n)
+            return -1; /* plain, and not catalogued */
     }
     if (names_directory(path))
         return -1;
@@ -619,6 +648,7 @@ static int route(int64_t slot, int write, int redirectable, const char *rel, siz
 /* Books a successful open of a catalogued file. */
 static void opened(int fd, int64_t slot, int tier)
 {
+    untrack(fd); /* a stale slot: its file was closed behind our back */
     if (tier >= 0) {
         count(&idx->counters.opens_tier[tier], 1);
         count(&idx->counters.bytes_tier, entries[slot].size);
@@ -630,19 +660,19 @@ static void opened(int fd, int64_t slot, int tier)
     track(fd, (uint32_t)slot + 1);
 }
 
-static int do_open(enum which w, int dirfd, const char *path, int flags, mode_t mode)
+/* The catalogued part of an open: everything below a data root, and every
+ * relative path.  Kept out of line so that its 12 KiB of path buffers do not
+ * weigh on opens outside the roots. */
+static __attribute__((noinline)) int open_slow(enum which w, int dirfd, const char *path, int flags,
+                                               mode_t mode, int root, size_t rl)
 {
-    ensure_init();
-    struct tiering_header *h = __atomic_load_n(&idx, __ATOMIC_ACQUIRE);
-    if (!h || !path)
-        return call_real(w, dirfd, path, flags, mode);
     char abs[PATH_MAX], phys[PATH_MAX];
     const char *rel;
     size_t rel_len;
-    int64_t slot = lookup(dirfd, path, abs, &rel, &rel_len);
+    int64_t slot = lookup(dirfd, path, root, rl, abs, &rel, &rel_len);
     if (slot < 0) {
         int fd = call_real(w, dirfd, path, flags, mode);
-        track(fd, 0);
+        untrack(fd); /* a stale slot: its file was closed behind our back */
         return fd;
     }
     int write = is_write(flags) || w == W_CREAT || w == W_CREAT64;
@@ -662,7 +692,21 @@ static int do_open(enum which w, int dirfd, const char *path, int flags, mode_t 
     if (fd >= 0 && !write)
         opened(fd, slot, -1);
     else
-        track(fd, 0);
+        untrack(fd);
+    return fd;
+}
+
+static inline int do_open(enum which w, int dirfd, const char *path, int flags, mode_t mode)
+{
+    ensure_init();
+    struct tiering_header *h = __atomic_load_n(&idx, __ATOMIC_ACQUIRE);
+    int root = -1;
+    size_t rl = 0;
+    if (h && path && (path[0] != '/' || (root = root_prefix(h, path, &rl)) >= 0))
+        return open_slow(w, dirfd, path, flags, mode, root, rl);
+    int fd = call_real(w, dirfd, path, flags, mode);
+    if (h)
+        untrack(fd);
     return fd;
 }
 
@@ -740,21 +784,17 @@ static FILE *call_fopen(int is64, const char *path, const char *mode, FILE *stre
     return NULL;
 }
 
-static FILE *do_fopen(int is64, const char *path, const char *mode, FILE *stream)
+static __attribute__((noinline)) FILE *fopen_slow(int is64, const char *path, const char *mode,
+                                                  FILE *stream, int root, size_t rl)
 {
-    ensure_init();
-    if (stream && path && idx)
-        untrack(fileno(stream)); /* freopen closes the old fd */
-    if (!idx || !path)
-        return call_fopen(is64, path, mode, stream);
     char abs[PATH_MAX], phys[PATH_MAX];
     const char *rel;
     size_t rel_len;
-    int64_t slot = lookup(AT_FDCWD, path, abs, &rel, &rel_len);
+    int64_t slot = lookup(AT_FDCWD, path, root, rl, abs, &rel, &rel_len);
     if (slot < 0) {
         FILE *f = call_fopen(is64, path, mode, stream);
         if (f)
-            track(fileno(f), 0);
+            untrack(fileno(f));
         return f;
     }
     int write = mode_writes(mode);
@@ -774,7 +814,23 @@ static FILE *do_fopen(int is64, const char *path, const char *mode, FILE *stream
     if (f && !write)
         opened(fileno(f), slot, -1);
     else if (f)
-        track(fileno(f), 0);
+        untrack(fileno(f));
+    return f;
+}
+
+static FILE *do_fopen(int is64, const char *path, const char *mode, FILE *stream)
+{
+    ensure_init();
+    struct tiering_header *h = __atomic_load_n(&idx, __ATOMIC_ACQUIRE);
+    if (stream && path && h)
+        untrack(fileno(stream)); /* freopen closes the old fd */
+    int root = -1;
+    size_t rl = 0;
+    if (h && path && (path[0] != '/' || (root = root_prefix(h, path, &rl)) >= 0))
+        return fopen_slow(is64, path, mode, stream, root, rl);
+    FILE *f = call_fopen(is64, path, mode, stream);
+    if (f && h)
+        untrack(fileno(f));
     return f;
 }
 

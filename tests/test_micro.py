@@ -17,9 +17,11 @@ EXPECTED = {
     "shim1k_outside", "shim1k_miss", "shim1k_redirected", "shim1k_relative",
     "shim1M_outside", "shim1M_miss", "shim1M_redirected", "shim1M_relative",
     "read_direct", "read_redirected",
+    "nosys", "own1k_outside", "own1k_miss", "own1k_redirected",
+    "own1M_outside", "own1M_miss", "own1M_redirected",
 }
 REDIRECTED = {"shim1k_redirected", "shim1k_relative", "shim1M_redirected", "shim1M_relative",
-              "read_redirected"}
+              "read_redirected", "own1k_redirected", "own1M_redirected"}
 
 
 def test_micro_quick(tmp_path: Path) -> None:
@@ -58,7 +60,9 @@ def test_micro_quick(tmp_path: Path) -> None:
                 assert m["mb_s"] > 0 and m["bytes"] == settings["read_bytes"], name
         assert result["summary"][name]["median"] > 0, name
         # with the shim, where the opened path is in the data root
-        assert (c["entries"] is None) == name.startswith(("noshim", "read_direct")), name
+        assert (c["entries"] is None) == name.startswith(("noshim", "read_direct", "nosys")), name
+        # the shim's own cost is timed with open/close stubbed out (bench/nosys.c)
+        assert c["nosys"] == name.startswith(("own", "nosys")), name
 
     tier = os.path.join(work, "tier") + os.sep
     data = os.path.join(work, "pfs", "data") + os.sep
@@ -67,20 +71,51 @@ def test_micro_quick(tmp_path: Path) -> None:
         opened = os.path.join(c["cwd"], c["path"]) if c["cwd"] else c["path"]
         assert opened.startswith(data), (name, opened)
         assert c["expect"].startswith(tier), (name, c["expect"])
-    for name in ("shim1k_miss", "shim1M_miss"):
+    for name in ("shim1k_miss", "shim1M_miss", "own1k_miss", "own1M_miss"):
         assert configs[name]["expect"] == configs[name]["path"]
         assert configs[name]["path"].startswith(data)
     for name in ("shim1k_outside", "noshim_outside"):
         assert not configs[name]["path"].startswith(data)
     assert configs["shim1k_redirected"]["expect"] == configs["noshim_direct"]["path"]
+    assert configs["own1M_redirected"]["expect"] == configs["noshim_direct"]["path"]
 
     deltas = result["deltas"]
     for key in ("outside_minus_noshim", "miss_minus_noshim", "redirected_minus_direct",
-                "relative_minus_direct", "relative_minus_redirected"):
+                "relative_minus_direct", "relative_minus_redirected",
+                "own_outside", "own_miss", "own_redirected"):
         for tag in ("1k", "1M"):
             d = deltas[f"{key}_{tag}"]
             assert len(d["per_repeat"]) == repeats and isinstance(d["ns"], float)
     assert deltas["read_throughput_ratio"]["ratio"] > 0
+    assert "shim code alone: redirected" in md
+
+
+def test_nosys_stub_skips_the_kernel(tmp_path: Path) -> None:
+    """bench/nosys.c: the first open is real (micro.c checks it), later ones
+    return the fake descriptor without opening anything."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    assert cc
+    lib = tmp_path / "libnosys.so"
+    subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", str(lib), str(REPO / "bench" / "nosys.c")],
+                   check=True)
+    prog = tmp_path / "p.c"
+    prog.write_text('''#include <fcntl.h>
+#include <stdio.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    int a = open(argv[1], O_RDONLY), b = open(argv[1], O_RDONLY), c = open("/no/such/file", O_RDONLY);
+    char buf[4] = {0};
+    printf("%d %d %d %zd %d\\n", a >= 0 && a != 900, b, c, read(a, buf, 3), close(b));
+    return 0;
+}
+''')
+    subprocess.run([cc, "-o", str(tmp_path / "p"), str(prog)], check=True)
+    f = tmp_path / "f"
+    f.write_bytes(b"abc")
+    r = subprocess.run([str(tmp_path / "p"), str(f)], env={**os.environ, "LD_PRELOAD": str(lib)},
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["1", "900", "900", "3", "0"]
 
 
 def test_micro_c_refuses_wrong_target(tmp_path: Path) -> None:
