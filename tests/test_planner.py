@@ -77,7 +77,7 @@ def drive(epochs: Sequence[Sequence[int]], sizes: Sequence[int], capacities: Seq
                         assert a.file not in where, f"fetch of resident file {a.file}"
                         assert 0 <= a.tier < len(capacities)
                         assert a.position == p.reader == pos
-                        assert pos <= a.need < len(p.stream) and p.stream[a.need] == a.file
+                        assert pos <= a.need < p.end and p.file_at(a.need) == a.file
                         if window is not None and a.need >= pos + window:
                             assert not group, "evicted for a fetch beyond the window"
                         group.clear()
@@ -100,7 +100,7 @@ def drive(epochs: Sequence[Sequence[int]], sizes: Sequence[int], capacities: Seq
                         used[a.tier] -= alloc(sizes[a.file])
             if check:
                 check_state()
-            f = p.stream[pos]
+            f = p.file_at(pos)
             r = reports[e]
             r.accesses += 1
             tier = p.resident.get(f)
@@ -606,3 +606,24 @@ def test_simulate_speed() -> None:
               f" {len(schedule)} actions")
         assert took < 60
         assert sum(r.accesses for r in reps) == 3 * n
+
+
+def test_consumed_stream_is_trimmed_without_changing_the_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The planner forgets the consumed head of the stream (memory follows the
+    known future, not the run's length), and the plan is the same as without."""
+    import tiering.planner as planner_mod
+
+    n, epochs = 300, 12
+    sizes = lognormal_sizes(n, 5)
+    orders = permutations(n, epochs, 5)
+    caps = [sum(sizes) // 3, sum(sizes) // 4]
+    monkeypatch.setattr(planner_mod, "TRIM_MIN", INF)
+    whole = drive(orders, sizes, caps, window=64)
+    assert whole.planner.base == 0 and len(whole.planner.stream) == n * epochs
+    monkeypatch.setattr(planner_mod, "TRIM_MIN", 50)
+    trimmed = drive(orders, sizes, caps, window=64)
+    p = trimmed.planner
+    assert p.base > 0 and p.end == n * epochs
+    assert len(p.stream) <= 2 * n and len(p.next_pos) == len(p.stream)
+    assert trimmed.schedule == whole.schedule
+    assert [r.as_dict() for r in trimmed.reports] == [r.as_dict() for r in whole.reports]

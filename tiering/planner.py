@@ -37,6 +37,7 @@ from typing import Callable, Iterable, Sequence
 
 INF = 1 << 62
 BLOCK = 4096
+TRIM_MIN = 1 << 16   # consumed positions kept before the stream's head is trimmed
 
 
 def allocation(size: int) -> int:
@@ -60,6 +61,9 @@ class Planner:
         self.capacities = list(capacities)
         self.window = window
         self.alloc = alloc
+        # stream positions are absolute (they count from the start of the run);
+        # the lists hold positions base.. only: consumed ones are trimmed away
+        self.base = 0
         self.stream: list[int] = []
         self.next_pos: list[int] = []         # next position of the same file, INF if unknown
         self._last: dict[int, int] = {}       # file -> its last position in the stream so far
@@ -74,15 +78,24 @@ class Planner:
         self._consumed: set[int] = set()      # consumed positions at or above self.reader
 
     # -- the stream ----------------------------------------------------------
+    @property
+    def end(self) -> int:
+        """The position after the last one known."""
+        return self.base + len(self.stream)
+
+    def file_at(self, pos: int) -> int:
+        """The file at stream position pos (not yet trimmed: pos >= base)."""
+        return self.stream[pos - self.base]
+
     def extend(self, order: Iterable[int]) -> None:
         """Appends the next part of the stream (usually one epoch)."""
-        start = len(self.stream)
+        start = self.end
         for pos, f in enumerate(order, start):
             self.stream.append(f)
             self.next_pos.append(INF)
             prev = self._last.get(f)
-            if prev is not None:
-                self.next_pos[prev] = pos
+            if prev is not None and prev >= self.base:
+                self.next_pos[prev - self.base] = pos
             self._last[f] = pos
             self.remaining[f] = self.remaining.get(f, 0) + 1
             self.uses[f] = self.uses.get(f, 0) + 1
@@ -94,10 +107,10 @@ class Planner:
     # -- the reader's progress ---------------------------------------------------
     def consume(self, pos: int) -> None:
         """The reader has read stream position pos."""
-        if pos < self.reader or pos in self._consumed or pos >= len(self.stream):
+        if pos < self.reader or pos in self._consumed or pos >= self.end:
             return
         self._consumed.add(pos)
-        f = self.stream[pos]
+        f = self.file_at(pos)
         self.remaining[f] -= 1
         if self.need.get(f) == pos:
             self.need[f] = self._next_unconsumed(pos)
@@ -106,18 +119,28 @@ class Planner:
         while self.reader in self._consumed:
             self._consumed.discard(self.reader)
             self.reader += 1
+        self._trim()
+
+    def _trim(self) -> None:
+        """Drops the consumed head of the stream once it outweighs the rest,
+        so that memory follows the known future, not the whole run."""
+        k = self.reader - self.base
+        if k >= TRIM_MIN and k >= len(self.stream) - k:
+            del self.stream[:k]
+            del self.next_pos[:k]
+            self.base += k
 
     def skip_to(self, pos: int) -> None:
         """Treats every position below pos as consumed (lost events, a jump)."""
-        for q in range(self.reader, min(pos, len(self.stream))):
+        for q in range(self.reader, min(pos, self.end)):
             if q not in self._consumed:
                 self.consume(q)
         self.reader = max(self.reader, pos)
 
     def _next_unconsumed(self, pos: int) -> int:
-        q = self.next_pos[pos]
+        q = self.next_pos[pos - self.base]
         while q != INF and q in self._consumed:
-            q = self.next_pos[q]
+            q = self.next_pos[q - self.base]
         return q
 
     # -- placement ---------------------------------------------------------------
@@ -126,9 +149,9 @@ class Planner:
         actions: list[Action] = []
         self.cursor = max(self.cursor, self.reader)
         window_end = INF if self.window is None else self.reader + self.window
-        while self.cursor < len(self.stream):
+        while self.cursor < self.end:
             pos = self.cursor
-            f = self.stream[pos]
+            f = self.file_at(pos)
             if f not in self.resident and pos not in self._consumed:
                 if all(self.alloc(self.sizes[f]) > cap for cap in self.capacities):
                     self.cursor += 1
@@ -276,7 +299,7 @@ def simulate(epochs: Sequence[Sequence[int]], sizes: Sequence[int], capacities: 
                     r.pfs_bytes += sizes[a.file]
                 else:
                     r.evictions += 1
-            f = p.stream[pos]
+            f = p.file_at(pos)
             r = reports[e]
             r.accesses += 1
             tier = p.resident.get(f)

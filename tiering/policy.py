@@ -175,7 +175,7 @@ class Clairvoyant(Policy):
             # opens match within this many positions of the reader: more than
             # DataLoader workers read out of order, well under an epoch
             self.progress.window = max(32, min(4 * self.window, len(order) // 4))
-        self.epoch_starts.append(len(self.planner.stream))
+        self.epoch_starts.append(self.planner.end)
         self.epochs.append(epoch)
         self.planner.extend(order)
 
@@ -290,7 +290,7 @@ class Clairvoyant(Policy):
             "following": self.following,
             "diverged": self.diverged,
             "epochs_known": len(self.epochs),
-            "stream_length": len(p.stream) if p else 0,
+            "stream_length": p.end if p else 0,
             "reader_position": p.reader if p else 0,
             "matched_opens": pr.matched if pr else 0,
             "unmatched_opens": pr.mismatched if pr else 0,

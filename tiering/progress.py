@@ -34,10 +34,10 @@ class Progress:
 
     def sync(self) -> None:
         """Indexes stream positions the planner gained since the last call."""
-        stream = self.planner.stream
-        for pos in range(self._indexed, len(stream)):
-            self.positions.setdefault(stream[pos], deque()).append(pos)
-        self._indexed = len(stream)
+        p = self.planner
+        for pos in range(max(self._indexed, p.base), p.end):
+            self.positions.setdefault(p.file_at(pos), deque()).append(pos)
+        self._indexed = p.end
 
     def in_stream(self, f: int) -> bool:
         return f in self.positions
