@@ -239,3 +239,41 @@ def test_pfs_concurrency_is_reached_with_few_tier_threads(setup_factory):
     s.wait()
     assert s.tier.files == 12
     assert SlowDaemon.peak == 4
+
+
+class HungDaemon(Daemon):
+    """Its copies block in the PFS read until released, as on a hung file system."""
+    release = threading.Event()
+
+    def _transfer(self, fd_in: int, fd_out: int, size: int) -> int:
+        HungDaemon.release.wait()
+        return super()._transfer(fd_in, fd_out, size)
+
+
+def test_stop_gives_up_on_a_copy_blocked_in_a_pfs_read(setup_factory):
+    HungDaemon.release.clear()
+    files = {f"f{i}": 10_000 for i in range(3)}
+    s = setup_factory(files=files, pfs_threads=1, threads=1, daemon_cls=HungDaemon)
+    for rel in files:
+        assert s.d.place(s.i[rel], 0)
+    time.sleep(0.2)  # the first copy is in its read
+    t0 = time.monotonic()
+    assert s.d.stop(timeout=0.5) is False
+    assert time.monotonic() - t0 < 5
+    assert s.d.stuck == 1                       # the queued two were cancelled
+    assert len(s.d.pending) == 1
+    HungDaemon.release.set()                    # the read returns: the copy sees the stop
+    deadline = time.monotonic() + 10
+    while s.d.pending and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not s.d.pending
+    assert s.tier.files == 0 and s.tier.used == 0
+    assert allocated_on_disk(s.tier.root) == 0  # no partial copy left
+    assert all(s.state(rel) == lib.TIERING_STATE_NONE for rel in files)
+
+
+def test_stop_returns_true_when_copies_end(setup_factory):
+    s = setup_factory(files=FILES)
+    for rel in FILES:
+        s.d.place(s.i[rel], 0)
+    assert s.d.stop() is True and s.d.stuck == 0

@@ -410,3 +410,31 @@ def test_disable_variable_turns_the_shim_off_under_tier_run(tmp_path):
     assert r.stdout.strip() == "0"
     s = json.loads(stats.read_text())
     assert s["tiers"][0]["files"] == len(contents) and s["opens"]["total"] == 0
+
+
+def test_a_hung_pfs_read_does_not_hold_tier_run_after_the_command(tmp_path):
+    """Copies blocked in a PFS read (simulated: _transfer never returns) are
+    abandoned after the stop timeout; tier-run cleans up, reports them and
+    exits with COMMAND's status instead of waiting for their threads."""
+    data = tmp_path / "pfs"
+    dataset(data, n=6)
+    stats = tmp_path / "stats.json"
+    driver = (
+        "import sys, threading\n"
+        "import tiering.daemon as d\n"
+        "d.STOP_TIMEOUT = 0.5\n"
+        "d.Daemon._transfer = lambda self, *a: threading.Event().wait() or 0\n"
+        "from tiering.cli import tier_run\n"
+        "sys.argv = ['tier-run'] + sys.argv[1:]\n"
+        "tier_run()\n")
+    p = subprocess.Popen([PYTHON, "-c", driver, "--profile", str(profile(tmp_path)), "--policy", "stage",
+                          "--data", str(data), "--stats-json", str(stats), "--", PYTHON, "-c",
+                          "import time; time.sleep(0.5); raise SystemExit(3)"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 3, err
+    assert "still blocked reading the PFS" in err
+    s = json.loads(stats.read_text())
+    assert s["exit_code"] == 3 and s["placement"]["abandoned"] >= 1
+    assert s["placement"]["copies"] == 0
+    assert not [d for d in leftovers() if f"-{p.pid}-" in d]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -115,6 +116,12 @@ def _do_run(profile: str, data: tuple[str, ...], policy: str | None, hook: bool 
     except KeyboardInterrupt:
         click.echo("tier-run: interrupted before COMMAND started", err=True)
         sys.exit(130)
+    if job.daemon is not None and job.daemon.stuck:
+        # copies blocked in a read of a hung PFS: the interpreter would wait
+        # for their threads at exit; COMMAND is done and cleaned up, so leave
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     sys.exit(code)
 
 

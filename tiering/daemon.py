@@ -20,7 +20,7 @@ import shutil
 import threading
 import time
 from array import array
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -33,6 +33,7 @@ log = logging.getLogger("tiering")
 BLOCK = 4096
 CHUNK = 8 << 20
 NOT_PLACED = -1
+STOP_TIMEOUT = 10.0   # seconds stop() waits for running copies (a hung PFS read cannot be interrupted)
 
 
 def allocation(size: int) -> int:
@@ -108,6 +109,7 @@ class Daemon:
         self.invalid: set[int] = set()
         self._futures: set[Future[None]] = set()
         self._thread: threading.Thread | None = None
+        self.stuck = 0                      # copies stop() gave up waiting for
         self.policy = policy_factory(self)
 
     # -- lifecycle ----------------------------------------------------------
@@ -121,16 +123,32 @@ class Daemon:
         self._thread.start()
         self.policy.start()
 
-    def stop(self) -> None:
-        """Stops placing: queued copies are cancelled, running ones finish or abort."""
+    def stop(self, timeout: float | None = None) -> bool:
+        """Stops placing: queued copies are cancelled, running ones abort at
+        their next chunk.  A copy blocked in a read of a hung PFS cannot be
+        interrupted: after `timeout` seconds (default STOP_TIMEOUT) stop gives
+        up on it, says so and returns False (the caller must then not wait for
+        those threads at exit); True when every copy has ended."""
+        timeout = STOP_TIMEOUT if timeout is None else timeout
+        deadline = time.monotonic() + timeout
         with self.lock:  # a place() past its stop check has submitted already
             self._stop.set()
+            running = set(self._futures)
         if self._thread:
-            self._thread.join()
+            self._thread.join(max(0.0, deadline - time.monotonic()))
         for t in self.tiers:
             if t.pool:
-                t.pool.shutdown(wait=True, cancel_futures=True)
+                t.pool.shutdown(wait=False, cancel_futures=True)
+        not_done = wait(running, timeout=max(0.0, deadline - time.monotonic())).not_done
+        not_done = {f for f in not_done if not f.cancelled()}
         self._guarded(self._handle, self.index.drain(force=True))
+        if not_done:
+            self.stuck = len(not_done)
+            log.warning("%d cop%s still blocked reading the PFS after %.0f s; not waiting for %s",
+                        len(not_done), "y is" if len(not_done) == 1 else "ies are", timeout,
+                        "it" if len(not_done) == 1 else "them")
+            return False
+        return True
 
     @property
     def stopping(self) -> bool:

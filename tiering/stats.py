@@ -48,6 +48,7 @@ def collect(job: "Job", exit_code: int) -> dict[str, Any]:
             "evictions": d.stats.evictions if d else 0,
             "invalidated": d.stats.invalidated if d else 0,
             "write_opens": c["writes"] if c else 0,
+            "abandoned": d.stuck if d else 0,   # copies still blocked in a PFS read at exit
             "errors": d.stats.errors[:20] if d else [],
         },
         "order": d.policy.report() if d else {},
@@ -86,6 +87,9 @@ def summary_text(s: dict[str, Any]) -> str:
             lines.append("  order    none received: placed by first touch")
         for err in o.get("hook_errors", []):
             lines.append(f"  order    hook: {err}")
+    if pl.get("abandoned"):
+        lines.append(f"  copies   {pl['abandoned']} still blocked reading the PFS at exit: abandoned"
+                     " (is the PFS hung?)")
     if s["events_dropped"]:
         lines.append(f"  events   {s['events_dropped']} of {s['events']} dropped (ring full)")
     return "\n".join(lines)
