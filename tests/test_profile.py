@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import textwrap
 from pathlib import Path
 
@@ -456,14 +457,16 @@ def test_auto_profile_honours_a_cgroup_limit(tmp_path, monkeypatch):
     monkeypatch.setattr(prof, "available_memory", lambda: 100 * GiB)
     p = load_profile("auto", env={"TMPDIR": str(tmp_path)})
     ram = p.tiers[0]
-    assert ram.capacity == min(prof.free_bytes("/dev/shm"), 384 * MiB)  # half of 1 GiB - 256 MiB
+    room = prof.free_bytes("/dev/shm") - prof.shm_reserve("/dev/shm")
+    assert ram.capacity == min(room, 384 * MiB)  # half of 1 GiB - 256 MiB
     assert ram.capacity_spec == "auto"
 
 
 def test_auto_without_cgroup_takes_half_of_available_ram(tmp_path, no_cgroup, monkeypatch):
     monkeypatch.setattr(prof, "available_memory", lambda: 6 * GiB)
     p = check_profile(str(memory_profile(tmp_path, "auto")))
-    assert p.tiers[0].capacity == min(prof.free_bytes(str(tmp_path)), 3 * GiB)
+    room = prof.free_bytes(str(tmp_path)) - prof.shm_reserve(str(tmp_path))
+    assert p.tiers[0].capacity == min(room, 3 * GiB)
 
 
 def test_memory_percent_is_capped_by_the_cgroup_bound(tmp_path, monkeypatch):
@@ -630,3 +633,34 @@ def test_shipped_profiles_are_found_as_package_resources(tmp_path):
     ).stdout.splitlines()
     assert "only-installed" in out[0].split(",") and "frontera" in out[0].split(",")
     assert out[1] == str(pkg / "profiles" / "only-installed.yaml")
+
+
+def fake_disk(monkeypatch: pytest.MonkeyPatch, total: int, free: int) -> None:
+    usage = shutil.disk_usage("/")
+    monkeypatch.setattr(prof.shutil, "disk_usage", lambda _p: usage._replace(total=total, used=total - free, free=free))
+
+
+def test_auto_memory_tier_leaves_a_quarter_of_shm_to_the_job(tmp_path, no_cgroup, monkeypatch):
+    monkeypatch.setattr(prof, "available_memory", lambda: 100 * GiB)
+    fake_disk(monkeypatch, total=16 * GiB, free=14 * GiB)
+    assert prof.shm_reserve(str(tmp_path)) == 4 * GiB
+    assert check_profile(str(memory_profile(tmp_path, "auto"))).tiers[0].capacity == 10 * GiB
+    fake_disk(monkeypatch, total=2 * GiB, free=2 * GiB)   # small: the 1 GiB floor
+    assert check_profile(str(memory_profile(tmp_path, "auto"))).tiers[0].capacity == 1 * GiB
+
+
+def test_auto_memory_tier_on_a_tiny_shm_is_refused_or_dropped(tmp_path, no_cgroup, monkeypatch):
+    """A default Docker /dev/shm (64 MiB) is the job's own: no tier there."""
+    monkeypatch.setattr(prof, "available_memory", lambda: 100 * GiB)
+    fake_disk(monkeypatch, total=64 * MiB, free=64 * MiB)
+    with pytest.raises(ProfileError) as exc:
+        check_profile(str(memory_profile(tmp_path, "auto")))
+    msg = str(exc.value)
+    assert "auto resolves to 0 bytes" in msg and "stay free for the job's own shared memory" in msg
+    try:  # the shipped auto profile marks its ram tier optional
+        p = load_profile("auto", env={"TMPDIR": str(tmp_path)})
+    except ProfileError as e:  # and no local disk tier either: says why
+        assert "tier 'ram' dropped" in str(e)
+    else:
+        assert [t.name for t in p.tiers] == ["ssd"]
+        assert any("tier 'ram' dropped" in n for n in p.notes)

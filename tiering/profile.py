@@ -377,6 +377,17 @@ def memory_tier_bound() -> int:
     return bound
 
 
+SHM_RESERVE_MIN = 1 << 30
+
+
+def shm_reserve(path: str) -> int:
+    """Room "auto" leaves free on a memory tier's file system for the job's own
+    shared memory (PyTorch DataLoader workers hand every batch over through
+    /dev/shm): a quarter of the file system's size, at least 1 GiB.  On a small
+    /dev/shm (64 MiB in a default Docker container) nothing is left for a tier."""
+    return max(SHM_RESERVE_MIN, int(shutil.disk_usage(path).total) // 4)
+
+
 def free_bytes(path: str) -> int:
     """Bytes an unprivileged user may still write on the file system holding path."""
     return int(shutil.disk_usage(path).free)
@@ -573,7 +584,7 @@ def _resolve_capacity(
     # the available RAM and half of what a cgroup memory limit still leaves, because
     # tmpfs pages are charged to the job's memory cgroup (see DESIGN.md, rule 2).
     if spec == "auto":
-        return min(free, memory_tier_bound())
+        return max(0, min(free - shm_reserve(path), memory_tier_bound()))
     if spec.endswith("%"):
         capacity = parse_size(spec, free=free)
         if kind == "memory" and capacity > (bound := memory_tier_bound()):
@@ -667,6 +678,8 @@ def _resolve_tier(raw: Any, index: int, ctx: _Context) -> Tier | None:
             ctx.notes.append(f"tier '{name}' dropped: capacity {spec} resolves to 0 bytes at {path}")
             return None
         why = f"{human_bytes(free_bytes(path))} free"
+        if kind == "memory" and spec == "auto":
+            why += f", of which {human_bytes(shm_reserve(path))} stay free for the job's own shared memory"
         if kind == "memory" and (spec == "auto" or spec.endswith("%")):
             why += f", memory bound {human_bytes(memory_tier_bound())} (half of available RAM / cgroup headroom)"
         fix = "free some space, give a size, or mark the tier optional: true"
