@@ -624,16 +624,28 @@ static int tier_path(uint32_t tier, uint32_t root, const char *rel, size_t rel_l
     return 0;
 }
 
+/* A write open of a catalogued file: no copy is served again. */
+static void invalidate(int64_t slot)
+{
+    __atomic_store_n(&entries[slot].state, TIERING_STATE_INVALID, __ATOMIC_RELEASE);
+    count(&idx->counters.writes, 1);
+    post(TIERING_EV_WRITE, (uint32_t)slot, 0);
+}
+
+/* How an open may change the file: not at all, by later writes (the entry is
+ * invalidated once the open succeeds, before the caller can write), or by
+ * truncating at the open itself (invalidated before it). */
+enum { READS = 0, WRITES = 1, TRUNCATES = 2 };
+
 /* Decides where a catalogued open goes: fills phys and returns the tier, or
- * returns -1 for the original path.  Invalidates on writes. */
+ * returns -1 for the original path.  Invalidates before a truncating open. */
 static int route(int64_t slot, int write, int redirectable, const char *rel, size_t rel_len,
                  char *phys)
 {
     struct tiering_entry *e = &entries[slot];
     if (write) {
-        __atomic_store_n(&e->state, TIERING_STATE_INVALID, __ATOMIC_RELEASE);
-        count(&idx->counters.writes, 1);
-        post(TIERING_EV_WRITE, (uint32_t)slot, 0);
+        if (write == TRUNCATES)
+            invalidate(slot);
         return -1;
     }
     uint32_t st = __atomic_load_n(&e->state, __ATOMIC_ACQUIRE);
@@ -675,7 +687,8 @@ static __attribute__((noinline)) int open_slow(enum which w, int dirfd, const ch
         untrack(fd); /* a stale slot: its file was closed behind our back */
         return fd;
     }
-    int write = is_write(flags) || w == W_CREAT || w == W_CREAT64;
+    int write = !(is_write(flags) || w == W_CREAT || w == W_CREAT64) ? READS
+                : (flags & O_TRUNC) ? TRUNCATES : WRITES;
     int tier = route(slot, write, !(flags & REDIRECT_DENY), rel, rel_len, phys);
     if (tier >= 0) {
         int saved = errno;
@@ -689,10 +702,13 @@ static __attribute__((noinline)) int open_slow(enum which w, int dirfd, const ch
         count(&idx->counters.fallbacks, 1);
     }
     int fd = call_real(w, dirfd, path, flags, mode);
-    if (fd >= 0 && !write)
+    if (fd >= 0 && !write) {
         opened(fd, slot, -1);
-    else
+    } else if (fd >= 0) {
+        if (write == WRITES)
+            invalidate(slot); /* a failed write open changes nothing */
         untrack(fd);
+    }
     return fd;
 }
 
@@ -797,7 +813,8 @@ static __attribute__((noinline)) FILE *fopen_slow(int is64, const char *path, co
             untrack(fileno(f));
         return f;
     }
-    int write = mode_writes(mode);
+    int write = !mode_writes(mode) ? READS
+                : (mode && (mode[0] == 'r' || mode[0] == 'a')) ? WRITES : TRUNCATES;
     int tier = route(slot, write, 1, rel, rel_len, phys);
     if (tier >= 0) {
         int saved = errno;
@@ -811,10 +828,13 @@ static __attribute__((noinline)) FILE *fopen_slow(int is64, const char *path, co
         count(&idx->counters.fallbacks, 1);
     }
     FILE *f = call_fopen(is64, path, mode, stream);
-    if (f && !write)
+    if (f && !write) {
         opened(fileno(f), slot, -1);
-    else if (f)
+    } else if (f) {
+        if (write == WRITES)
+            invalidate(slot);
         untrack(fileno(f));
+    }
     return f;
 }
 

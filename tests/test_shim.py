@@ -222,6 +222,27 @@ def test_write_opens_pass_through_and_invalidate(shimenv, tmp_path, how):
     assert lib.TIERING_EV_WRITE in kinds
 
 
+@pytest.mark.parametrize("how", ["O_EXCL", "O_DIRECTORY"])
+def test_failed_write_opens_leave_the_copy_in_service(shimenv, cbin, tmp_path, how):
+    """A write open that fails changed nothing: the copy stays published and
+    later reads are still served from the tier."""
+    rel = "a/one.bin"
+    shimenv.place(rel)
+    src = shimenv.root / rel
+    script = {
+        "O_EXCL": f"import os\ntry: os.open({str(src)!r}, os.O_WRONLY | os.O_CREAT | os.O_EXCL)\n"
+                  "except FileExistsError: print('failed')",
+        "O_DIRECTORY": f"import os\ntry: os.open({str(src)!r}, os.O_RDWR | os.O_DIRECTORY)\n"
+                       "except OSError: print('failed')",
+    }[how]
+    r = shimenv.run([PYTHON, "-c", script])
+    assert r.returncode == 0 and r.stdout.strip() == "failed", r.stderr
+    assert shimenv.state(rel) == 1
+    assert shimenv.index.counters()["writes"] == 0
+    got, target = read_via(shimenv, cbin, "open", str(src), tmp_path)
+    assert target.startswith(str(shimenv.tier)) and got == shimenv.contents[rel]
+
+
 def test_evicted_copy_falls_back_to_the_pfs_with_errno_untouched(shimenv, cbin, tmp_path):
     rel = "a/two.bin"
     copy = shimenv.place(rel)
