@@ -266,22 +266,36 @@ def test_leftovers_of_dead_jobs_are_swept(tmp_path):
     dataset(data, n=2)
     dead = subprocess.run([PYTHON, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     pid = int(dead.stdout)
+    import socket
+    here = {"host": socket.gethostname(), "pidns": os.stat("/proc/self/ns/pid").st_ino}
     stale = Path("/dev/shm") / f"tiering-{USER}-{pid}-zzzz1234"
     stale.mkdir(mode=0o700)
-    (stale / "owner.json").write_text(json.dumps({"pid": pid, "create_time": 1.0}))
+    (stale / "owner.json").write_text(json.dumps({"pid": pid, "create_time": 1.0, **here}))
     (stale / "junk").write_bytes(b"x" * 100)
+    old = Path("/dev/shm") / f"tiering-{USER}-{pid}-wwww1234"   # an owner file without host: same rule
+    old.mkdir(mode=0o700)
+    (old / "owner.json").write_text(json.dumps({"pid": pid, "create_time": 1.0}))
     alive = Path("/dev/shm") / f"tiering-{USER}-{os.getpid()}-yyyy1234"   # this test process: alive
     alive.mkdir(mode=0o700)
     import psutil
     (alive / "owner.json").write_text(json.dumps({"pid": os.getpid(), "create_time": psutil.Process().create_time()}))
+    # a dead pid here, but of a job on another node (a tier on a shared file system)
+    # or in another PID namespace: its pid means nothing here, so it is left alone
+    foreign = []
+    for k, other in (("host", "another-node"), ("pidns", here["pidns"] + 1)):
+        d = Path("/dev/shm") / f"tiering-{USER}-{pid}-{k}1234"
+        d.mkdir(mode=0o700)
+        (d / "owner.json").write_text(json.dumps({"pid": pid, "create_time": 1.0, **here, k: other}))
+        foreign.append(d)
     try:
         r = tier_run(["--profile", str(profile(tmp_path)), "--data", str(data), "--", "true"])
         assert r.returncode == 0, r.stderr
-        assert not stale.exists()
+        assert not stale.exists() and not old.exists()
         assert alive.exists()
+        assert all(d.exists() for d in foreign)
     finally:
-        shutil.rmtree(stale, ignore_errors=True)
-        shutil.rmtree(alive, ignore_errors=True)
+        for d in (stale, old, alive, *foreign):
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def test_existing_ld_preload_is_kept_and_nesting_loads_the_shim_once(tmp_path):

@@ -13,6 +13,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -95,16 +96,32 @@ def _prefix(user: str) -> str:
 
 # -- private directories and leftovers ------------------------------------------
 
+def _where() -> dict[str, object]:
+    """The host and PID namespace a pid is valid in: a tier path on a shared
+    file system, or a /dev/shm shared between containers, may hold the
+    directories of jobs whose pids mean nothing here."""
+    try:
+        pidns: object = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        pidns = None
+    return {"host": socket.gethostname(), "pidns": pidns}
+
+
 def _make_private_dir(parent: str, user: str) -> Path:
     path = Path(tempfile.mkdtemp(prefix=_prefix(user), dir=parent))  # 0700, random name
     me = psutil.Process()
-    (path / OWNER_FILE).write_text(json.dumps({"pid": me.pid, "create_time": me.create_time()}))
+    (path / OWNER_FILE).write_text(json.dumps({"pid": me.pid, "create_time": me.create_time(), **_where()}))
     return path
 
 
 def _owner_alive(path: Path) -> bool:
+    """False only when the job that made path is known to be gone: a
+    directory of another host or PID namespace counts as alive."""
     try:
         owner = json.loads((path / OWNER_FILE).read_text())
+        here = _where()
+        if any(k in owner and owner[k] != here[k] for k in here):
+            return True
         proc = psutil.Process(int(owner["pid"]))
         return abs(proc.create_time() - float(owner["create_time"])) < 1.0
     except (OSError, ValueError, KeyError, TypeError, psutil.Error):
