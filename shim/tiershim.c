@@ -706,7 +706,7 @@ static __attribute__((noinline)) int open_slow(enum which w, int dirfd, const ch
         opened(fd, slot, -1);
     } else if (fd >= 0) {
         if (write == WRITES)
-            invalidate(slot); /* a failed write open changes nothing */
+            invalidate(slot); /* only now: a failed write open changes nothing */
         untrack(fd);
     }
     return fd;
