@@ -365,7 +365,7 @@ def compute_deltas(measurements: list[dict[str, Any]], sizes: Sequence[int],
                 d["verdict"] = "at aim" if d["ns"] <= AIM_MISS_NS else \
                     f"over aim by {d['ns'] - AIM_MISS_NS:.0f} ns"
             elif key.startswith("own_"):
-                d["meets_goal"] = d["ns"] <= goal + 2 * d["noise_ns"]
+                d["meets_goal"] = d["ns"] <= goal
                 d["verdict"] = "at aim" if d["meets_goal"] else f"over aim by {d['ns'] - goal:.0f} ns"
             elif key == "redirected_minus_direct":
                 d["meets_goal"] = d["ns"] <= GOAL_REDIRECT_NS

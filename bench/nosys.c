@@ -11,7 +11,6 @@
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
-#include <stdarg.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -19,28 +18,20 @@
 
 static int opened_once;
 
-static int fake_open(int dirfd, const char *path, int flags, mode_t mode)
+/* micro.c opens read-only: there is never a mode argument to pass on */
+static int fake_open(int dirfd, const char *path, int flags)
 {
     if (!opened_once) {
         opened_once = 1;
-        return (int)syscall(SYS_openat, dirfd, path, flags, mode);
+        return (int)syscall(SYS_openat, dirfd, path, flags, 0);
     }
     return FAKE_FD;
 }
 
-#define MODE(flags)                         \
-    mode_t mode = 0;                        \
-    if (flags & O_CREAT) {                  \
-        va_list ap;                         \
-        va_start(ap, flags);                \
-        mode = (mode_t)va_arg(ap, int);     \
-        va_end(ap);                         \
-    }
-
-int open(const char *path, int flags, ...) { MODE(flags); return fake_open(AT_FDCWD, path, flags, mode); }
-int open64(const char *path, int flags, ...) { MODE(flags); return fake_open(AT_FDCWD, path, flags, mode); }
-int openat(int dirfd, const char *path, int flags, ...) { MODE(flags); return fake_open(dirfd, path, flags, mode); }
-int openat64(int dirfd, const char *path, int flags, ...) { MODE(flags); return fake_open(dirfd, path, flags, mode); }
+int open(const char *path, int flags, ...) { return fake_open(AT_FDCWD, path, flags); }
+int open64(const char *path, int flags, ...) { return fake_open(AT_FDCWD, path, flags); }
+int openat(int dirfd, const char *path, int flags, ...) { return fake_open(dirfd, path, flags); }
+int openat64(int dirfd, const char *path, int flags, ...) { return fake_open(dirfd, path, flags); }
 
 int close(int fd)
 {

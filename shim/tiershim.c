@@ -488,24 +488,9 @@ static int64_t probe(uint32_t root_id, const char *rel, size_t len)
     }
 }
 
-/* The root that abs (len bytes) lies under, as its index, or -1; *rl is its
- * length without a trailing slash (0 for "/"). */
-static int root_of(const char *abs, size_t len, size_t *rl)
-{
-    for (uint32_t i = 0; i < idx->nroots; i++) {
-        const struct tiering_root *r = &idx->roots[i];
-        size_t l = r->len == 1 ? 0 : r->len;
-        if (len > l + 1 && abs[l] == '/' && memcmp(abs, r->path, l) == 0) {
-            *rl = l;
-            return (int)i;
-        }
-    }
-    return -1;
-}
-
-/* The fast test for an absolute path: the index of the data root it starts
- * with, followed by "/", or -1; *rl is that root's length without a trailing
- * slash (0 for "/").  strncmp stops at the end of a shorter path. */
+/* The index of the data root an absolute path starts with, followed by
+ * "/", or -1; *rl is that root's length without a trailing slash (0 for "/").
+ * strncmp stops at the end of a shorter path. */
 static inline int root_prefix(const struct tiering_header *h, const char *path, size_t *rl)
 {
     for (uint32_t i = 0; i < h->nroots; i++) {
@@ -568,9 +553,9 @@ static int64_t lookup(int dirfd, const char *path, int root, size_t rl, char *ab
     }
     if (append_components(abs, &len, path) != 0)
         return -1; /* too long, or a ".." the text alone cannot resolve */
-    int r = root_of(abs, len, &rl);
-    if (r < 0)
-        return -1;
+    int r = root_prefix(idx, abs, &rl);
+    if (r < 0 || len == rl + 1)
+        return -1; /* outside every root, or the root itself */
     *rel = abs + rl + 1;
     *rel_len = len - rl - 1;
     return probe(idx->roots[r].id, *rel, *rel_len);
@@ -637,17 +622,11 @@ static void invalidate(int64_t slot)
  * truncating at the open itself (invalidated before it). */
 enum { READS = 0, WRITES = 1, TRUNCATES = 2 };
 
-/* Decides where a catalogued open goes: fills phys and returns the tier, or
- * returns -1 for the original path.  Invalidates before a truncating open. */
-static int route(int64_t slot, int write, int redirectable, const char *rel, size_t rel_len,
-                 char *phys)
+/* Decides where a catalogued read-only open goes: fills phys and returns
+ * the tier, or returns -1 for the original path. */
+static int route(int64_t slot, int redirectable, const char *rel, size_t rel_len, char *phys)
 {
     struct tiering_entry *e = &entries[slot];
-    if (write) {
-        if (write == TRUNCATES)
-            invalidate(slot);
-        return -1;
-    }
     uint32_t st = __atomic_load_n(&e->state, __ATOMIC_ACQUIRE);
     if (!redirectable || st == TIERING_STATE_NONE || st > idx->ntiers ||
         __atomic_load_n(&idx->disabled, __ATOMIC_RELAXED))
@@ -672,6 +651,20 @@ static void opened(int fd, int64_t slot, int tier)
     track(fd, (uint32_t)slot + 1);
 }
 
+/* Books an open of the catalogued file's original path (fd < 0: it failed). */
+static void opened_source(int fd, int64_t slot, int write)
+{
+    if (fd < 0)
+        return;
+    if (!write) {
+        opened(fd, slot, -1);
+        return;
+    }
+    if (write == WRITES)
+        invalidate(slot); /* only now: a failed write open changes nothing */
+    untrack(fd);
+}
+
 /* The catalogued part of an open: everything below a data root, and every
  * relative path.  Kept out of line so that its 12 KiB of path buffers do not
  * weigh on opens outside the roots. */
@@ -689,7 +682,9 @@ static __attribute__((noinline)) int open_slow(enum which w, int dirfd, const ch
     }
     int write = !(is_write(flags) || w == W_CREAT || w == W_CREAT64) ? READS
                 : (flags & O_TRUNC) ? TRUNCATES : WRITES;
-    int tier = route(slot, write, !(flags & REDIRECT_DENY), rel, rel_len, phys);
+    if (write == TRUNCATES)
+        invalidate(slot); /* the open itself changes the file */
+    int tier = write ? -1 : route(slot, !(flags & REDIRECT_DENY), rel, rel_len, phys);
     if (tier >= 0) {
         int saved = errno;
         int fd = call_real(w, AT_FDCWD, phys, flags, mode);
@@ -702,23 +697,26 @@ static __attribute__((noinline)) int open_slow(enum which w, int dirfd, const ch
         count(&idx->counters.fallbacks, 1);
     }
     int fd = call_real(w, dirfd, path, flags, mode);
-    if (fd >= 0 && !write) {
-        opened(fd, slot, -1);
-    } else if (fd >= 0) {
-        if (write == WRITES)
-            invalidate(slot); /* only now: a failed write open changes nothing */
-        untrack(fd);
-    }
+    opened_source(fd, slot, write);
     return fd;
+}
+
+/* The test every open passes first: may path name a catalogued file?  Only
+ * a relative path or one under a data root (*root, *rl) goes further. */
+static inline int maybe_catalogued(const struct tiering_header *h, const char *path, int *root, size_t *rl)
+{
+    *root = -1;
+    *rl = 0;
+    return h && path && (path[0] != '/' || (*root = root_prefix(h, path, rl)) >= 0);
 }
 
 static inline int do_open(enum which w, int dirfd, const char *path, int flags, mode_t mode)
 {
     ensure_init();
     struct tiering_header *h = __atomic_load_n(&idx, __ATOMIC_ACQUIRE);
-    int root = -1;
-    size_t rl = 0;
-    if (h && path && (path[0] != '/' || (root = root_prefix(h, path, &rl)) >= 0))
+    int root;
+    size_t rl;
+    if (maybe_catalogued(h, path, &root, &rl))
         return open_slow(w, dirfd, path, flags, mode, root, rl);
     int fd = call_real(w, dirfd, path, flags, mode);
     if (h)
@@ -815,7 +813,9 @@ static __attribute__((noinline)) FILE *fopen_slow(int is64, const char *path, co
     }
     int write = !mode_writes(mode) ? READS
                 : (mode && (mode[0] == 'r' || mode[0] == 'a')) ? WRITES : TRUNCATES;
-    int tier = route(slot, write, 1, rel, rel_len, phys);
+    if (write == TRUNCATES)
+        invalidate(slot);
+    int tier = write ? -1 : route(slot, 1, rel, rel_len, phys);
     if (tier >= 0) {
         int saved = errno;
         FILE *f = call_fopen(is64, phys, mode, stream);
@@ -828,13 +828,7 @@ static __attribute__((noinline)) FILE *fopen_slow(int is64, const char *path, co
         count(&idx->counters.fallbacks, 1);
     }
     FILE *f = call_fopen(is64, path, mode, stream);
-    if (f && !write) {
-        opened(fileno(f), slot, -1);
-    } else if (f) {
-        if (write == WRITES)
-            invalidate(slot);
-        untrack(fileno(f));
-    }
+    opened_source(f ? fileno(f) : -1, slot, write);
     return f;
 }
 
@@ -844,9 +838,9 @@ static FILE *do_fopen(int is64, const char *path, const char *mode, FILE *stream
     struct tiering_header *h = __atomic_load_n(&idx, __ATOMIC_ACQUIRE);
     if (stream && path && h)
         untrack(fileno(stream)); /* freopen closes the old fd */
-    int root = -1;
-    size_t rl = 0;
-    if (h && path && (path[0] != '/' || (root = root_prefix(h, path, &rl)) >= 0))
+    int root;
+    size_t rl;
+    if (maybe_catalogued(h, path, &root, &rl))
         return fopen_slow(is64, path, mode, stream, root, rl);
     FILE *f = call_fopen(is64, path, mode, stream);
     if (f && h)

@@ -257,12 +257,14 @@ def test_stop_gives_up_on_a_copy_blocked_in_a_pfs_read(setup_factory):
     for rel in files:
         assert s.d.place(s.i[rel], 0)
     time.sleep(0.2)  # the first copy is in its read
-    t0 = time.monotonic()
-    assert s.d.stop(timeout=0.5) is False
-    assert time.monotonic() - t0 < 5
-    assert s.d.stuck == 1                       # the queued two were cancelled
-    assert len(s.d.pending) == 1
-    HungDaemon.release.set()                    # the read returns: the copy sees the stop
+    try:
+        t0 = time.monotonic()
+        assert s.d.stop(timeout=0.5) is False
+        assert time.monotonic() - t0 < 5
+        assert s.d.stuck == 1                   # the queued two were cancelled
+        assert len(s.d.pending) == 1
+    finally:
+        HungDaemon.release.set()                # the read returns: the copy sees the stop
     deadline = time.monotonic() + 10
     while s.d.pending and time.monotonic() < deadline:
         time.sleep(0.01)
