@@ -24,7 +24,7 @@ test: install bench-deps
 # A generated ImageFolder data set of real JPEG files, a tiny CNN trained on
 # it for 3 epochs under tier-run with the auto profile, then the summary.
 demo: install
-	$(PY) -m tiering.datagen "$(DEMO_DIR)/data" --classes 10 --per-class 100 --jpeg --seed 0
+	$(PY) -m bench.datagen "$(DEMO_DIR)/data" --classes 10 --per-class 100 --jpeg --seed 0
 	tier-run --data "$(DEMO_DIR)/data" --stats-json "$(DEMO_DIR)/stats.json" -- \
 		$(PY) examples/train_tiny_cnn.py --data "$(DEMO_DIR)/data" --epochs 3
 	@echo "statistics: $(DEMO_DIR)/stats.json"

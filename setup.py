@@ -3,7 +3,7 @@ shared header, inside the tiering package."""
 import shutil
 from pathlib import Path
 
-from setuptools import Extension, setup
+from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
 from setuptools.command.build_py import build_py
 
@@ -26,6 +26,9 @@ class BuildPy(build_py):
 
 
 setup(
+    # every subpackage of tiering, and the shipped profiles as tiering.profiles
+    packages=find_packages(include=["tiering", "tiering.*"]) + ["tiering.profiles"],
+    package_dir={"tiering.profiles": "profiles"},
     ext_modules=[Extension("tiering.libtiershim", sources=["shim/tiershim.c"],
                            depends=["shim/tiering.h"], extra_compile_args=SHIM_CFLAGS,
                            libraries=["dl"])],

@@ -39,8 +39,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.slowfs import SlowFs, SlowFsOptions, ensure_built, sweep_stale_mounts
-from tiering.datagen import generate
-from tiering.profile import human_bytes
+from bench.datagen import generate
+from tiering.units import human_bytes
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"

@@ -2,7 +2,7 @@
 
 It knows nothing about tiering; it is the "user code" of the demo:
 
-    python -m tiering.datagen /tmp/demo-data --classes 10 --files 1000 --jpeg
+    python -m bench.datagen /tmp/demo-data --classes 10 --files 1000 --jpeg
     python examples/train_tiny_cnn.py --data /tmp/demo-data --epochs 3
 
 Images are decoded with Pillow, resized to --image-size and turned into tensors without
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         train(args, loader, model, opt, loss_fn)
     except UnidentifiedImageError as e:  # random bytes, not images
         print(f"error: a file does not decode as an image: {str(e).strip().splitlines()[-1]}\n"
-              "  generate real images (python -m tiering.datagen ... --jpeg) or pass --raw",
+              "  generate real images (python -m bench.datagen ... --jpeg) or pass --raw",
               file=sys.stderr)
         return 2
     return 0

@@ -1,4 +1,4 @@
-"""tiering.datagen, examples/imagefolder.py (torchvision rules) and tests/workloads/reader.py."""
+"""bench.datagen, examples/imagefolder.py (torchvision rules) and tests/workloads/reader.py."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from tiering import datagen
-from tiering.datagen import KiB, MiB, DatagenError, generate
+from bench import datagen
+from bench.datagen import KiB, MiB, DatagenError, generate
 
 REPO = Path(__file__).resolve().parent.parent
 READER = REPO / "tests" / "workloads" / "reader.py"
@@ -123,12 +123,13 @@ def test_size_target(tmp_path: Path) -> None:
 
 
 def test_parse_size() -> None:
+    """datagen reads sizes with the one parser of the package (tiering.units)."""
     assert datagen.parse_size("110KiB") == 110 * 1024
     assert datagen.parse_size("2GiB") == 2 * 1024**3
     assert datagen.parse_size("500MB") == 500_000_000
     assert datagen.parse_size("4096") == 4096
-    assert datagen.parse_size("1.5M") == int(1.5 * MiB)
-    for bad in ("", "12XB", "KiB", "1i"):
+    assert datagen.parse_size("1.5MiB") == int(1.5 * MiB)
+    for bad in ("", "12XB", "KiB", "1i", "1.5M"):
         with pytest.raises(ValueError):
             datagen.parse_size(bad)
 

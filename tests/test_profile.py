@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tiering import profile as prof
+from tiering.profile import model, node
 from tiering.profile import (
     Profile,
     ProfileError,
@@ -50,9 +51,9 @@ def no_cgroup(tmp_path, monkeypatch):
     root.mkdir()
     proc = tmp_path / "proc-self-cgroup"
     proc.write_text("0::/\n")
-    monkeypatch.setattr(prof, "CGROUP_ROOT", root)
-    monkeypatch.setattr(prof, "PROC_SELF_CGROUP", proc)
-    monkeypatch.setattr(prof, "available_memory", lambda: 64 * GiB)
+    monkeypatch.setattr(node, "CGROUP_ROOT", root)
+    monkeypatch.setattr(node, "PROC_SELF_CGROUP", proc)
+    monkeypatch.setattr(node, "available_memory", lambda: 64 * GiB)
     return root
 
 
@@ -67,12 +68,12 @@ def fake_cgroup_v2(tmp_path: Path, monkeypatch, limits: dict[str, tuple[str, int
     root.mkdir(exist_ok=True)
     proc = tmp_path / "proc-self-cgroup"
     proc.write_text(f"0::{self_path}\n")
-    monkeypatch.setattr(prof, "CGROUP_ROOT", root)
-    monkeypatch.setattr(prof, "PROC_SELF_CGROUP", proc)
+    monkeypatch.setattr(node, "CGROUP_ROOT", root)
+    monkeypatch.setattr(node, "PROC_SELF_CGROUP", proc)
 
 
 def dev_shm_is_tmpfs() -> bool:
-    return os.path.isdir("/dev/shm") and prof.filesystem_type("/dev/shm") == "tmpfs"
+    return os.path.isdir("/dev/shm") and node.filesystem_type("/dev/shm") == "tmpfs"
 
 
 # --------------------------------------------------------------------------- shipped profiles
@@ -94,23 +95,23 @@ def test_every_shipped_profile_loads(name, tmp_path):
     assert 1 <= len(p.tiers) <= prof.MAX_TIERS
     ram = p.tiers[0]
     assert (ram.name, ram.kind, ram.path, ram.capacity_spec) == ("ram", "memory", "/dev/shm", "auto")
-    assert 0 < ram.capacity <= prof.free_bytes("/dev/shm")
+    assert 0 < ram.capacity <= node.free_bytes("/dev/shm")
     assert p.pfs.read_threads >= 1
     for tier in p.tiers:
-        assert tier.capacity <= prof.free_bytes(tier.path)
+        assert tier.capacity <= node.free_bytes(tier.path)
 
 
 def test_auto_profile_keeps_ssd_under_tmpdir_when_it_is_a_local_disk(tmp_path):
     p = load_profile(None, env={"TMPDIR": str(tmp_path)})
     assert p.name == "auto"
-    local = prof.is_local_fstype(prof.filesystem_type(str(tmp_path)))
+    local = node.is_local_fstype(node.filesystem_type(str(tmp_path)))
     separate = os.stat(tmp_path).st_dev != os.stat("/dev/shm").st_dev
     names = [t.name for t in p.tiers]
     if local and separate:
         ssd = p.tiers[1]
         assert names == ["ram", "ssd"]
         assert (ssd.kind, ssd.path, ssd.capacity_spec, ssd.threads) == ("filesystem", str(tmp_path), "50%", 4)
-        assert ssd.capacity <= prof.free_bytes(str(tmp_path)) // 2 + 1
+        assert ssd.capacity <= node.free_bytes(str(tmp_path)) // 2 + 1
     else:
         assert names == ["ram"]
 
@@ -123,7 +124,7 @@ def test_summit_nvme_is_dropped_off_summit(tmp_path):
 
 def test_abci_nvme_uses_sge_localdir(tmp_path):
     p = load_profile("abci", env={"SGE_LOCALDIR": str(tmp_path), "TMPDIR": "/nonexistent"})
-    if prof.is_local_fstype(prof.filesystem_type(str(tmp_path))):
+    if node.is_local_fstype(node.filesystem_type(str(tmp_path))):
         assert p.tiers[1].path == str(tmp_path)
         assert p.tiers[1].capacity_spec == "1.6TB"
 
@@ -366,7 +367,7 @@ def test_optional_tier_too_big_is_reduced_to_free(tmp_path):
     p = check_profile(str(write(tmp_path, one_tier(tmp_path, capacity="1000PiB", optional="true"))))
     tier = p.tiers[0]
     assert tier.capacity_spec == "1000PiB"
-    assert 0 < tier.capacity <= prof.free_bytes(str(tmp_path)) + 64 * MiB
+    assert 0 < tier.capacity <= node.free_bytes(str(tmp_path)) + 64 * MiB
     assert "capacity 1000PiB reduced to the" in p.notes[0]
 
 
@@ -393,7 +394,7 @@ def test_two_tiers_on_one_filesystem_are_allowed(tmp_path):
     )
     p = check_profile(str(write(tmp_path, text)))
     assert [(t.name, t.capacity, t.threads) for t in p.tiers][0] == ("a", MiB, 2)
-    assert p.tiers[1].threads == prof.DEFAULT_TIER_THREADS
+    assert p.tiers[1].threads == model.DEFAULT_TIER_THREADS
     assert any("share one file system" in n for n in p.notes)
 
 
@@ -422,12 +423,12 @@ def memory_profile(tmp_path: Path, capacity: str) -> Path:
 
 def test_cgroup_v2_headroom_root(tmp_path, monkeypatch):
     fake_cgroup_v2(tmp_path, monkeypatch, {"/": (str(1 * GiB), 256 * MiB)})
-    assert prof.cgroup_memory_headroom() == 768 * MiB
+    assert node.cgroup_memory_headroom() == 768 * MiB
 
 
 def test_cgroup_v2_unlimited(tmp_path, monkeypatch):
     fake_cgroup_v2(tmp_path, monkeypatch, {"/": ("max", 256 * MiB)})
-    assert prof.cgroup_memory_headroom() is None
+    assert node.cgroup_memory_headroom() is None
 
 
 def test_cgroup_v2_smallest_limit_along_the_path_wins(tmp_path, monkeypatch):
@@ -437,7 +438,7 @@ def test_cgroup_v2_smallest_limit_along_the_path_wins(tmp_path, monkeypatch):
          "slurm/job_7/step_0": ("max", 0)},
         self_path="/slurm/job_7/step_0",
     )
-    assert prof.cgroup_memory_headroom() == 1 * GiB
+    assert node.cgroup_memory_headroom() == 1 * GiB
 
 
 def test_cgroup_v1_memory_controller(tmp_path, monkeypatch):
@@ -449,31 +450,31 @@ def test_cgroup_v1_memory_controller(tmp_path, monkeypatch):
     (job / "memory.usage_in_bytes").write_text(str(512 * MiB))
     proc = tmp_path / "proc"
     proc.write_text("5:memory:/slurm/uid_1/job_9\n0::/\n")
-    assert prof.cgroup_memory_headroom(root, proc) == 1536 * MiB
+    assert node.cgroup_memory_headroom(root, proc) == 1536 * MiB
 
 
 def test_auto_profile_honours_a_cgroup_limit(tmp_path, monkeypatch):
     fake_cgroup_v2(tmp_path, monkeypatch, {"/": (str(1 * GiB), 256 * MiB)})
-    monkeypatch.setattr(prof, "available_memory", lambda: 100 * GiB)
+    monkeypatch.setattr(node, "available_memory", lambda: 100 * GiB)
     p = load_profile("auto", env={"TMPDIR": str(tmp_path)})
     ram = p.tiers[0]
-    room = prof.free_bytes("/dev/shm") - prof.shm_reserve("/dev/shm")
+    room = node.free_bytes("/dev/shm") - node.shm_reserve("/dev/shm")
     assert ram.capacity == min(room, 384 * MiB)  # half of 1 GiB - 256 MiB
     assert ram.capacity_spec == "auto"
 
 
 def test_auto_without_cgroup_takes_half_of_available_ram(tmp_path, no_cgroup, monkeypatch):
-    monkeypatch.setattr(prof, "available_memory", lambda: 6 * GiB)
+    monkeypatch.setattr(node, "available_memory", lambda: 6 * GiB)
     p = check_profile(str(memory_profile(tmp_path, "auto")))
-    room = prof.free_bytes(str(tmp_path)) - prof.shm_reserve(str(tmp_path))
+    room = node.free_bytes(str(tmp_path)) - node.shm_reserve(str(tmp_path))
     assert p.tiers[0].capacity == min(room, 3 * GiB)
 
 
 def test_memory_percent_is_capped_by_the_cgroup_bound(tmp_path, monkeypatch):
     fake_cgroup_v2(tmp_path, monkeypatch, {"/": (str(1 * GiB), 0)})
-    monkeypatch.setattr(prof, "available_memory", lambda: 100 * GiB)
+    monkeypatch.setattr(node, "available_memory", lambda: 100 * GiB)
     p = check_profile(str(memory_profile(tmp_path, "90%")))
-    assert p.tiers[0].capacity == min(int(prof.free_bytes(str(tmp_path)) * 0.9), 512 * MiB)
+    assert p.tiers[0].capacity == min(int(node.free_bytes(str(tmp_path)) * 0.9), 512 * MiB)
     assert p.notes == ("tier 'ram': 90% of " + str(tmp_path) + " capped at 512 MiB (half of the available RAM / of the cgroup memory headroom)",)
 
 
@@ -481,7 +482,7 @@ def test_filesystem_percent_is_not_capped_by_memory(tmp_path, monkeypatch):
     fake_cgroup_v2(tmp_path, monkeypatch, {"/": (str(1 * GiB), 0)})
     text = one_tier(tmp_path, capacity="50%")
     p = check_profile(str(write(tmp_path, text)))
-    free = prof.free_bytes(str(tmp_path))
+    free = node.free_bytes(str(tmp_path))
     assert abs(p.tiers[0].capacity - free // 2) <= 64 * MiB  # free space may move a little
 
 
@@ -521,7 +522,7 @@ def test_local_only_drops_a_tier_on_tmpfs(tmp_path, no_cgroup):
 
 
 def test_local_only_drops_a_tier_on_the_memory_tier_filesystem(tmp_path, no_cgroup, monkeypatch):
-    monkeypatch.setattr(prof, "filesystem_type", lambda path: "ext4")
+    monkeypatch.setattr(node, "filesystem_type", lambda path: "ext4")
     (tmp_path / "ram").mkdir()
     (tmp_path / "ssd").mkdir()
     p = check_profile(str(local_only_profile(tmp_path, f"{tmp_path}/ram", f"{tmp_path}/ssd")))
@@ -531,8 +532,8 @@ def test_local_only_drops_a_tier_on_the_memory_tier_filesystem(tmp_path, no_cgro
 
 @pytest.mark.parametrize("fstype", ["lustre", "nfs4", "gpfs", "beegfs", "fuse.sshfs", "tmpfs"])
 def test_local_only_drops_network_and_memory_filesystems(tmp_path, no_cgroup, monkeypatch, fstype):
-    monkeypatch.setattr(prof, "filesystem_type", lambda path: fstype if path.endswith("ssd") else "tmpfs")
-    monkeypatch.setattr(prof.os, "stat", _distinct_dev_stat(prof.os.stat))
+    monkeypatch.setattr(node, "filesystem_type", lambda path: fstype if path.endswith("ssd") else "tmpfs")
+    monkeypatch.setattr(os, "stat", _distinct_dev_stat(os.stat))
     (tmp_path / "ssd").mkdir()
     p = check_profile(str(local_only_profile(tmp_path, "/dev/shm", f"{tmp_path}/ssd")))
     assert [t.name for t in p.tiers] == ["ram"]
@@ -540,15 +541,15 @@ def test_local_only_drops_network_and_memory_filesystems(tmp_path, no_cgroup, mo
 
 
 def test_local_only_keeps_a_separate_local_disk(tmp_path, no_cgroup, monkeypatch):
-    monkeypatch.setattr(prof, "filesystem_type", lambda path: "xfs" if path.endswith("ssd") else "tmpfs")
-    monkeypatch.setattr(prof.os, "stat", _distinct_dev_stat(prof.os.stat))
+    monkeypatch.setattr(node, "filesystem_type", lambda path: "xfs" if path.endswith("ssd") else "tmpfs")
+    monkeypatch.setattr(os, "stat", _distinct_dev_stat(os.stat))
     (tmp_path / "ssd").mkdir()
     p = check_profile(str(local_only_profile(tmp_path, "/dev/shm", f"{tmp_path}/ssd")))
     assert [t.name for t in p.tiers] == ["ram", "ssd"]
 
 
 def test_local_only_on_a_required_tier_is_an_error(tmp_path, no_cgroup, monkeypatch):
-    monkeypatch.setattr(prof, "filesystem_type", lambda path: "lustre")
+    monkeypatch.setattr(node, "filesystem_type", lambda path: "lustre")
     (tmp_path / "ssd").mkdir()
     path = local_only_profile(tmp_path, "/dev/shm", f"{tmp_path}/ssd", optional=False)
     with pytest.raises(ProfileError) as exc:
@@ -573,9 +574,9 @@ def _distinct_dev_stat(real_stat):
 
 
 def test_is_local_fstype():
-    assert prof.is_local_fstype("ext4") and prof.is_local_fstype("xfs") and prof.is_local_fstype("overlay")
+    assert node.is_local_fstype("ext4") and node.is_local_fstype("xfs") and node.is_local_fstype("overlay")
     for fstype in ("nfs", "NFS4", "lustre", "gpfs", "beegfs", "cifs", "smb3", "fuse", "fuse.s3fs", "tmpfs"):
-        assert not prof.is_local_fstype(fstype)
+        assert not node.is_local_fstype(fstype)
 
 
 # --------------------------------------------------------------------------- format_profile
@@ -618,7 +619,8 @@ def test_shipped_profiles_are_found_as_package_resources(tmp_path):
     pkg = tmp_path / "site" / "tiering"
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
-    shutil.copy(repo / "tiering" / "profile.py", pkg / "profile.py")
+    shutil.copytree(repo / "tiering" / "profile", pkg / "profile")   # no shim, no other module
+    shutil.copy(repo / "tiering" / "units.py", pkg / "units.py")
     shutil.copytree(repo / "profiles", pkg / "profiles")
     (pkg / "profiles" / "only-installed.yaml").write_text(
         "name: only-installed\ntiers:\n  - {name: ram, kind: memory, path: /dev/shm, capacity: 1MiB}\n"
@@ -637,13 +639,13 @@ def test_shipped_profiles_are_found_as_package_resources(tmp_path):
 
 def fake_disk(monkeypatch: pytest.MonkeyPatch, total: int, free: int) -> None:
     usage = shutil.disk_usage("/")
-    monkeypatch.setattr(prof.shutil, "disk_usage", lambda _p: usage._replace(total=total, used=total - free, free=free))
+    monkeypatch.setattr(node.shutil, "disk_usage", lambda _p: usage._replace(total=total, used=total - free, free=free))
 
 
 def test_auto_memory_tier_leaves_a_quarter_of_shm_to_the_job(tmp_path, no_cgroup, monkeypatch):
-    monkeypatch.setattr(prof, "available_memory", lambda: 100 * GiB)
+    monkeypatch.setattr(node, "available_memory", lambda: 100 * GiB)
     fake_disk(monkeypatch, total=16 * GiB, free=14 * GiB)
-    assert prof.shm_reserve(str(tmp_path)) == 4 * GiB
+    assert node.shm_reserve(str(tmp_path)) == 4 * GiB
     assert check_profile(str(memory_profile(tmp_path, "auto"))).tiers[0].capacity == 10 * GiB
     fake_disk(monkeypatch, total=2 * GiB, free=2 * GiB)   # small: the 1 GiB floor
     assert check_profile(str(memory_profile(tmp_path, "auto"))).tiers[0].capacity == 1 * GiB
@@ -651,7 +653,7 @@ def test_auto_memory_tier_leaves_a_quarter_of_shm_to_the_job(tmp_path, no_cgroup
 
 def test_auto_memory_tier_on_a_tiny_shm_is_refused_or_dropped(tmp_path, no_cgroup, monkeypatch):
     """A default Docker /dev/shm (64 MiB) is the job's own: no tier there."""
-    monkeypatch.setattr(prof, "available_memory", lambda: 100 * GiB)
+    monkeypatch.setattr(node, "available_memory", lambda: 100 * GiB)
     fake_disk(monkeypatch, total=64 * MiB, free=64 * MiB)
     with pytest.raises(ProfileError) as exc:
         check_profile(str(memory_profile(tmp_path, "auto")))

@@ -29,7 +29,8 @@ from .index import Root, SharedIndex, library_path
 from .order import OrderError
 from .feed import HookFeed, ListFeed
 from .policy import POLICIES, Clairvoyant, Policy
-from .profile import Profile, human_bytes
+from .profile import Profile
+from .units import human_bytes
 from .stream import OrderOptions, StreamError, is_python_command, list_feed
 
 log = logging.getLogger("tiering")

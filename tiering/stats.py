@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .profile import human_bytes
+from .units import human_bytes
 
 if TYPE_CHECKING:
     from .job import Job

@@ -27,8 +27,8 @@ Layout (torchvision ImageFolder)::
 
 CLI::
 
-    python -m tiering.datagen OUT --classes 10 --files 1000 [--mean-size 110KiB] [--jpeg]
-    python -m tiering.datagen OUT --classes 100 --size 2GiB [--seed 1] [--jobs 2]
+    python -m bench.datagen OUT --classes 10 --files 1000 [--mean-size 110KiB] [--jpeg]
+    python -m bench.datagen OUT --classes 100 --size 2GiB [--seed 1] [--jobs 2]
 """
 
 from __future__ import annotations
@@ -47,6 +47,8 @@ from typing import Any, Iterator, Sequence
 
 import click
 import numpy as np
+
+from tiering.units import parse_size
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -96,26 +98,6 @@ class DatasetInfo:
 
 
 # --------------------------------------------------------------------------- sizes
-
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(i?)(b?)\s*$", re.IGNORECASE)
-_POWERS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4, "p": 5}
-
-
-def parse_size(text: str) -> int:
-    """'110KiB' -> 112640, '500MB' -> 500000000, '2G' -> 2 GiB, '4096' -> 4096.
-
-    Units with 'i' (KiB, MiB, GiB) and bare letters (K, M, G) are binary; KB, MB, GB
-    are decimal."""
-    m = _SIZE_RE.match(text)
-    if not m:
-        raise ValueError(f"cannot read size {text!r}: use e.g. 4096, 110KiB, 500MB, 2GiB")
-    number, prefix, binary, b = m.groups()
-    power = _POWERS[prefix.lower()]
-    if binary and not prefix:
-        raise ValueError(f"cannot read size {text!r}: 'i' needs a prefix such as KiB")
-    base = 1000 if (prefix and b and not binary) else 1024
-    return int(round(float(number) * base**power))
-
 
 def format_size(n: float) -> str:
     for unit, scale in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
@@ -432,7 +414,7 @@ def generate(out: Path, *, classes: int, files: int | None = None,
     written = _write_files(out, plan, jobs or default_jobs(), resume)
     info = DatasetInfo(out, len(plan.files), written, classes)
     _write_json(out / META_NAME, {
-        "generator": "tiering.datagen", "params": plan.params,
+        "generator": "bench.datagen", "params": plan.params,
         "result": {"files": info.files, "bytes": info.bytes, "classes": classes}})
     (out / PARTIAL_NAME).unlink(missing_ok=True)
     return info

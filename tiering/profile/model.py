@@ -1,0 +1,53 @@
+"""What a profile is once loaded: tiers (fastest first) and PFS facts, with
+every capacity resolved to bytes on this node."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MAX_TIERS = 4  # the shared index (shim/tiering.h) has room for at most 4 tier roots
+DEFAULT_TIER_THREADS = 4
+DEFAULT_PFS_READ_THREADS = 8
+TIER_KINDS = ("memory", "filesystem")
+
+
+class ProfileError(Exception):
+    """A profile cannot be used.  The message names the file, the key and the fix."""
+
+    def __init__(self, message: str, *, source: str | None = None, key: str | None = None):
+        super().__init__(message)
+        self.source = source
+        self.key = key
+
+
+@dataclass(frozen=True)
+class Tier:
+    name: str  # unique within the profile
+    kind: str  # "memory" | "filesystem"
+    path: str  # expanded absolute parent directory; tier-run creates a private subdirectory in it
+    capacity: int  # bytes, resolved now
+    capacity_spec: str  # as written in the YAML, e.g. "64GiB", "25%", "auto"
+    threads: int  # copy threads for this tier
+    bandwidth: dict[int, float]  # MB/s by thread count, {} when not given
+
+
+@dataclass(frozen=True)
+class Pfs:
+    read_threads: int  # PFS read concurrency
+    bandwidth: dict[int, float]  # MB/s by thread count, {} when not given
+    latency_ms: float | None
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    source: str  # file it came from
+    description: str
+    tiers: tuple[Tier, ...]  # fastest first, at least one
+    pfs: Pfs
+    # What the loader decided on this machine: dropped optional tiers, clamped
+    # capacities, tiers sharing a file system.  Shown by format_profile.
+    notes: tuple[str, ...] = ()
+
+
+def _error(source: str, key: str, problem: str, fix: str) -> ProfileError:
+    return ProfileError(f"{source}: {key}: {problem}; {fix}", source=source, key=key)

@@ -1,0 +1,263 @@
+"""Resolving a profile on this node: ${VAR} expansion, tier paths, capacities
+(auto, N%, sizes) against free space, memory and the cgroup, optional and
+local-only tiers."""
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..units import human_bytes, parse_size
+from . import node
+from .expand import _ExpansionError, expand_vars
+from .model import (DEFAULT_PFS_READ_THREADS, DEFAULT_TIER_THREADS, MAX_TIERS, TIER_KINDS, Pfs, Profile,
+                    ProfileError, Tier, _error)
+from .schema import (PFS_KEYS, TIER_KEYS, TIER_REQUIRED, TOP_KEYS, TOP_REQUIRED, bandwidth, check_keys, flag,
+                     positive_int)
+
+_TIER_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+@dataclass
+class _Context:
+    source: str
+    env: Mapping[str, str]
+    notes: list[str]
+    kept: list[tuple[Tier, int]]  # resolved tiers so far, with their st_dev
+
+
+def _capacity_spec(raw: Any, kind: str, source: str, key: str) -> str:
+    """Validate the syntax of a capacity (independent of this machine); return it as text."""
+    if isinstance(raw, bool) or not isinstance(raw, (str, int, float)):
+        raise _error(source, key, f"cannot read capacity {raw!r}", "write e.g. 64GiB, 25% or auto")
+    if isinstance(raw, (int, float)):  # a bare YAML number is bytes
+        if raw < 0:
+            raise _error(source, key, f"capacity {raw!r} is negative", "write e.g. 64GiB, 25% or auto")
+        return str(int(raw))
+    spec = raw.strip()
+    if spec.lower() == "auto":
+        if kind != "memory":
+            raise _error(
+                source, key, "'auto' is only for memory tiers",
+                "give a filesystem tier a size (e.g. 100GiB) or a share of its free space (e.g. 50%)",
+            )
+        return "auto"
+    try:
+        parse_size(spec, free=0)
+    except ValueError as exc:
+        fix = "N% (of the free space) and auto (memory tiers) are also accepted"
+        raise _error(source, key, str(exc), fix) from None
+    return spec
+
+
+def _spec_and_size(spec: str, size: int) -> str:
+    human = human_bytes(size)
+    return spec if human.replace(" ", "") == spec.replace(" ", "") else f"{spec} ({human})"
+
+
+def _resolve_capacity(
+    spec: str, kind: str, path: str, optional: bool, name: str, ctx: _Context, key: str
+) -> int:
+    free = node.free_bytes(path)
+    # Memory tiers: "auto" and "N%" are also capped by memory_tier_bound(), i.e. half of
+    # the available RAM and half of what a cgroup memory limit still leaves, because
+    # tmpfs pages are charged to the job's memory cgroup (see DESIGN.md, rule 2).
+    if spec == "auto":
+        return max(0, min(free - node.shm_reserve(path), node.memory_tier_bound()))
+    if spec.endswith("%"):
+        capacity = parse_size(spec, free=free)
+        if kind == "memory" and capacity > (bound := node.memory_tier_bound()):
+            ctx.notes.append(
+                f"tier '{name}': {spec} of {path} capped at {human_bytes(bound)} "
+                f"(half of the available RAM / of the cgroup memory headroom)"
+            )
+            return bound
+        return capacity
+    capacity = parse_size(spec)
+    limit, what = free, f"free at {path}"
+    if kind == "memory":
+        room = node.cgroup_memory_headroom()
+        if room is not None and room < limit:
+            limit, what = room, "left under this job's cgroup memory limit"
+    if capacity <= limit:
+        return capacity
+    if optional:
+        ctx.notes.append(f"tier '{name}': capacity {spec} reduced to the {human_bytes(limit)} {what}")
+        return limit
+    raise _error(
+        ctx.source, key,
+        f"{_spec_and_size(spec, capacity)} is more than the {human_bytes(limit)} {what}",
+        "use a smaller size, a percentage (e.g. 50%)" + (", auto" if kind == "memory" else "")
+        + " or mark the tier optional: true to use what is free",
+    )
+
+
+def _tier_path(raw: dict, name: str, optional: bool, local_only: bool, ctx: _Context, key: str) -> str | None:
+    """Expanded absolute path of a tier; None when an optional tier cannot use it (noted)."""
+    path = os.path.expanduser(_expand(raw["path"], ctx, key))
+    if not os.path.isabs(path):
+        fix = "write a full path such as /dev/shm or ${TMPDIR}/tiering"
+        raise _error(ctx.source, key, f"{path!r} is not an absolute path", fix)
+    path = os.path.normpath(path)
+    problem = node.usable_dir_problem(path)
+    if problem is None and local_only:
+        problem = _non_local_problem(path, ctx)
+    if problem is None:
+        return path
+    if optional:
+        ctx.notes.append(f"tier '{name}' dropped: {problem}")
+        return None
+    if "(local_only)" in problem:
+        fix = "point it at a node-local disk or mark the tier optional: true"
+    else:
+        fix = "create it or mark the tier optional: true"
+        if "$" in str(raw["path"]) and "${" not in str(raw["path"]):
+            fix += " (variables must be written ${VAR}, with braces)"
+    raise _error(ctx.source, key, problem, fix)
+
+
+def _tier_identity(raw: Any, index: int, source: str) -> tuple[str, str]:
+    """Check a tier's keys, name and kind; return (name, kind)."""
+    where = f"tiers[{index}]."
+    if not isinstance(raw, dict):
+        fix = "write each tier as '- name: ...' with kind, path and capacity"
+        raise _error(source, f"tiers[{index}]", f"expected a mapping, got {raw!r}", fix)
+    check_keys(raw, TIER_KEYS, TIER_REQUIRED, source, where)
+    name, kind = raw["name"], raw["kind"]
+    if not isinstance(name, str) or not _TIER_NAME_RE.match(name):
+        fix = "use letters, digits, '_', '-' or '.', e.g. ram or ssd"
+        raise _error(source, where + "name", f"bad tier name {name!r}", fix)
+    if kind not in TIER_KINDS:
+        close = difflib.get_close_matches(str(kind), TIER_KINDS, n=1)
+        hint = f"did you mean '{close[0]}'? " if close else ""
+        raise _error(source, where + "kind", f"unknown kind {kind!r}", f"{hint}kind is memory or filesystem")
+    return name, kind
+
+
+def _resolve_tier(raw: Any, index: int, ctx: _Context) -> Tier | None:
+    """Validate one tier and resolve it on this machine; None when an optional tier is dropped."""
+    src, where = ctx.source, f"tiers[{index}]."
+    name, kind = _tier_identity(raw, index, src)
+    threads = positive_int(raw.get("threads"), DEFAULT_TIER_THREADS, src, where + "threads")
+    optional = flag(raw.get("optional"), src, where + "optional")
+    local_only = flag(raw.get("local_only"), src, where + "local_only")
+    bw = bandwidth(raw.get("bandwidth"), src, where + "bandwidth")
+    raw_capacity = raw["capacity"]
+    if isinstance(raw_capacity, str) and "${" in raw_capacity:  # e.g. ${RAM_TIER:-auto}
+        raw_capacity = _expand(raw_capacity, ctx, where + "capacity")
+    # Syntax is checked before the path, so typos show up even where the tier is dropped.
+    spec = _capacity_spec(raw_capacity, kind, src, where + "capacity")
+
+    path = _tier_path(raw, name, optional, local_only, ctx, where + "path")
+    if path is None:
+        return None
+    capacity = _resolve_capacity(spec, kind, path, optional, name, ctx, where + "capacity")
+    if capacity <= 0:
+        if optional:
+            ctx.notes.append(f"tier '{name}' dropped: capacity {spec} resolves to 0 bytes at {path}")
+            return None
+        why = f"{human_bytes(node.free_bytes(path))} free"
+        if kind == "memory" and spec == "auto":
+            why += f", of which {human_bytes(node.shm_reserve(path))} stay free for the job's own shared memory"
+        if kind == "memory" and (spec == "auto" or spec.endswith("%")):
+            why += f", memory bound {human_bytes(node.memory_tier_bound())} (half of available RAM / cgroup headroom)"
+        fix = "free some space, give a size, or mark the tier optional: true"
+        raise _error(src, where + "capacity", f"{spec} resolves to 0 bytes at {path} ({why})", fix)
+    return Tier(
+        name=name, kind=kind, path=path, capacity=capacity, capacity_spec=spec,
+        threads=threads, bandwidth=bw,
+    )
+
+
+def _expand(value: Any, ctx: _Context, key: str) -> str:
+    if not isinstance(value, str):
+        raise _error(ctx.source, key, f"expected text, got {value!r}", "quote the value")
+    try:
+        return expand_vars(value, ctx.env)
+    except _ExpansionError as exc:
+        raise _error(ctx.source, key, exc.problem, exc.fix) from None
+
+
+def _non_local_problem(path: str, ctx: _Context) -> str | None:
+    """Why path is not a node-local disk distinct from the faster tiers (local_only), or None."""
+    fstype = node.filesystem_type(path)
+    if fstype and not node.is_local_fstype(fstype):
+        return f"path {path} is on a {fstype} file system, not a node-local disk (local_only)"
+    dev = os.stat(path).st_dev
+    for tier, tier_dev in ctx.kept:
+        if tier_dev == dev:
+            return f"path {path} is on the same file system as tier '{tier.name}' ({tier.path}) (local_only)"
+    return None
+
+
+def build_profile(data: dict[str, Any], source: str, env: Mapping[str, str]) -> Profile:
+    check_keys(data, TOP_KEYS, TOP_REQUIRED, source, "")
+    name = data["name"]
+    if not isinstance(name, str) or not name.strip():
+        raise _error(source, "name", f"expected a profile name, got {name!r}", "e.g. name: mycluster")
+    description = data.get("description") or ""
+    if not isinstance(description, str):
+        raise _error(source, "description", "expected one line of text", "quote it")
+
+    raw_tiers = data["tiers"]
+    if not isinstance(raw_tiers, list) or not raw_tiers:
+        fix = "write each tier as '- name: ram' with kind, path and capacity"
+        raise _error(source, "tiers", "expected a non-empty list of tiers, fastest first", fix)
+    if len(raw_tiers) > MAX_TIERS:
+        problem = f"{len(raw_tiers)} tiers given, the shared index holds at most {MAX_TIERS}"
+        raise _error(source, "tiers", problem, f"keep the {MAX_TIERS} fastest tiers")
+    seen: dict[str, int] = {}
+    for i, raw in enumerate(raw_tiers):
+        tier_name = raw.get("name") if isinstance(raw, dict) else None
+        if isinstance(tier_name, str) and tier_name in seen:
+            problem = f"duplicate tier name {tier_name!r} (also tiers[{seen[tier_name]}])"
+            raise _error(source, f"tiers[{i}].name", problem, "give each tier its own name")
+        if isinstance(tier_name, str):
+            seen[tier_name] = i
+
+    ctx = _Context(source=source, env=env, notes=[], kept=[])
+    for i, raw in enumerate(raw_tiers):
+        tier = _resolve_tier(raw, i, ctx)
+        if tier is not None:
+            ctx.kept.append((tier, os.stat(tier.path).st_dev))
+    if not ctx.kept:
+        raise ProfileError(
+            f"{source}: tiers: no tier is usable on this machine ({'; '.join(ctx.notes)}); "
+            f"add a tier that exists here, e.g. /dev/shm with capacity auto, or fix the paths",
+            source=source, key="tiers",
+        )
+    for i, (a, dev_a) in enumerate(ctx.kept):
+        for b, dev_b in ctx.kept[i + 1 :]:
+            if dev_a == dev_b:
+                ctx.notes.append(
+                    f"tiers '{a.name}' and '{b.name}' share one file system; "
+                    "each fits what is free, together they may not"
+                )
+
+    pfs = _build_pfs(data.get("pfs"), source)
+    return Profile(
+        name=name, source=source, description=description.strip(),
+        tiers=tuple(t for t, _ in ctx.kept), pfs=pfs, notes=tuple(ctx.notes),
+    )
+
+
+def _build_pfs(raw: Any, source: str) -> Pfs:
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise _error(source, "pfs", f"expected a mapping, got {raw!r}", f"keys are {', '.join(PFS_KEYS)}")
+    check_keys(raw, PFS_KEYS, (), source, "pfs.")
+    latency = raw.get("latency_ms")
+    if latency is not None and (isinstance(latency, bool) or not isinstance(latency, (int, float)) or latency < 0):
+        problem = f"must be a number of milliseconds >= 0, got {latency!r}"
+        raise _error(source, "pfs.latency_ms", problem, "e.g. latency_ms: 1.0, or leave it out")
+    return Pfs(
+        read_threads=positive_int(
+            raw.get("read_threads"), DEFAULT_PFS_READ_THREADS, source, "pfs.read_threads"
+        ),
+        bandwidth=bandwidth(raw.get("bandwidth"), source, "pfs.bandwidth"),
+        latency_ms=None if latency is None else float(latency),
+    )
