@@ -19,7 +19,8 @@ import pytest
 
 from tiering import catalog as catalog_mod
 from tiering.catalog import (IMG_EXTENSIONS, Catalog, CatalogError, CatalogFile, Layout, ScanError,
-                             cache_file, dataset_order, dataset_samples, scan)
+                             dataset_order, dataset_samples, scan)
+from tiering.catalog.cache import cache_file
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "examples"))

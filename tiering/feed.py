@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from .catalog import Catalog
+from .catalog import Catalog, PathIndex
 
 log = logging.getLogger("tiering")
 
@@ -26,29 +26,6 @@ class EpochOrder:
     epoch: int
     order: list[int]                 # catalog file ids, in read order
     next: list[int] | None = None    # the next epoch's order, when the hook could predict it
-
-
-class PathMap:
-    """Absolute paths -> catalog file ids (through symlinked roots too)."""
-
-    def __init__(self, catalog: Catalog):
-        self.catalog = catalog
-        self._ids: dict[tuple[int, str], int] | None = None
-        self._prefixes: list[tuple[str, int]] = []
-        for i, r in enumerate(catalog.roots):
-            self._prefixes.append((r.rstrip("/") + "/", i))
-            real = os.path.realpath(r)
-            if real != r:
-                self._prefixes.append((real.rstrip("/") + "/", i))
-
-    def id_of(self, path: str) -> int:
-        if self._ids is None:
-            self._ids = {(f.root, f.rel): k for k, f in enumerate(self.catalog.files)}
-        p = os.path.normpath(path)
-        for prefix, root in self._prefixes:
-            if p.startswith(prefix):
-                return self._ids.get((root, p[len(prefix):]), -1)
-        return -1
 
 
 class ListFeed:
@@ -81,7 +58,7 @@ class HookFeed:
 
     def __init__(self, order_dir: Path, catalog: Catalog):
         self.dir = order_dir
-        self.paths = PathMap(catalog)
+        self.paths = PathIndex(catalog)
         self.loaders: dict[int, _Loader] = {}
         self.errors: list[str] = []
         self.main: int | None = None          # key of the loader whose stream is planned

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Mapping
 
-from .catalog import Catalog, Layout, dataset_order
-from .feed import ListFeed, PathMap
+from .catalog import Catalog, Layout, PathIndex, dataset_order
+from .feed import ListFeed
 from .order import SamplerSpec, epoch_order, epoch_orders, local_ranks, node_stream, ranks_from_env, read_order_file
 
 PYTHON_NAMES = re.compile(r"^(python[0-9.]*|pypy[0-9.]*|torchrun|ipython[0-9]*)$")
@@ -91,7 +91,7 @@ def epochs_from_options(opts: OrderOptions, catalog: Catalog,
     mapping = dataset_order(catalog, _layout(opts))
     if opts.order_file is not None:
         # numbers are data-set indices; paths name files, turned into their index
-        paths = PathMap(catalog)
+        paths = PathIndex(catalog)
         index_of = {cid: k for k, cid in enumerate(mapping)}
 
         def resolve(token: str) -> int:

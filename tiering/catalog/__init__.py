@@ -1,0 +1,16 @@
+"""The catalog of the data roots: what files there are (scan, cache), how
+paths map onto roots (roots) and which file sample i of the training data set
+reads (layout)."""
+from __future__ import annotations
+
+from .cache import default_cache_dir, drop_cache
+from .layout import IMG_EXTENSIONS, LAYOUTS, Layout, dataset_order, dataset_samples
+from .model import Catalog, CatalogDir, CatalogError, CatalogFile, DirAlias, ScanError
+from .roots import PathIndex, RootMap
+from .scan import normalise_roots, scan
+
+__all__ = [
+    "IMG_EXTENSIONS", "LAYOUTS", "Catalog", "CatalogDir", "CatalogError", "CatalogFile", "DirAlias", "Layout",
+    "PathIndex", "RootMap", "ScanError", "dataset_order", "dataset_samples", "default_cache_dir", "drop_cache",
+    "normalise_roots", "scan",
+]

@@ -1,0 +1,202 @@
+"""Scan cache
+----------
+``scan(dirs, threads, cache_dir)`` keeps one gzip'ed JSON file per data root in
+cache_dir (named by a hash of the root path, written to a temporary name and
+renamed) and reuses it when the root has not changed. "Not changed" is decided
+with one stat per directory, not per file: every catalogued directory must
+still be a directory with the same inode and mtime (a directory's mtime changes
+whenever an entry in it is added, removed or renamed), and every alias must
+still lead to the same directory. ImageNet's train set is ~1000 directories for
+1.28 M files. st_dev is not compared: a network file system's device number
+differs between the nodes that share a cache in $HOME.
+
+What this does not see: a file rewritten in place under the same name (its
+size or mtime changes, no directory's mtime does). The catalog's size and mtime
+of such a file are stale, which can only mislead the planner: the daemon
+re-checks the source's size and mtime against the catalog before it publishes
+a copy, so a stale cache never serves wrong bytes (such a file is counted as a
+changed source and not placed; `drop_cache` makes the next run rescan). A scan
+in which a directory
+was modified less than `RACY_SECONDS` before the scan began (mtimes have coarse
+granularity, and clocks of PFS clients and servers differ), or which met an
+unreadable directory, is not saved. A cache that cannot be read or parsed is
+ignored with a log line, and replaced.
+"""
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import logging
+import os
+import stat
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from .model import RootScan
+
+log = logging.getLogger("tiering")
+
+CACHE_FORMAT = "tiering-catalog"
+CACHE_VERSION = 1
+RACY_SECONDS = 10         # directories modified this shortly before a scan make it unsaveable
+
+
+def default_cache_dir() -> Path:
+    """${XDG_CACHE_HOME:-~/.cache}/tiering/catalogs"""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "tiering" / "catalogs"
+
+
+def cache_file(cache_dir: Path, root: str) -> Path:
+    return cache_dir / (hashlib.sha256(os.fsencode(root)).hexdigest()[:32] + ".json.gz")
+
+
+def _encode(root: str, p: RootScan) -> bytes:
+    doc = {
+        "format": CACHE_FORMAT, "version": CACHE_VERSION, "root": root,
+        "scanned_ns": p.scanned_ns, "dir_links": p.links,
+        "files": {"rel": [f[0] for f in p.files], "size": [f[1] for f in p.files],
+                  "mtime_ns": [f[2] for f in p.files]},
+        "dirs": {"rel": [d[0] for d in p.dirs], "ino": [d[1] for d in p.dirs],
+                 "dev": [d[2] for d in p.dirs], "mtime_ns": [d[3] for d in p.dirs]},
+        "aliases": {"rel": [a[0] for a in p.aliases], "target": [a[1] for a in p.aliases]},
+        "skipped": p.skipped,
+    }
+    # ensure_ascii keeps undecodable names (surrogate escapes) round-tripping
+    return json.dumps(doc, separators=(",", ":")).encode("ascii")
+
+
+def _columns(table: Any, types: dict[str, type]) -> list[tuple[Any, ...]]:
+    if not isinstance(table, dict):
+        raise ValueError("table is not an object")
+    cols = []
+    for name, typ in types.items():
+        col = table[name]
+        if not isinstance(col, list) or not all(type(v) is typ for v in col):
+            raise ValueError(f"column {name} is not a list of {typ.__name__}")
+        cols.append(col)
+    if len({len(c) for c in cols}) > 1:
+        raise ValueError("columns of different lengths")
+    return list(zip(*cols))
+
+
+def _decode(data: bytes, root: str) -> RootScan:
+    doc = json.loads(data)
+    if not isinstance(doc, dict) or doc.get("format") != CACHE_FORMAT:
+        raise ValueError("not a catalog cache")
+    if doc.get("version") != CACHE_VERSION:
+        raise ValueError(f"format version {doc.get('version')!r}, expected {CACHE_VERSION}")
+    if doc.get("root") != root:
+        raise ValueError(f"written for {doc.get('root')!r}")
+    skipped = doc["skipped"]
+    if not isinstance(skipped, list) or not all(isinstance(s, str) for s in skipped):
+        raise ValueError("skipped is not a list of paths")
+    p = RootScan(
+        files=_columns(doc["files"], {"rel": str, "size": int, "mtime_ns": int}),  # type: ignore[arg-type]
+        dirs=_columns(doc["dirs"], {"rel": str, "ino": int, "dev": int, "mtime_ns": int}),  # type: ignore[arg-type]
+        aliases=_columns(doc["aliases"], {"rel": str, "target": str}),  # type: ignore[arg-type]
+        skipped=skipped, links=bool(doc["dir_links"]), scanned_ns=int(doc["scanned_ns"]))
+    if not p.dirs or p.dirs[0][0] != "":
+        raise ValueError("the root directory is missing")
+    return p
+
+
+def _same_dir(path: str, ino: int, mtime_ns: int | None) -> bool:
+    try:
+        s = os.stat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(s.st_mode) and s.st_ino == ino and (mtime_ns is None or s.st_mtime_ns == mtime_ns)
+
+
+def _unchanged(root: str, p: RootScan, pool: ThreadPoolExecutor) -> bool:
+    """One stat per directory and per alias (in parallel), none per file."""
+    ino_of = {rel: ino for rel, ino, _, _ in p.dirs}
+    checks: list[tuple[str, int, int | None]] = [
+        (os.path.join(root, rel), ino, mt) for rel, ino, _, mt in p.dirs]
+    checks += [(os.path.join(root, rel), ino_of.get(target, -1), None) for rel, target in p.aliases]
+    return all(pool.map(lambda c: _same_dir(*c), checks, chunksize=16))
+
+
+def load_cache(cache_dir: Path, root: str, pool: ThreadPoolExecutor) -> RootScan | None:
+    path = cache_file(cache_dir, root)
+    try:
+        with gzip.open(path, "rb") as f:
+            data = f.read()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except (OSError, EOFError) as e:
+        log.warning("ignoring the catalog cache %s of %s (%s); scanning", path, root, e)
+        return None
+    try:
+        part = _decode(data, root)
+    except (ValueError, KeyError, TypeError) as e:
+        log.warning("ignoring the catalog cache %s of %s (%s); scanning", path, root, e)
+        return None
+    if not _unchanged(root, part, pool):
+        log.info("%s changed since its catalog was cached; scanning", root)
+        return None
+    log.info("catalog of %s taken from %s (%d files)", root, path, len(part.files))
+    return part
+
+
+def save_cache(cache_dir: Path, root: str, p: RootScan) -> None:
+    path = cache_file(cache_dir, root)
+    racy = p.scanned_ns - RACY_SECONDS * 10**9
+    why = None
+    if p.errors:
+        why = f"parts could not be read ({p.errors[0]})"
+    elif any(mt >= racy for _, _, _, mt in p.dirs):
+        why = f"a directory changed less than {RACY_SECONDS} s before the scan (a later run caches it)"
+    if why is not None:
+        log.info("not caching the catalog of %s: %s", root, why)
+        try:
+            path.unlink()           # stale: spares the next run its check
+        except OSError:
+            pass
+        return
+    tmp = None
+    try:
+        cache_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        _sweep_temporaries(cache_dir)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json.gz", dir=cache_dir)
+        with os.fdopen(fd, "wb") as f:
+            with gzip.GzipFile(fileobj=f, mode="wb", compresslevel=6, mtime=0) as gz:
+                gz.write(_encode(root, p))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        tmp = None
+    except OSError as e:
+        log.warning("cannot write the catalog cache %s of %s: %s", path, root, e)
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+
+
+def drop_cache(cache_dir: Path, roots: list[str]) -> None:
+    """Forgets the cached catalogs of these (normalised) roots, e.g. after the
+    daemon found a source whose size or mtime differs from the catalog."""
+    for r in roots:
+        try:
+            cache_file(Path(cache_dir), r).unlink()
+        except OSError:
+            pass
+
+
+def _sweep_temporaries(cache_dir: Path, age: float = 3600) -> None:
+    """Temporary files left by a process killed while writing."""
+    now = time.time()
+    for p in cache_dir.glob(".tmp-*"):
+        try:
+            if now - p.lstat().st_mtime > age:
+                p.unlink()
+        except OSError:
+            pass

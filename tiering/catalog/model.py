@@ -1,0 +1,70 @@
+"""The catalog: every regular file under the data roots, with size and mtime,
+and the directories and directory aliases the scan saw."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+
+class CatalogError(Exception):
+    pass
+
+
+class ScanError(CatalogError):
+    pass
+
+
+@dataclass(frozen=True)
+class CatalogFile:
+    root: int        # index into Catalog.roots
+    rel: str         # path relative to the root, "/"-separated
+    size: int
+    mtime_ns: int
+
+
+@dataclass(frozen=True)
+class CatalogDir:
+    root: int
+    rel: str         # "" for the root itself
+    ino: int
+    dev: int
+    mtime_ns: int
+
+
+@dataclass(frozen=True)
+class DirAlias:
+    """A place where an already catalogued directory appears again (through a
+    symlinked directory): ``rel`` is the same directory as ``target``."""
+    root: int
+    rel: str
+    target: str
+
+
+@dataclass
+class Catalog:
+    roots: list[str]                      # absolute, normalised data roots
+    files: list[CatalogFile]
+    dir_links: list[bool] = field(default_factory=list)  # per root: contains a symlinked dir
+    dirs: list[CatalogDir] = field(default_factory=list)
+    aliases: list[DirAlias] = field(default_factory=list)
+    skipped: list[tuple[int, str]] = field(default_factory=list)  # (root, rel) not regular files
+    from_cache: bool = False              # every root came from the scan cache
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def source_path(self, f: CatalogFile) -> str:
+        return os.path.join(self.roots[f.root], f.rel)
+
+
+@dataclass
+class RootScan:
+    """One root, before root ids are assigned (also what the cache holds)."""
+    files: list[tuple[str, int, int]] = field(default_factory=list)        # rel, size, mtime_ns
+    dirs: list[tuple[str, int, int, int]] = field(default_factory=list)    # rel, ino, dev, mtime_ns
+    aliases: list[tuple[str, str]] = field(default_factory=list)           # rel, target rel
+    skipped: list[str] = field(default_factory=list)
+    links: bool = False
+    errors: list[str] = field(default_factory=list)
+    scanned_ns: int = 0                                                    # wall clock at start

@@ -1,0 +1,189 @@
+"""Scan
+----
+The scan never reads file contents. It lists directories and stats entries in
+parallel: one task lists a directory, and the stats of a large directory are
+split into batches run as separate tasks, so a PFS answers many metadata
+requests at once instead of one after another (a flat directory of a million
+files is not a million serial stats either).
+
+Symlinked directories are followed, and every directory (by device and inode)
+is catalogued once. Which path is kept is deterministic: first everything
+reachable without a symlinked directory, then the symlinked directories in
+rounds, sorted by path within a round. Every other place where a catalogued
+directory appears again (a second link to it, a link to an ancestor) is kept as
+a `DirAlias`: `dataset_order` walks an alias the way ``os.walk(followlinks=True)``
+does (at every place it appears) and maps each path through it to the one
+catalog file. A root that contains a symlinked directory is flagged
+(`Catalog.dir_links`): the shim then does not resolve ".." by text.
+
+Entries that are neither regular files nor directories (dangling symlinks,
+fifos, sockets, devices, entries that cannot be stat'ed) are not catalogued;
+their paths are kept in `Catalog.skipped`, since ImageFolder would list them as
+samples when their names match.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import stat
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from .cache import load_cache, save_cache
+from .model import Catalog, CatalogDir, CatalogFile, DirAlias, RootScan, ScanError
+from .roots import join
+
+STAT_BATCH = 64           # entries stat'ed by one task
+
+
+def normalise_roots(dirs: list[str]) -> list[str]:
+    """Absolute, normalised, without duplicates or roots nested in another."""
+    out: list[str] = []
+    for d in sorted({os.path.abspath(d) for d in dirs}, key=len):
+        if not os.path.isdir(d):
+            raise ScanError(f"--data {d}: not a directory; pass the folder that holds the data set")
+        real = os.path.realpath(d)
+        if any(real == os.path.realpath(o) or real.startswith(os.path.realpath(o).rstrip("/") + "/")
+               for o in out):
+            continue  # inside a root we already have
+        out.append(d)
+    return sorted(out)
+
+
+_Stat = tuple[str, "os.stat_result | None", bool]     # rel, stat (None: cannot), is a symlink
+
+
+def _stat_entries(rel: str, entries: list[Any]) -> list[_Stat]:
+    out: list[_Stat] = []
+    for e in entries:
+        try:
+            link = e.is_symlink()
+            s = e.stat(follow_symlinks=True)
+        except OSError:
+            out.append((join(rel, e.name), None, False))  # dangling link or vanished file
+            continue
+        out.append((join(rel, e.name), s, link))
+    return out
+
+
+def _list_dir(path: str, rel: str) -> tuple[list[_Stat], str, list[Any]]:
+    """Lists a directory and stats its entries, or, in a large directory,
+    returns them for the caller to stat in parallel batches."""
+    with os.scandir(path) as it:
+        entries = list(it)
+    if len(entries) <= STAT_BATCH:
+        return _stat_entries(rel, entries), rel, []
+    return [], rel, entries
+
+
+class _Tasks:
+    """Runs functions on the pool and hands back their results in completion
+    order (a queue: no per-completion cost in the number of tasks pending)."""
+
+    def __init__(self, pool: ThreadPoolExecutor):
+        self.pool = pool
+        self.done: queue.SimpleQueue[tuple[Any, Any, BaseException | None]] = queue.SimpleQueue()
+        self.pending = 0
+
+    def submit(self, tag: Any, fn: Callable[..., Any], *args: Any) -> None:
+        def run() -> None:
+            try:
+                self.done.put((tag, fn(*args), None))
+            except BaseException as e:  # noqa: BLE001 - handed to the caller
+                self.done.put((tag, None, e))
+        self.pending += 1
+        self.pool.submit(run)
+
+    def results(self) -> Iterator[tuple[Any, Any, BaseException | None]]:
+        while self.pending:
+            item = self.done.get()
+            self.pending -= 1
+            yield item
+
+
+def _walk_root(root: str, pool: ThreadPoolExecutor) -> RootScan:
+    res = RootScan(scanned_ns=time.time_ns())
+    st = os.stat(root)
+    seen: dict[tuple[int, int], str] = {}
+    tasks = _Tasks(pool)
+    later: list[tuple[str, os.stat_result]] = []   # symlinked directories, for the next round
+
+    def add_dir(rel: str, s: os.stat_result) -> None:
+        key = (s.st_dev, s.st_ino)
+        if key in seen:
+            res.aliases.append((rel, seen[key]))
+            return
+        seen[key] = rel
+        res.dirs.append((rel, s.st_ino, s.st_dev, s.st_mtime_ns))
+        tasks.submit("list", _list_dir, os.path.join(root, rel), rel)
+
+    def take(stats: list[_Stat]) -> None:
+        for rel, s, is_link in stats:
+            if s is None:
+                res.skipped.append(rel)
+            elif stat.S_ISDIR(s.st_mode):
+                if is_link:
+                    res.links = True
+                    later.append((rel, s))
+                else:
+                    add_dir(rel, s)
+            elif stat.S_ISREG(s.st_mode):
+                res.files.append((rel, s.st_size, s.st_mtime_ns))
+            else:
+                res.skipped.append(rel)
+
+    add_dir("", st)
+    while True:
+        for kind, out, err in tasks.results():
+            if err is not None:
+                if not isinstance(err, OSError):
+                    raise err
+                res.errors.append(str(err))
+                continue
+            if kind == "list":
+                stats, rel, rest = out
+                for k in range(0, len(rest), STAT_BATCH):
+                    tasks.submit("stat", _stat_entries, rel, rest[k:k + STAT_BATCH])
+                take(stats)
+            else:
+                take(out)
+        if not later:
+            break
+        round_, later = sorted(later, key=lambda x: x[0]), []
+        for rel, s in round_:
+            add_dir(rel, s)
+    if res.errors and not res.files:
+        raise ScanError(f"cannot scan {root}: {res.errors[0]}")
+    res.files.sort()
+    res.dirs.sort()
+    res.aliases.sort()
+    res.skipped.sort()
+    return res
+
+
+def scan(dirs: list[str], threads: int = 16, cache_dir: Path | None = None) -> Catalog:
+    """The catalog of the data roots `dirs`; with cache_dir, each root's
+    catalog is reused from there when the root has not changed (module doc)."""
+    roots = normalise_roots(dirs)
+    parts: list[RootScan] = []
+    cached = 0
+    with ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="tiering-scan") as pool:
+        for r in roots:
+            part = load_cache(Path(cache_dir), r, pool) if cache_dir is not None else None
+            if part is not None:
+                cached += 1
+            else:
+                part = _walk_root(r, pool)
+                if cache_dir is not None:
+                    save_cache(Path(cache_dir), r, part)
+            parts.append(part)
+    cat = Catalog(list(roots), [], [], from_cache=cache_dir is not None and cached == len(roots))
+    for i, p in enumerate(parts):
+        cat.files.extend(CatalogFile(i, rel, size, mt) for rel, size, mt in p.files)
+        cat.dirs.extend(CatalogDir(i, rel, ino, dev, mt) for rel, ino, dev, mt in p.dirs)
+        cat.aliases.extend(DirAlias(i, rel, target) for rel, target in p.aliases)
+        cat.skipped.extend((i, rel) for rel in p.skipped)
+        cat.dir_links.append(p.links)
+    return cat
