@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from tiering.index import Root, SharedIndex, lib, library_path
+from tiering.placement.index import Root, SharedIndex, lib, library_path
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent

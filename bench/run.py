@@ -116,7 +116,7 @@ def sample_files(root: Path) -> list[str]:
 def order_file(s: Settings, rels: list[str], path: Path) -> Path:
     """The order the plain and C readers read in, for the clairvoyant policy
     (the DataLoader reader needs none: the hook takes it from the DataLoader)."""
-    from tiering.order import SamplerSpec, epoch_orders
+    from tiering.clairvoyant.samplers import SamplerSpec, epoch_orders
     if s.reader == "plain":
         epochs = list(epoch_orders(SamplerSpec(kind="random", seed=0, dataloader=False), len(rels), s.epochs))
     else:  # the C reader: the list rotated by e * 7919

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tiering.index import Root, SharedIndex, library_path, lib
+from tiering.placement.index import Root, SharedIndex, library_path, lib
 
 REPO = Path(__file__).resolve().parent.parent
 C_DIR = Path(__file__).resolve().parent / "c"

@@ -101,7 +101,7 @@ def test_a_different_seed_is_noticed_and_first_touch_takes_over(tmp_path):
 
 
 def test_order_file(tmp_path):
-    from tiering.order import SamplerSpec, epoch_orders
+    from tiering.clairvoyant.samplers import SamplerSpec, epoch_orders
     data = tmp_path / "pfs"
     contents = dataset(data)
     rels = sorted(contents)

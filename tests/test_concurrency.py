@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from conftest import PYTHON, ShimEnv
-from tiering.index import lib
+from tiering.placement.index import lib
 
 STRESS = Path(__file__).resolve().parent / "workloads" / "stress.py"
 

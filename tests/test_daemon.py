@@ -12,9 +12,11 @@ import pytest
 
 from conftest import make_data, private_dir
 from tiering.catalog import scan
-from tiering.daemon import Daemon, TierState, allocation
-from tiering.index import Root, SharedIndex, lib
-from tiering.policy import POLICIES
+from tiering.placement.api import allocation
+from tiering.placement.daemon import Daemon
+from tiering.placement.index import Root, SharedIndex, lib
+from tiering.placement.policies import POLICIES
+from tiering.placement.tiers import TierState
 
 
 def allocated_on_disk(root: Path) -> int:
@@ -42,9 +44,9 @@ class Setup:
 
     def wait(self) -> None:
         deadline = time.monotonic() + 30
-        while self.d.pending and time.monotonic() < deadline:
+        while self.d.copies_in_flight() and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert not self.d.pending
+        assert not self.d.copies_in_flight()
 
     def state(self, rel: str) -> int:
         return self.index.state(self.d.slots[self.i[rel]])
@@ -136,7 +138,7 @@ def test_write_event_drops_an_existing_copy(setup_factory):
     s.index.entries[slot].state = lib.TIERING_STATE_INVALID
     r = subprocess.run(["python3", "-c", "pass"])  # something else runs meanwhile
     assert r.returncode == 0
-    from tiering.index import Event
+    from tiering.placement.index import Event
     s.d._handle([Event(lib.TIERING_EV_WRITE, slot, 1, 0)])
     assert not (s.tier.data / "0" / "a/x.bin").exists()
     assert s.d.stats.invalidated == 1 and s.tier.used == 0
@@ -195,13 +197,13 @@ class SlowDaemon(Daemon):
     peak = 0
     guard = threading.Lock()
 
-    def _transfer(self, fd_in: int, fd_out: int, size: int) -> int:
+    def _copy(self, *args):  # type: ignore[no-untyped-def]
         with SlowDaemon.guard:
             SlowDaemon.active += 1
             SlowDaemon.peak = max(SlowDaemon.peak, SlowDaemon.active)
-        time.sleep(0.05)
+        time.sleep(0.05)  # a slow PFS read, so that the copies overlap
         try:
-            return super()._transfer(fd_in, fd_out, size)
+            return super()._copy(*args)
         finally:
             with SlowDaemon.guard:
                 SlowDaemon.active -= 1
@@ -224,7 +226,7 @@ def test_stop_cancels_queued_copies_and_releases_their_room(setup_factory):
     for rel in files:
         s.d.place(s.i[rel], 0)
     s.d.stop()
-    assert not s.d.pending
+    assert not s.d.copies_in_flight()
     assert s.tier.files < 40
     assert s.tier.used == allocated_on_disk(s.tier.data)
     assert not s.d.place(s.i["f39"], 0)
@@ -244,31 +246,34 @@ def test_pfs_concurrency_is_reached_with_few_tier_threads(setup_factory):
 class HungDaemon(Daemon):
     """Its copies block in the PFS read until released, as on a hung file system."""
     release = threading.Event()
+    entered = threading.Event()
 
-    def _transfer(self, fd_in: int, fd_out: int, size: int) -> int:
+    def _copy(self, *args):  # type: ignore[no-untyped-def]
+        HungDaemon.entered.set()
         HungDaemon.release.wait()
-        return super()._transfer(fd_in, fd_out, size)
+        return super()._copy(*args)
 
 
 def test_stop_gives_up_on_a_copy_blocked_in_a_pfs_read(setup_factory):
     HungDaemon.release.clear()
+    HungDaemon.entered.clear()
     files = {f"f{i}": 10_000 for i in range(3)}
     s = setup_factory(files=files, pfs_threads=1, threads=1, daemon_cls=HungDaemon)
     for rel in files:
         assert s.d.place(s.i[rel], 0)
-    time.sleep(0.2)  # the first copy is in its read
+    assert HungDaemon.entered.wait(30)  # the first copy is in its read
     try:
         t0 = time.monotonic()
         assert s.d.stop(timeout=0.5) is False
         assert time.monotonic() - t0 < 5
         assert s.d.stuck == 1                   # the queued two were cancelled
-        assert len(s.d.pending) == 1
+        assert s.d.copies_in_flight() == 1
     finally:
         HungDaemon.release.set()                # the read returns: the copy sees the stop
     deadline = time.monotonic() + 10
-    while s.d.pending and time.monotonic() < deadline:
+    while s.d.copies_in_flight() and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert not s.d.pending
+    assert not s.d.copies_in_flight()
     assert s.tier.files == 0 and s.tier.used == 0
     assert allocated_on_disk(s.tier.root) == 0  # no partial copy left
     assert all(s.state(rel) == lib.TIERING_STATE_NONE for rel in files)

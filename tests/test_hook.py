@@ -11,7 +11,7 @@ import pytest
 
 from conftest import PYTHON, make_data
 from tiering.catalog import scan
-from tiering.feed import HookFeed
+from tiering.clairvoyant.feeds import HookFeed
 import tiering
 
 HOOK_DIR = Path(tiering.__file__).resolve().parent / "hook"

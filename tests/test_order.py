@@ -1,4 +1,4 @@
-"""tiering.order against the real torch samplers and DataLoaders: equal, element for
+"""tiering.clairvoyant (samplers, order files, launcher ranks) against the real torch samplers and DataLoaders: equal, element for
 element, over seeds, sizes, world sizes, ranks, epochs and batch settings."""
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ torch = pytest.importorskip("torch")
 from torch.utils.data import (BatchSampler, DataLoader, Dataset, DistributedSampler,  # noqa: E402
                               RandomSampler, SequentialSampler)
 
-from tiering.order import (OrderError, SamplerSpec, epoch_order, epoch_orders,  # noqa: E402
-                           local_ranks, node_stream, parse_slurm_tasks_per_node,
-                           ranks_from_env, read_order_file)
+from tiering.clairvoyant.launcher import local_ranks, parse_slurm_tasks_per_node, ranks_from_env  # noqa: E402
+from tiering.clairvoyant.orderfile import read_order_file  # noqa: E402
+from tiering.clairvoyant.samplers import OrderError, SamplerSpec, epoch_order, epoch_orders, node_stream  # noqa: E402
 
 SIZES = (1, 2, 7, 100, 1001)
 WORLDS = (1, 2, 3, 8)

@@ -1,4 +1,4 @@
-"""tiering.planner against an exact optimum on small cases, its invariants on
+"""tiering.clairvoyant.planner against an exact optimum on small cases, its invariants on
 larger random cases (checked after every step), the PFS bound D - C on large
 cases, lazy eviction, the frequency rule, tier order and speed."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Callable, Sequence
 
 import pytest
 
-from tiering.planner import INF, Action, EpochReport, Planner, allocation, simulate
+from tiering.clairvoyant.planner import INF, Action, EpochReport, Planner, allocation, simulate
 
 
 def unit(_: int) -> int:
@@ -611,7 +611,7 @@ def test_simulate_speed() -> None:
 def test_consumed_stream_is_trimmed_without_changing_the_plan(monkeypatch: pytest.MonkeyPatch) -> None:
     """The planner forgets the consumed head of the stream (memory follows the
     known future, not the run's length), and the plan is the same as without."""
-    import tiering.planner as planner_mod
+    import tiering.clairvoyant.planner as planner_mod
 
     n, epochs = 300, 12
     sizes = lognormal_sizes(n, 5)

@@ -7,9 +7,9 @@ import random
 from pathlib import Path
 
 from tiering.catalog import scan
-from tiering.feed import HookFeed
-from tiering.planner import Planner
-from tiering.progress import HISTORY, Progress
+from tiering.clairvoyant.feeds import HookFeed
+from tiering.clairvoyant.planner import Planner
+from tiering.clairvoyant.progress import HISTORY, Progress
 
 from conftest import make_data
 

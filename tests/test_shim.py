@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from conftest import PYTHON, ShimEnv, build_index, make_data
-from tiering.index import Root, SharedIndex, lib
+from tiering.placement.index import Root, SharedIndex, lib
 
 ENTRIES = ["open", "open64", "openat", "openat64", "__open_2", "__open64_2", "__openat_2",
            "__openat64_2", "fopen", "fopen64", "freopen", "freopen64"]
@@ -166,7 +166,7 @@ def test_symlinked_root_and_its_real_path_both_hit(tmp_path, cbin):
 
 
 def lib_path() -> Path:
-    from tiering.index import library_path
+    from tiering.placement.index import library_path
     return library_path()
 
 
@@ -410,7 +410,7 @@ def test_exec_and_fork_keep_the_shim(shimenv, tmp_path):
 
 
 def test_fingerprint_distinguishes_roots_and_paths():
-    from tiering.index import fingerprint
+    from tiering.placement.index import fingerprint
     fps = {fingerprint(r, p) for r in range(3) for p in ["", "a", "a/b", "a/b/", "b/a", "x" * 100]}
     assert len(fps) == 18
     assert fingerprint(0, "a/b") == fingerprint(0, "a/b")
@@ -419,7 +419,7 @@ def test_fingerprint_distinguishes_roots_and_paths():
 def test_header_layout_agrees_between_c_and_python(tmp_path, cbin):
     """The C side reads values the Python side wrote (and the reverse)."""
     import subprocess
-    from tiering.index import ffi, header_path
+    from tiering.placement.index import ffi, header_path
     prog = tmp_path / "layout.c"
     prog.write_text(textwrap.dedent(r"""
         #include <stdio.h>

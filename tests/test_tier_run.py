@@ -435,9 +435,9 @@ def test_a_hung_pfs_read_does_not_hold_tier_run_after_the_command(tmp_path):
     stats = tmp_path / "stats.json"
     driver = (
         "import sys, threading\n"
-        "import tiering.daemon as d\n"
+        "import tiering.placement.daemon as d, tiering.placement.tiers as t\n"
         "d.STOP_TIMEOUT = 0.5\n"
-        "d.Daemon._transfer = lambda self, *a: threading.Event().wait() or 0\n"
+        "t._transfer = lambda *a: threading.Event().wait() or 0\n"
         "from tiering.cli import tier_run\n"
         "sys.argv = ['tier-run'] + sys.argv[1:]\n"
         "tier_run()\n")

@@ -10,9 +10,10 @@ import click
 
 from . import __version__
 from .job import Job, JobError, JobOptions, run
-from .policy import POLICIES
-from .profile import ProfileError, check_profile, format_profile, human_bytes, list_profiles, load_profile
-from .stream import OrderOptions
+from .job import POLICY_NAMES
+from .profile import ProfileError, check_profile, format_profile, list_profiles, load_profile
+from .units import human_bytes
+from .clairvoyant.options import OrderOptions
 
 RUN_HELP = """Run COMMAND with the data set under each --data DIR served from local tiers.
 
@@ -79,7 +80,7 @@ def _run_options(f):  # type: ignore[no-untyped-def]
         click.option("--data", "data", multiple=True, required=True, metavar="DIR",
                      type=click.Path(file_okay=False, dir_okay=True, exists=True),
                      help="A data-set directory on the PFS (repeatable)."),
-        click.option("--policy", type=click.Choice(sorted(POLICIES)), default=None,
+        click.option("--policy", type=click.Choice(POLICY_NAMES), default=None,
                      help="Placement policy [default: clairvoyant when the order is known (--sampler, "
                           "--order-file, or the hook of a Python command), else first-touch]."),
         click.option("--hook/--no-hook", default=None,
@@ -158,9 +159,9 @@ def plan_cmd(profile_name: str, data: tuple[str, ...], window: int, as_json: boo
     import json as json_mod
 
     from .catalog import CatalogError, ScanError, scan
-    from .order import OrderError
-    from .planner import simulate
-    from .stream import StreamError, epochs_from_options
+    from .clairvoyant.samplers import OrderError
+    from .clairvoyant.planner import simulate
+    from .clairvoyant.options import StreamError, epochs_from_options
     order = _order(kw)
     if not order.given:
         raise click.UsageError("give the order: --sampler ... (with --seed and --epochs) or --order-file FILE")

@@ -7,37 +7,37 @@ fails) never stop the job: COMMAND then simply reads more from the PFS.
 """
 from __future__ import annotations
 
-import getpass
 import json
 import logging
 import os
 import shutil
 import signal
-import socket
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from . import catalog as catalog_mod
-from .daemon import Daemon, TierState, remove_tree
-from .index import Root, SharedIndex, library_path
-from .order import OrderError
-from .feed import HookFeed, ListFeed
-from .policy import POLICIES, Clairvoyant, Policy
+from .clairvoyant.feeds import HookFeed, ListFeed
+from .clairvoyant.options import OrderOptions, StreamError, is_python_command, list_feed
+from .clairvoyant.policy import Clairvoyant
+from .clairvoyant.samplers import OrderError
+from .placement.api import Policy
+from .placement.daemon import Daemon
+from .placement.index import Root, SharedIndex, library_path
+from .placement.policies import POLICIES as SIMPLE_POLICIES
+from .placement.tiers import TierState, remove_tree
 from .profile import Profile
+from .report import JobRecord, summary_text, to_json
+from .rundirs import current_user, index_parent, make_private_dir, sweep_leftovers
 from .units import human_bytes
-from .stream import OrderOptions, StreamError, is_python_command, list_feed
 
 log = logging.getLogger("tiering")
 
 SHIM_NAME = "libtiershim.so"
 HOOK_DIR = Path(__file__).resolve().parent / "hook"
-OWNER_FILE = "owner.json"
+POLICY_NAMES = sorted([*SIMPLE_POLICIES, Clairvoyant.name])
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
              signal.SIGUSR1, signal.SIGUSR2)
 
@@ -69,7 +69,7 @@ class JobOptions:
 @dataclass
 class Job:
     opts: JobOptions
-    user: str = field(default_factory=lambda: _user())
+    user: str = field(default_factory=current_user)
     run_dir: Path | None = None        # private dir holding the index
     tiers: list[TierState] = field(default_factory=list)
     index: SharedIndex | None = None
@@ -82,82 +82,6 @@ class Job:
     @property
     def order_dir(self) -> Path | None:
         return self.run_dir / "orders" if self.run_dir is not None and self.hooked else None
-
-
-def _user() -> str:
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):
-        return str(os.getuid())
-
-
-def _prefix(user: str) -> str:
-    return f"tiering-{user}-{os.getpid()}-"
-
-
-# -- private directories and leftovers ------------------------------------------
-
-def _where() -> dict[str, object]:
-    """The host and PID namespace a pid is valid in: a tier path on a shared
-    file system, or a /dev/shm shared between containers, may hold the
-    directories of jobs whose pids mean nothing here."""
-    try:
-        pidns: object = os.stat("/proc/self/ns/pid").st_ino
-    except OSError:
-        pidns = None
-    return {"host": socket.gethostname(), "pidns": pidns}
-
-
-def _make_private_dir(parent: str, user: str) -> Path:
-    path = Path(tempfile.mkdtemp(prefix=_prefix(user), dir=parent))  # 0700, random name
-    me = psutil.Process()
-    (path / OWNER_FILE).write_text(json.dumps({"pid": me.pid, "create_time": me.create_time(), **_where()}))
-    return path
-
-
-def _owner_alive(path: Path) -> bool:
-    """False only when the job that made path is known to be gone: a
-    directory of another host or PID namespace counts as alive."""
-    try:
-        owner = json.loads((path / OWNER_FILE).read_text())
-        here = _where()
-        if any(k in owner and owner[k] != here[k] for k in here):
-            return True
-        proc = psutil.Process(int(owner["pid"]))
-        return abs(proc.create_time() - float(owner["create_time"])) < 1.0
-    except (OSError, ValueError, KeyError, TypeError, psutil.Error):
-        pass
-    # no readable owner file: trust the pid in the name for a minute
-    try:
-        pid = int(path.name.split("-")[-2])
-        young = time.time() - path.stat().st_mtime < 60
-        return young and psutil.pid_exists(pid)
-    except (ValueError, IndexError, OSError):
-        return False
-
-
-def sweep_leftovers(parents: list[str], user: str) -> list[Path]:
-    """Removes private directories of this user's dead jobs."""
-    removed = []
-    for parent in dict.fromkeys(parents):
-        try:
-            candidates = list(Path(parent).glob(f"tiering-{user}-*"))
-        except OSError:
-            continue
-        for p in candidates:
-            try:
-                if not p.is_dir() or p.is_symlink() or p.stat().st_uid != os.getuid():
-                    continue
-            except OSError:
-                continue
-            if not _owner_alive(p):
-                remove_tree(p)
-                removed.append(p)
-    return removed
-
-
-def _index_parent() -> str:
-    return "/dev/shm" if os.access("/dev/shm", os.W_OK | os.X_OK) else tempfile.gettempdir()
 
 
 # -- environment of COMMAND ------------------------------------------------------
@@ -205,7 +129,7 @@ def resolve_command(command: list[str]) -> str:
 
 def setup(job: Job) -> None:
     opts = job.opts
-    sweep_leftovers([_index_parent()] + [t.path for t in opts.profile.tiers], job.user)
+    sweep_leftovers([index_parent()] + [t.path for t in opts.profile.tiers], job.user)
     t0 = time.monotonic()
     try:
         job.catalog = catalog_mod.scan(opts.data, threads=opts.scan_threads, cache_dir=opts.scan_cache)
@@ -215,7 +139,7 @@ def setup(job: Job) -> None:
     feed = _choose_policy(job)
     for t in opts.profile.tiers:
         try:
-            root = _make_private_dir(t.path, job.user)
+            root = make_private_dir(t.path, job.user)
             (root / "data").mkdir()
             (root / "staging").mkdir()
         except OSError as e:
@@ -223,13 +147,9 @@ def setup(job: Job) -> None:
             continue
         job.tiers.append(TierState(t.name, t.kind, root, t.capacity, t.threads))
     cat = job.catalog
-    roots: list[Root] = []
-    for i, r in enumerate(cat.roots):
-        roots.append(Root(r, i, cat.dir_links[i]))
-        real = os.path.realpath(r)
-        if real != r:
-            roots.append(Root(real, i, cat.dir_links[i]))  # alias of a symlinked root
-    job.run_dir = _make_private_dir(_index_parent(), job.user)
+    # a symlinked root is matched by its real path too (same id)
+    roots = [Root(prefix, i, cat.dir_links[i]) for prefix, i in catalog_mod.RootMap(cat.roots).prefixes]
+    job.run_dir = make_private_dir(index_parent(), job.user)
     job.index, slots = SharedIndex.create(
         job.run_dir / "index", roots, [str(t.data) for t in job.tiers],
         [f.rel for f in cat.files], [f.root for f in cat.files],
@@ -239,9 +159,9 @@ def setup(job: Job) -> None:
         feed = HookFeed(job.run_dir / "orders", cat)
 
     def make_policy(d: Daemon) -> Policy:
-        if job.policy == "clairvoyant":
+        if job.policy == Clairvoyant.name:
             return Clairvoyant(d, feed, window=opts.window)
-        return POLICIES[job.policy](d)
+        return SIMPLE_POLICIES[job.policy](d)
 
     job.daemon = Daemon(job.index, cat, slots, job.tiers, opts.profile.pfs.read_threads, make_policy)
 
@@ -347,8 +267,7 @@ def run(job: Job) -> int:
         if job.daemon is not None:
             job.daemon.stop()
         job.timings["total"] = time.monotonic() - t_start
-        from .stats import collect, summary_text
-        stats = collect(job, exit_code)
+        stats = to_json(_record(job, exit_code))
         print(summary_text(stats), file=sys.stderr)
         if opts.stats_json:
             opts.stats_json.write_text(json.dumps(stats, indent=2) + "\n")
@@ -362,6 +281,18 @@ def run(job: Job) -> int:
         cleanup(job)
         if old_mask is not None:
             signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+
+
+def _record(job: Job, exit_code: int) -> JobRecord:
+    cat, d = job.catalog, job.daemon
+    assert cat is not None
+    r = JobRecord(job.policy, exit_code, job.opts.command, job.opts.profile.name, cat.roots, len(cat.files),
+                  cat.total_bytes, seconds=job.timings)
+    if job.index is not None:
+        r.counters = job.index.counters()
+    if d is not None:
+        r.tiers, r.daemon, r.abandoned, r.order = d.tier_summary(), d.stats, d.stuck, d.policy.report()
+    return r
 
 
 def _print_status(job: Job) -> None:

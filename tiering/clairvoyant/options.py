@@ -9,9 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Mapping
 
-from .catalog import Catalog, Layout, PathIndex, dataset_order
-from .feed import ListFeed
-from .order import SamplerSpec, epoch_order, epoch_orders, local_ranks, node_stream, ranks_from_env, read_order_file
+from ..catalog import Catalog, Layout, PathIndex, dataset_order
+from .feeds import ListFeed
+from .launcher import local_ranks, ranks_from_env
+from .orderfile import read_order_file
+from .samplers import SamplerSpec, epoch_order, epoch_orders, node_stream
 
 PYTHON_NAMES = re.compile(r"^(python[0-9.]*|pypy[0-9.]*|torchrun|ipython[0-9]*)$")
 

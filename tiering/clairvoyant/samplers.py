@@ -1,9 +1,9 @@
 """The access stream, reproduced not guessed: for each epoch, the data-set indices the
 training reads, in order.
 
-Order sources: PyTorch samplers reproduced bit for bit by running the same torch
-operations on the same generator (never a re-implemented RNG), an explicit order file,
-and the rank/world facts a launcher (torchrun, Slurm) puts in the environment.
+PyTorch samplers reproduced bit for bit by running the same torch operations on the same
+generator (never a re-implemented RNG).  Order files are read in orderfile.py, the ranks
+a launcher (torchrun, Slurm) announces in launcher.py.
 
 torch is imported only when a shuffled order is asked for (it is not a core dependency
 of tiering); the torch installed here must be the training's version, since the
@@ -49,20 +49,16 @@ classes by tests/test_order.py:
 """
 from __future__ import annotations
 
-import operator
-import re
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Iterator
 
 if TYPE_CHECKING:  # torch is imported lazily, only when a shuffled order is asked for
     from torch import Generator, Tensor
 
 KINDS = ("random", "distributed", "sequential")
 RANDINT_CHUNK = 32          # RandomSampler draws with replacement in chunks of 32
-NPY_MAGIC = b"\x93NUMPY"
 
 
 class OrderError(Exception):
@@ -89,21 +85,21 @@ class SamplerSpec:
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise OrderError(f"sampler kind {self.kind!r} is unknown; use one of {', '.join(KINDS)}")
-        if self.num_samples is not None and not _positive_int(self.num_samples):
+        if self.num_samples is not None and not positive_int(self.num_samples):
             raise OrderError(f"num_samples must be a positive integer, not {self.num_samples!r}")
-        if not _positive_int(self.num_replicas):
+        if not positive_int(self.num_replicas):
             raise OrderError(f"num_replicas (the world size) must be >= 1, not {self.num_replicas!r}")
         if not 0 <= self.rank < self.num_replicas:
             raise OrderError(f"rank {self.rank} is outside num_replicas {self.num_replicas}: "
                              f"ranks go from 0 to {self.num_replicas - 1}")
-        if self.batch_size is not None and not _positive_int(self.batch_size):
+        if self.batch_size is not None and not positive_int(self.batch_size):
             raise OrderError(f"batch_size must be a positive integer, not {self.batch_size!r}")
         if self.batch_drop_last and self.batch_size is None:
             raise OrderError("batch_drop_last needs batch_size: the dropped tail is what does not "
                              "fill a batch of that size")
 
 
-def _positive_int(value: object) -> bool:
+def positive_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
@@ -117,7 +113,7 @@ def _torch():  # type: ignore[no-untyped-def]
 
 
 def _check_args(spec: SamplerSpec, dataset_len: int, epoch: int = 0) -> None:
-    if not _positive_int(dataset_len):
+    if not positive_int(dataset_len):
         raise OrderError(f"the data set has {dataset_len!r} samples; a sampler needs at least one")
     if not isinstance(epoch, int) or epoch < 0:
         raise OrderError(f"epoch must be an integer >= 0 (0 is the first epoch), not {epoch!r}")
@@ -284,187 +280,3 @@ def node_stream(specs: list[SamplerSpec], dataset_len: int, epoch: int) -> list[
     for pos in range(max(len(o) for o in orders)):
         out.extend(o[pos] for o in orders if pos < len(o))
     return out
-
-
-# ---------------------------------------------------------------- order files
-
-_EPOCH_LINE = re.compile(r"#\s*epoch\b", re.IGNORECASE)
-_INDEX_LINE = re.compile(r"[0-9]+")
-
-
-def read_order_file(path: Path, resolve: Callable[[str], int] | None = None) -> list[list[int]]:
-    """Epochs of data-set indices from an explicit order file.
-
-    Text (UTF-8): one entry per line, white space around it ignored. A decimal number is
-    an index; anything else is a path, turned into an index by `resolve` (KeyError,
-    LookupError or ValueError from it become an OrderError with the line number; other
-    exceptions pass through with the line noted). A blank line or a line "# epoch ..."
-    ends an epoch (several in a row end just one; no empty epochs); other lines starting
-    with "#" are comments.
-    .npy (recognised by its magic bytes): an integer array, 1-D for one epoch or 2-D
-    with one row per epoch."""
-    path = Path(path)
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise OrderError(f"order file {path}: cannot read it ({e.strerror or e})") from e
-    if data.startswith(NPY_MAGIC):
-        return _read_npy(path)
-    if path.suffix == ".npy":
-        raise OrderError(f"order file {path}: named .npy but not a numpy file; write it with numpy.save")
-    epochs = _read_text(path, data.decode("utf-8", errors="surrogateescape"), resolve)
-    if not epochs:
-        raise OrderError(f"order file {path}: no indices in it; write one index or path per line")
-    return epochs
-
-
-def _read_text(path: Path, text: str, resolve: Callable[[str], int] | None) -> list[list[int]]:
-    epochs: list[list[int]] = []
-    current: list[int] = []
-    for lineno, raw in enumerate(text.split("\n"), start=1):
-        line = raw.strip()
-        if not line or _EPOCH_LINE.match(line):
-            if current:
-                epochs.append(current)
-                current = []
-            continue
-        if line.startswith("#"):
-            continue
-        current.append(_entry(path, lineno, line, resolve))
-    if current:
-        epochs.append(current)
-    return epochs
-
-
-def _entry(path: Path, lineno: int, token: str, resolve: Callable[[str], int] | None) -> int:
-    if _INDEX_LINE.fullmatch(token):
-        return int(token)
-    where = f"order file {path}, line {lineno}"
-    if resolve is None:
-        raise OrderError(f"{where}: {token!r} is not a data-set index (an integer >= 0); "
-                         f"paths need a resolver that maps them to indices")
-    try:
-        value = resolve(token)
-    except (LookupError, ValueError) as e:
-        raise OrderError(f"{where}: {token!r} is not a file of the data set ({e})") from e
-    except Exception as e:
-        e.add_note(f"while reading {where}: {token!r}")
-        raise
-    try:
-        index = operator.index(value)
-    except TypeError:
-        index = -1
-    if isinstance(value, bool) or index < 0:
-        raise OrderError(f"{where}: {token!r} resolved to {value!r}, not an index >= 0")
-    return index
-
-
-def _read_npy(path: Path) -> list[list[int]]:
-    try:
-        import numpy as np
-    except ImportError as e:
-        raise OrderError(f"order file {path} is a .npy file; reading it needs numpy (pip install numpy)") from e
-    try:
-        arr = np.load(path, allow_pickle=False)
-    except (OSError, ValueError, EOFError) as e:
-        raise OrderError(f"order file {path}: not a readable .npy array ({e})") from e
-    if not np.issubdtype(arr.dtype, np.integer):
-        raise OrderError(f"order file {path}: holds {arr.dtype} values; indices must be integers "
-                         f"(save it with an integer dtype, e.g. arr.astype('int64'))")
-    if arr.ndim not in (1, 2):
-        raise OrderError(f"order file {path}: a {arr.ndim}-D array; use 1-D (one epoch) or "
-                         f"2-D (one row per epoch)")
-    if arr.size == 0:
-        raise OrderError(f"order file {path}: the array is empty")
-    rows = arr.reshape(1, -1) if arr.ndim == 1 else arr
-    negative = np.argwhere(rows < 0)
-    if len(negative):
-        row, pos = (int(x) for x in negative[0])
-        raise OrderError(f"order file {path}: epoch {row + 1}, position {pos}: negative index "
-                         f"{int(rows[row, pos])}; indices start at 0")
-    return [[int(x) for x in row] for row in rows.tolist()]
-
-
-# ---------------------------------------------------------------- ranks and nodes
-
-def ranks_from_env(env: Mapping[str, str]) -> tuple[int, int, int, int]:
-    """(world_size, rank, local_world_size, node_rank) of the process this environment
-    belongs to.
-
-    torchrun (WORLD_SIZE present) wins over Slurm: WORLD_SIZE, RANK, LOCAL_WORLD_SIZE,
-    node rank GROUP_RANK, else (RANK - LOCAL_RANK) // LOCAL_WORLD_SIZE.
-    Slurm (SLURM_PROCID present): SLURM_NTASKS, SLURM_PROCID, SLURM_NTASKS_PER_NODE or
-    this node's entry of SLURM_TASKS_PER_NODE ("4(x2),3"), node rank SLURM_NODEID.
-    Missing values default to (1, 0, 1, 0). Note: under `srun tier-run -- torchrun ...`
-    the Slurm values describe the tier-run tasks, not the training ranks."""
-    if "WORLD_SIZE" in env:
-        world = _env_int(env, "WORLD_SIZE", 1)
-        rank = _env_int(env, "RANK", 0)
-        local = _env_int(env, "LOCAL_WORLD_SIZE", 1)
-        if "GROUP_RANK" in env:
-            node = _env_int(env, "GROUP_RANK", 0)
-        else:
-            node = (rank - _env_int(env, "LOCAL_RANK", rank % local)) // local
-    elif "SLURM_PROCID" in env:
-        world = _env_int(env, "SLURM_NTASKS", 1)
-        rank = _env_int(env, "SLURM_PROCID", 0)
-        node = _env_int(env, "SLURM_NODEID", 0)
-        local = _slurm_local_world(env, node)
-    else:
-        return 1, 0, 1, 0
-    if world < 1 or not 0 <= rank < world or not 1 <= local <= world or node < 0:
-        raise OrderError(f"inconsistent launcher environment: world size {world}, rank {rank}, "
-                         f"local world size {local}, node {node}; give --world-size/--rank instead")
-    return world, rank, local, node
-
-
-def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
-    value = env.get(name)
-    if value is None or value.strip() == "":
-        return default
-    try:
-        return int(value)
-    except ValueError:
-        raise OrderError(f"environment variable {name}={value!r} is not an integer") from None
-
-
-def _slurm_local_world(env: Mapping[str, str], node: int) -> int:
-    if env.get("SLURM_NTASKS_PER_NODE", "").strip():
-        return _env_int(env, "SLURM_NTASKS_PER_NODE", 1)
-    spec = env.get("SLURM_TASKS_PER_NODE", "").strip()
-    if not spec:
-        return 1
-    counts = parse_slurm_tasks_per_node(spec)
-    if node >= len(counts):
-        raise OrderError(f"SLURM_TASKS_PER_NODE={spec!r} lists {len(counts)} nodes, but "
-                         f"SLURM_NODEID is {node}")
-    return counts[node]
-
-
-def parse_slurm_tasks_per_node(spec: str) -> list[int]:
-    """Slurm's compressed tasks-per-node list, one count per node: "4(x2),3" -> [4, 4, 3]."""
-    counts: list[int] = []
-    for part in spec.split(","):
-        m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
-        if not m:
-            raise OrderError(f"SLURM_TASKS_PER_NODE={spec!r}: cannot read {part!r} "
-                             f"(expected forms like 4 or 4(x2), comma-separated)")
-        counts.extend([int(m.group(1))] * int(m.group(2) or 1))
-    return counts
-
-
-def local_ranks(world_size: int, rank: int, local_world_size: int) -> list[int]:
-    """The global ranks on this process's node, under block placement (torchrun, Slurm's
-    default): node k holds ranks k*L .. k*L+L-1 (fewer on a last, partial node).
-    Uneven Slurm layouts ("4,3") are not block-regular; pass the ranks explicitly then."""
-    if not _positive_int(world_size) or not isinstance(rank, int) or not 0 <= rank < world_size:
-        raise OrderError(f"rank {rank!r} is outside world size {world_size!r}")
-    if not _positive_int(local_world_size) or local_world_size > world_size:
-        raise OrderError(f"local world size {local_world_size!r} must be between 1 and the "
-                         f"world size {world_size}")
-    first = rank // local_world_size * local_world_size
-    return list(range(first, min(first + local_world_size, world_size)))
-
-
-__all__ = ["KINDS", "OrderError", "SamplerSpec", "epoch_order", "epoch_orders", "local_ranks",
-           "node_stream", "parse_slurm_tasks_per_node", "ranks_from_env", "read_order_file"]

@@ -35,14 +35,10 @@ import heapq
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
+from ..placement.api import BLOCK, allocation
+
 INF = 1 << 62
-BLOCK = 4096
 TRIM_MIN = 1 << 16   # consumed positions kept before the stream's head is trimmed
-
-
-def allocation(size: int) -> int:
-    """Bytes a file of this size takes on a tier (whole 4 KiB blocks)."""
-    return max(BLOCK, (size + BLOCK - 1) // BLOCK * BLOCK)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from .catalog import Catalog, PathIndex
+from ..catalog import Catalog, PathIndex
 
 log = logging.getLogger("tiering")
 

@@ -1,60 +1,76 @@
-"""What a job did: the summary printed at exit and the --stats-json record."""
+"""What a job did: the record written by --stats-json and the summary printed
+at exit, both from one explicit `JobRecord` that the job fills in."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import Any
 
+from .placement.daemon import DaemonStats
 from .units import human_bytes
 
-if TYPE_CHECKING:
-    from .job import Job
+
+@dataclass
+class JobRecord:
+    """Everything the report needs, gathered by the job at its end."""
+
+    policy: str
+    exit_code: int
+    command: list[str]
+    profile: str
+    data: list[str]
+    files: int
+    bytes: int
+    tiers: list[dict[str, Any]] = field(default_factory=list)   # Daemon.tier_summary()
+    counters: dict[str, Any] = field(default_factory=dict)       # SharedIndex.counters()
+    daemon: DaemonStats = field(default_factory=DaemonStats)
+    abandoned: int = 0                                           # copies blocked in a PFS read at exit
+    order: dict[str, Any] = field(default_factory=dict)          # the policy's report
+    seconds: dict[str, float] = field(default_factory=dict)
 
 
-def collect(job: "Job", exit_code: int) -> dict[str, Any]:
-    cat = job.catalog
-    assert cat is not None
-    c = job.index.counters() if job.index else None
-    d = job.daemon
-    tiers = d.tier_summary() if d else []
-    by_tier = {t.name: (c["opens_tier"][k] if c else 0) for k, t in enumerate(job.tiers)}
-    job_pfs = c["opens_pfs"] if c else 0
-    daemon_opens = d.stats.pfs_opens if d else 0
+def to_json(r: JobRecord) -> dict[str, Any]:
+    c, d = r.counters, r.daemon
+    opens_tier = c.get("opens_tier", [0] * len(r.tiers))
+    by_tier = {t["name"]: opens_tier[k] for k, t in enumerate(r.tiers)}
+    job_pfs = c.get("opens_pfs", 0)
     return {
-        "policy": job.policy,
-        "exit_code": exit_code,
-        "command": job.opts.command,
-        "profile": job.opts.profile.name,
-        "data": cat.roots,
-        "files": len(cat.files),
-        "bytes": cat.total_bytes,
-        "tiers": tiers,
+        "policy": r.policy,
+        "exit_code": r.exit_code,
+        "command": r.command,
+        "profile": r.profile,
+        "data": r.data,
+        "files": r.files,
+        "bytes": r.bytes,
+        "tiers": r.tiers,
         "opens": {
-            "total": c["opens"] if c else 0,
+            "total": c.get("opens", 0),
             "pfs": job_pfs,
             "by_tier": by_tier,
-            "fallbacks": c["fallbacks"] if c else 0,
+            "fallbacks": c.get("fallbacks", 0),
         },
         "pfs": {
-            "opens": job_pfs + daemon_opens,
+            "opens": job_pfs + d.pfs_opens,
             "opens_by_job": job_pfs,
-            "opens_by_daemon": daemon_opens,
-            "bytes_read_by_daemon": d.stats.pfs_bytes if d else 0,
+            "opens_by_daemon": d.pfs_opens,
+            "bytes_read_by_daemon": d.pfs_bytes,
             "opens_avoided": sum(by_tier.values()),
-            "bytes_avoided": c["bytes_tier"] if c else 0,
+            "bytes_avoided": c.get("bytes_tier", 0),
         },
         "placement": {
-            "copies": d.stats.copies if d else 0,
-            "copy_failures": d.stats.copy_failures if d else 0,
-            "changed_sources": d.stats.changed_sources if d else 0,
-            "evictions": d.stats.evictions if d else 0,
-            "invalidated": d.stats.invalidated if d else 0,
-            "write_opens": c["writes"] if c else 0,
-            "abandoned": d.stuck if d else 0,   # copies still blocked in a PFS read at exit
-            "errors": d.stats.errors[:20] if d else [],
+            "copies": d.copies,
+            "copy_failures": d.copy_failures,
+            "changed_sources": d.changed_sources,
+            "evictions": d.evictions,
+            "invalidated": d.invalidated,
+            "write_opens": c.get("writes", 0),
+            "abandoned": r.abandoned,
+            "placement_errors": d.placement_errors,
+            "errors": d.errors[:20],
         },
-        "order": d.policy.report() if d else {},
-        "events": c["events_posted"] if c else 0,
-        "events_dropped": c["events_dropped"] if c else 0,
-        "seconds": {k: round(v, 3) for k, v in job.timings.items()},
+        "order": r.order,
+        "events": c.get("events_posted", 0),
+        "events_dropped": c.get("events_dropped", 0),
+        "seconds": {k: round(v, 3) for k, v in r.seconds.items()},
     }
 
 
@@ -90,6 +106,9 @@ def summary_text(s: dict[str, Any]) -> str:
     if pl.get("abandoned"):
         lines.append(f"  copies   {pl['abandoned']} still blocked reading the PFS at exit: abandoned"
                      " (is the PFS hung?)")
+    if pl.get("placement_errors"):
+        lines.append(f"  errors   {pl['placement_errors']} placement errors (see placement.errors in --stats-json);"
+                     " placement went on")
     if s["events_dropped"]:
         lines.append(f"  events   {s['events_dropped']} of {s['events']} dropped (ring full)")
     return "\n".join(lines)

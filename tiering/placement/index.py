@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 import cffi
 
-PACKAGE_DIR = Path(__file__).resolve().parent
+PACKAGE_DIR = Path(__file__).resolve().parent.parent     # tiering/
 RING_EVENTS = 1 << 16
 
 
@@ -50,14 +50,21 @@ def _cdef_text() -> str:
 
 ffi = cffi.FFI()
 ffi.cdef(_cdef_text())
-lib: Any = ffi.dlopen(str(library_path()))
 
-KIND_NAMES = {
-    lib.TIERING_EV_OPEN_PFS: "open_pfs",
-    lib.TIERING_EV_OPEN_TIER: "open_tier",
-    lib.TIERING_EV_CLOSE: "close",
-    lib.TIERING_EV_WRITE: "write",
-}
+
+class _Library:
+    """libtiershim.so, opened on first use: importing tiering (profiles, the
+    catalog, `tiering profile check`) never needs the built library."""
+
+    _lib: Any = None
+
+    def __getattr__(self, name: str) -> Any:
+        if _Library._lib is None:
+            _Library._lib = ffi.dlopen(str(library_path()))
+        return getattr(_Library._lib, name)
+
+
+lib: Any = _Library()
 
 
 @dataclass(frozen=True)

@@ -1,125 +1,19 @@
-"""Placement policies: which file goes to which tier, and when.
-
-- off:         the shim is loaded, nothing is placed (the shim's own cost).
-- first-touch: the first open of a file queues a copy into the fastest tier
-               with room; nothing is evicted (the Monarch policy).
-- stage:       every file that fits is copied at start, in catalog order
-               (what users do by hand with cp or sbcast).
-- lru:         first-touch placement that evicts the least recently opened
-               copies when the tier is full (what a page cache does).
-- clairvoyant: follows the planner (tiering/planner.py) over the stream the
-               job will read; first-touch until the stream is known, and
-               again if the reads stop following it.
-"""
+"""The clairvoyant policy: follows the planner (planner.py) over the stream
+the job will read, as the feeds (feeds.py) make it known, and tracks the
+reader through the open events (progress.py).  First-touch until the stream
+is known, and again if the reads stop following it."""
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .feed import EpochOrder, HookFeed, ListFeed
+from ..placement.api import Placement, Policy
+from ..placement.policies import FirstTouch
+from .feeds import EpochOrder, HookFeed, ListFeed
 from .planner import Planner
 from .progress import Progress
 
-if TYPE_CHECKING:
-    from .daemon import Daemon
-
 log = logging.getLogger("tiering")
-
-
-class Policy:
-    name = "base"
-
-    def __init__(self, daemon: "Daemon"):
-        self.d = daemon
-
-    def start(self) -> None:
-        """Called once the tier pools run, before COMMAND starts."""
-
-    def on_open(self, i: int, from_tier: bool, pid: int = 0) -> None:
-        """File i was opened by process pid of the job, from a tier or from the PFS."""
-
-    def on_placed(self, i: int, tier: int) -> None:
-        """A copy of file i was published on tier."""
-
-    def on_failed(self, i: int) -> None:
-        """A queued copy of file i was not published (failure, change, stop)."""
-
-    def poll(self) -> None:
-        """Called by the event loop before each batch of events."""
-
-    def report(self) -> dict[str, Any]:
-        """Policy-specific statistics for the summary."""
-        return {}
-
-
-class Off(Policy):
-    name = "off"
-
-
-class FirstTouch(Policy):
-    name = "first-touch"
-
-    def on_open(self, i: int, from_tier: bool, pid: int = 0) -> None:
-        if from_tier:
-            return
-        tier = self.d.fastest_with_room(i)
-        if tier is not None:
-            self.d.place(i, tier)
-
-
-class Stage(Policy):
-    name = "stage"
-
-    def start(self) -> None:
-        # queueing a million copies takes a moment: do not hold up COMMAND
-        threading.Thread(target=self._queue_all, name="tiering-stage", daemon=True).start()
-
-    def _queue_all(self) -> None:
-        for i in range(len(self.d.files)):
-            if self.d.stopping:
-                return
-            tier = self.d.fastest_with_room(i)
-            if tier is not None:
-                self.d.place(i, tier)
-
-
-class Lru(Policy):
-    name = "lru"
-
-    def __init__(self, daemon: "Daemon"):
-        super().__init__(daemon)
-        # per tier: placed files, least recently opened first
-        self.recency: list[OrderedDict[int, None]] = [OrderedDict() for _ in daemon.tiers]
-
-    def on_open(self, i: int, from_tier: bool, pid: int = 0) -> None:
-        with self.d.lock:
-            tier = self.d.where[i]
-            if tier >= 0:
-                self.recency[tier].move_to_end(i)
-                return
-            need = self.d.files[i].size
-            for k, t in enumerate(self.d.tiers):
-                if need > t.capacity:
-                    continue
-                self._make_room(k, need)
-                if self.d.place(i, k):
-                    return
-
-    def _make_room(self, k: int, size: int) -> None:
-        from .daemon import allocation
-        t = self.d.tiers[k]
-        lru = self.recency[k]
-        while t.free() < allocation(size) and lru:
-            victim, _ = lru.popitem(last=False)
-            self.d.evict(victim)
-
-    def on_placed(self, i: int, tier: int) -> None:
-        with self.d.lock:
-            if self.d.where[i] == tier:
-                self.recency[tier][i] = None
-                self.recency[tier].move_to_end(i)
 
 
 class Clairvoyant(Policy):
@@ -129,11 +23,11 @@ class Clairvoyant(Policy):
     margin = 0.98        # of each tier's capacity, for allocation rounding
     ahead = 2            # epochs of a ListFeed kept known beyond the reader's
 
-    def __init__(self, daemon: "Daemon", feed: ListFeed | HookFeed | None = None, window: int = 64):
-        super().__init__(daemon)
+    def __init__(self, placement: Placement, feed: ListFeed | HookFeed | None = None, window: int = 64):
+        super().__init__(placement)
         self.feed = feed
         self.window = window
-        self.first_touch = FirstTouch(daemon)
+        self.first_touch = FirstTouch(placement)
         self.planner: Planner | None = None
         self.progress: Progress | None = None
         self.epoch_starts: list[int] = []   # stream position where each known epoch begins
@@ -150,19 +44,16 @@ class Clairvoyant(Policy):
     # -- the stream ----------------------------------------------------------
     def start(self) -> None:
         if isinstance(self.feed, ListFeed):
-            with self.d.lock:
-                self._extend_from_list()
-                if self.planner is not None:
-                    self._pump()  # known before COMMAND starts: begin now
+            self._extend_from_list()
+            if self.planner is not None:
+                self._pump()  # known from the start: begin now
 
     def _fresh(self) -> None:
         """A new plan over what is placed now."""
-        caps = [int(t.capacity * self.margin) for t in self.d.tiers]
-        self.planner = Planner([f.size for f in self.d.files], caps, window=self.window)
-        for i, tier in enumerate(self.d.where):
-            if tier >= 0:
-                self.planner.adopt(i, tier)
-        for i, tier in self.d.pending.items():
+        p = self.placement
+        caps = [int(c * self.margin) for c in p.capacities]
+        self.planner = Planner(p.sizes, caps, window=self.window)
+        for i, tier in p.placements():
             self.planner.adopt(i, tier)
         self.progress = Progress(self.planner, window=max(256, 4 * self.window))
         self.epoch_starts, self.epochs = [], []
@@ -205,9 +96,8 @@ class Clairvoyant(Policy):
     def poll(self) -> None:
         if not isinstance(self.feed, HookFeed):
             return
-        with self.d.lock:
-            for key, eo in self.feed.poll():
-                self._take(key, eo)
+        for key, eo in self.feed.poll():
+            self._take(key, eo)
 
     def _take(self, key: int, eo: EpochOrder) -> None:
         feed = self.feed
@@ -240,20 +130,19 @@ class Clairvoyant(Policy):
         return self.planner is not None and not self.diverged
 
     def on_open(self, i: int, from_tier: bool, pid: int = 0) -> None:
-        with self.d.lock:
-            if not self.following:
-                self.first_touch.on_open(i, from_tier)
-                return
-            assert self.progress is not None
-            self.progress.sync()
-            if not self.progress.in_stream(i):
-                return  # not part of the planned data set: left on the PFS
-            if self.progress.on_open(i, pid) is not None:
-                if isinstance(self.feed, ListFeed):
-                    self._extend_from_list()
-                self._pump()
-            elif self.progress.diverged:
-                self._diverge()
+        if not self.following:
+            self.first_touch.on_open(i, from_tier)
+            return
+        assert self.progress is not None
+        self.progress.sync()
+        if not self.progress.in_stream(i):
+            return  # not part of the planned data set: left on the PFS
+        if self.progress.on_open(i, pid) is not None:
+            if isinstance(self.feed, ListFeed):
+                self._extend_from_list()
+            self._pump()
+        elif self.progress.diverged:
+            self._diverge()
 
     def _diverge(self) -> None:
         assert self.progress is not None
@@ -267,22 +156,20 @@ class Clairvoyant(Policy):
         for a in self.planner.advance():
             if a.kind == "evict":
                 self.evictions += 1
-                self.d.evict(a.file)  # a copy still in flight is dropped when it lands
-            elif self.d.place(a.file, a.tier):
+                self.placement.evict(a.file)  # a copy still in flight is dropped when it lands
+            elif self.placement.place(a.file, a.tier):
                 self.fetches += 1
             else:
                 self.refused += 1
                 self.planner.drop(a.file)
 
     def on_placed(self, i: int, tier: int) -> None:
-        with self.d.lock:
-            if self.following and self.planner is not None and self.planner.resident.get(i) != tier:
-                self.d.evict(i)  # the plan changed while it was copied
+        if self.following and self.planner is not None and self.planner.resident.get(i) != tier:
+            self.placement.evict(i)  # the plan changed while it was copied
 
     def on_failed(self, i: int) -> None:
-        with self.d.lock:
-            if self.planner is not None:
-                self.planner.drop(i)
+        if self.planner is not None:
+            self.planner.drop(i)
 
     def report(self) -> dict[str, Any]:
         p, pr = self.planner, self.progress
@@ -302,6 +189,3 @@ class Clairvoyant(Policy):
             "replans": self.resets,
             "hook_errors": list(self.feed.errors) if isinstance(self.feed, HookFeed) else [],
         }
-
-
-POLICIES: dict[str, type[Policy]] = {p.name: p for p in (Off, FirstTouch, Stage, Lru, Clairvoyant)}

@@ -1,0 +1,113 @@
+"""Order files: the order given explicitly, as text (one data-set index or
+file path per line, epochs separated by a blank line or "# epoch") or as a
+.npy array (one row per epoch)."""
+from __future__ import annotations
+
+import operator
+import re
+from pathlib import Path
+from typing import Callable
+
+from .samplers import OrderError
+
+NPY_MAGIC = b"\x93NUMPY"
+
+
+_EPOCH_LINE = re.compile(r"#\s*epoch\b", re.IGNORECASE)
+_INDEX_LINE = re.compile(r"[0-9]+")
+
+
+def read_order_file(path: Path, resolve: Callable[[str], int] | None = None) -> list[list[int]]:
+    """Epochs of data-set indices from an explicit order file.
+
+    Text (UTF-8): one entry per line, white space around it ignored. A decimal number is
+    an index; anything else is a path, turned into an index by `resolve` (KeyError,
+    LookupError or ValueError from it become an OrderError with the line number; other
+    exceptions pass through with the line noted). A blank line or a line "# epoch ..."
+    ends an epoch (several in a row end just one; no empty epochs); other lines starting
+    with "#" are comments.
+    .npy (recognised by its magic bytes): an integer array, 1-D for one epoch or 2-D
+    with one row per epoch."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise OrderError(f"order file {path}: cannot read it ({e.strerror or e})") from e
+    if data.startswith(NPY_MAGIC):
+        return _read_npy(path)
+    if path.suffix == ".npy":
+        raise OrderError(f"order file {path}: named .npy but not a numpy file; write it with numpy.save")
+    epochs = _read_text(path, data.decode("utf-8", errors="surrogateescape"), resolve)
+    if not epochs:
+        raise OrderError(f"order file {path}: no indices in it; write one index or path per line")
+    return epochs
+
+
+def _read_text(path: Path, text: str, resolve: Callable[[str], int] | None) -> list[list[int]]:
+    epochs: list[list[int]] = []
+    current: list[int] = []
+    for lineno, raw in enumerate(text.split("\n"), start=1):
+        line = raw.strip()
+        if not line or _EPOCH_LINE.match(line):
+            if current:
+                epochs.append(current)
+                current = []
+            continue
+        if line.startswith("#"):
+            continue
+        current.append(_entry(path, lineno, line, resolve))
+    if current:
+        epochs.append(current)
+    return epochs
+
+
+def _entry(path: Path, lineno: int, token: str, resolve: Callable[[str], int] | None) -> int:
+    if _INDEX_LINE.fullmatch(token):
+        return int(token)
+    where = f"order file {path}, line {lineno}"
+    if resolve is None:
+        raise OrderError(f"{where}: {token!r} is not a data-set index (an integer >= 0); "
+                         f"paths need a resolver that maps them to indices")
+    try:
+        value = resolve(token)
+    except (LookupError, ValueError) as e:
+        raise OrderError(f"{where}: {token!r} is not a file of the data set ({e})") from e
+    except Exception as e:
+        e.add_note(f"while reading {where}: {token!r}")
+        raise
+    try:
+        index = operator.index(value)
+    except TypeError:
+        index = -1
+    if isinstance(value, bool) or index < 0:
+        raise OrderError(f"{where}: {token!r} resolved to {value!r}, not an index >= 0")
+    return index
+
+
+def _read_npy(path: Path) -> list[list[int]]:
+    try:
+        import numpy as np
+    except ImportError as e:
+        raise OrderError(f"order file {path} is a .npy file; reading it needs numpy (pip install numpy)") from e
+    try:
+        arr = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as e:
+        raise OrderError(f"order file {path}: not a readable .npy array ({e})") from e
+    if not np.issubdtype(arr.dtype, np.integer):
+        raise OrderError(f"order file {path}: holds {arr.dtype} values; indices must be integers "
+                         f"(save it with an integer dtype, e.g. arr.astype('int64'))")
+    if arr.ndim not in (1, 2):
+        raise OrderError(f"order file {path}: a {arr.ndim}-D array; use 1-D (one epoch) or "
+                         f"2-D (one row per epoch)")
+    if arr.size == 0:
+        raise OrderError(f"order file {path}: the array is empty")
+    rows = arr.reshape(1, -1) if arr.ndim == 1 else arr
+    negative = np.argwhere(rows < 0)
+    if len(negative):
+        row, pos = (int(x) for x in negative[0])
+        raise OrderError(f"order file {path}: epoch {row + 1}, position {pos}: negative index "
+                         f"{int(rows[row, pos])}; indices start at 0")
+    return [[int(x) for x in row] for row in rows.tolist()]
+
+
+# ---------------------------------------------------------------- ranks and nodes

@@ -1,0 +1,96 @@
+"""The contract between the placement daemon and its policies.
+
+A policy decides which file goes to which tier and when; the daemon owns the
+tiers, the copies, the accounting and the shared index.  A policy sees the
+daemon only through `Placement` and is called only from the daemon's event
+thread (NOTE [one policy thread] in docs/design.md): no policy takes a lock
+or touches daemon state, and every hook sees a consistent picture.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterator, Protocol, Sequence
+
+BLOCK = 4096
+NOT_PLACED = -1
+
+
+def allocation(size: int) -> int:
+    """Bytes a file of this size is expected to take on a tier (whole 4 KiB
+    blocks, at least one): the one block rule of the daemon and the planner."""
+    return max(BLOCK, (size + BLOCK - 1) // BLOCK * BLOCK)
+
+
+class Placement(Protocol):
+    """What a policy may ask of the daemon and tell it to do."""
+
+    @property
+    def sizes(self) -> Sequence[int]:
+        """Catalogued size of every file, by catalog id."""
+        ...
+
+    @property
+    def capacities(self) -> Sequence[int]:
+        """Capacity of each tier in bytes, fastest first."""
+        ...
+
+    @property
+    def stopping(self) -> bool: ...
+
+    def where(self, i: int) -> int:
+        """The tier holding a published copy of file i, or NOT_PLACED."""
+        ...
+
+    def placeable(self, i: int) -> bool:
+        """True when file i has no copy, none in flight, and was not written
+        during the job (invalidated files are never placed again)."""
+        ...
+
+    def free(self, tier: int) -> int:
+        """Bytes of the tier not taken by copies or reservations."""
+        ...
+
+    def fastest_with_room(self, i: int) -> int | None: ...
+
+    def place(self, i: int, tier: int) -> bool:
+        """Reserves room and queues a copy of file i; False if it cannot
+        (not placeable, no room, stopping).  on_placed or on_failed follows."""
+        ...
+
+    def evict(self, i: int) -> bool:
+        """Unpublishes and deletes the copy of file i; False if there is none
+        (a copy still in flight is not evicted: on_placed tells when it lands)."""
+        ...
+
+    def placements(self) -> Iterator[tuple[int, int]]:
+        """(file, tier) of every published copy and every copy in flight."""
+        ...
+
+    def copies_in_flight(self) -> int: ...
+
+
+class Policy:
+    """Base class: every hook does nothing."""
+
+    name = "base"
+
+    def __init__(self, placement: Placement):
+        self.placement = placement
+
+    def start(self) -> None:
+        """Called once, before any other hook."""
+
+    def poll(self) -> None:
+        """Called before each batch of events (about every 5 ms)."""
+
+    def on_open(self, i: int, from_tier: bool, pid: int = 0) -> None:
+        """File i was opened by process pid of the job, from a tier or from the PFS."""
+
+    def on_placed(self, i: int, tier: int) -> None:
+        """A copy of file i was published on tier."""
+
+    def on_failed(self, i: int) -> None:
+        """A queued copy of file i was not published (failure, change, stop, write)."""
+
+    def report(self) -> dict[str, Any]:
+        """Policy-specific statistics for the summary."""
+        return {}

@@ -1,0 +1,330 @@
+"""The placement daemon: threads inside tier-run that copy data-set files onto
+the local tiers and publish them in the shared index.
+
+Threads: one event thread drains the shim's event ring, delivers copy
+completions and calls the policy (every policy hook runs there: NOTE [one
+policy thread]); per tier a pool of copy workers; the PFS reads of all
+workers share one semaphore sized for the PFS's concurrency.  The lock
+guards the placement state (which file is where, copies in flight, tier
+accounting), which the workers change when a copy lands.
+
+Publishing: a copy complete under its final name is published with a
+compare-and-swap of the entry's state word, so a write open that invalidated
+the entry meanwhile always wins.  Eviction unpublishes first and unlinks
+afterwards; a reader that raced with it either still opens the complete old
+copy or falls back to the PFS.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from array import array
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Sequence
+
+from ..catalog import Catalog, CatalogFile
+from .api import NOT_PLACED, Policy, allocation
+from .index import Event, SharedIndex, lib
+from .tiers import SourceChanged, TierState, copy_file, unlink_quietly
+
+log = logging.getLogger("tiering")
+
+STOP_TIMEOUT = 10.0   # seconds stop() waits for running copies (a hung PFS read cannot be interrupted)
+MAX_ERRORS = 20       # error messages kept for the summary
+
+
+@dataclass
+class DaemonStats:
+    pfs_opens: int = 0              # source files opened by the daemon
+    pfs_bytes: int = 0              # bytes the daemon read from the PFS
+    copies: int = 0
+    copy_failures: int = 0
+    changed_sources: int = 0        # not published: source changed since the scan
+    evictions: int = 0
+    invalidated: int = 0            # copies dropped after a write open
+    events: int = 0
+    placement_errors: int = 0       # exceptions raised by the policy (the job goes on)
+    errors: list[str] = field(default_factory=list)
+
+    def note(self, message: str) -> None:
+        if len(self.errors) < MAX_ERRORS and message not in self.errors:
+            self.errors.append(message)
+
+
+class Daemon:
+    """Implements the Placement contract (placement/api.py) for its policy."""
+
+    def __init__(self, index: SharedIndex, catalog: Catalog, slots: list[int],
+                 tiers: list[TierState], pfs_threads: int, policy_factory: Callable[["Daemon"], Policy]):
+        self.index = index
+        self.catalog = catalog
+        self.files = catalog.files
+        self.slots = slots
+        self.tiers = tiers
+        self.stats = DaemonStats()
+        self._sizes = [f.size for f in catalog.files]
+        self._lock = threading.Lock()
+        self.pfs_threads = max(1, pfs_threads)
+        self._pfs = threading.BoundedSemaphore(self.pfs_threads)
+        self._stop = threading.Event()
+        # catalog index by slot, and where each file is (tier or NOT_PLACED)
+        self.file_of_slot = array("i", [-1]) * int(index.header.nslots)
+        for i, s in enumerate(slots):
+            self.file_of_slot[s] = i
+        self._where = array("b", [NOT_PLACED]) * len(self.files)
+        self._pending: dict[int, int] = {}    # file -> tier of a copy in flight
+        self._allocated: dict[int, int] = {}  # file -> bytes its published copy was counted for
+        self._invalid: set[int] = set()
+        self._futures: set[Future[None]] = set()
+        self._landed: queue.SimpleQueue[tuple[int, int, bool]] = queue.SimpleQueue()  # file, tier, published
+        self._thread: threading.Thread | None = None
+        self._error_kinds: set[str] = set()
+        self.stuck = 0                      # copies stop() gave up waiting for
+        self.policy = policy_factory(self)
+
+    # -- the Placement contract ----------------------------------------------
+    @property
+    def sizes(self) -> Sequence[int]:
+        return self._sizes
+
+    @property
+    def capacities(self) -> Sequence[int]:
+        return [t.capacity for t in self.tiers]
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def where(self, i: int) -> int:
+        return self._where[i]
+
+    def placeable(self, i: int) -> bool:
+        return (self._where[i] == NOT_PLACED and i not in self._pending and i not in self._invalid
+                and not self._stop.is_set())
+
+    def free(self, tier: int) -> int:
+        return self.tiers[tier].free()
+
+    def fastest_with_room(self, i: int) -> int | None:
+        need = allocation(self._sizes[i])
+        for k, t in enumerate(self.tiers):
+            if t.free() >= need:
+                return k
+        return None
+
+    def place(self, i: int, tier: int) -> bool:
+        with self._lock:
+            if not self.placeable(i):
+                return False
+            t = self.tiers[tier]
+            need = allocation(self._sizes[i])
+            if t.free() < need:
+                return False
+            t.used += need
+            self._pending[i] = tier
+            assert t.pool is not None
+            fut = t.pool.submit(self._copy_job, i, tier, need)
+            self._futures.add(fut)
+            fut.add_done_callback(self._job_done(i, tier, need))
+        return True
+
+    def evict(self, i: int) -> bool:
+        with self._lock:
+            tier = self._where[i]
+            if tier == NOT_PLACED:
+                return False
+            self._drop_copy(i, tier)
+            self.stats.evictions += 1
+            return True
+
+    def placements(self) -> Iterator[tuple[int, int]]:
+        with self._lock:
+            placed = [(i, t) for i, t in enumerate(self._where) if t != NOT_PLACED]
+            placed += list(self._pending.items())
+        return iter(placed)
+
+    def copies_in_flight(self) -> int:
+        return len(self._pending)
+
+    # -- lifecycle ----------------------------------------------------------
+    def start(self) -> None:
+        for t in self.tiers:
+            # a copy waits on the PFS most of the time: enough workers that the
+            # PFS's concurrency (the semaphore) is what bounds the reads
+            t.pool = ThreadPoolExecutor(max_workers=max(1, t.threads, self.pfs_threads),
+                                        thread_name_prefix=f"tiering-{t.name}")
+        self._thread = threading.Thread(target=self._event_loop, name="tiering-events", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float | None = None) -> bool:
+        """Stops placing: queued copies are cancelled, running ones abort at
+        their next chunk.  A copy blocked in a read of a hung PFS cannot be
+        interrupted: after `timeout` seconds (default STOP_TIMEOUT) stop gives
+        up on it, says so and returns False (the caller must then not wait for
+        those threads at exit); True when every copy has ended."""
+        timeout = STOP_TIMEOUT if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        with self._lock:  # a place() past its stop check has submitted already
+            self._stop.set()
+            running = set(self._futures)
+        if self._thread:
+            self._thread.join(max(0.0, deadline - time.monotonic()))
+        for t in self.tiers:
+            if t.pool:
+                t.pool.shutdown(wait=False, cancel_futures=True)
+        not_done = wait(running, timeout=max(0.0, deadline - time.monotonic())).not_done
+        # wait() does not count a future cancelled by shutdown() as done
+        not_done = {f for f in not_done if not f.cancelled()}
+        self._guarded(self._handle, self.index.drain(force=True))
+        if not_done:
+            self.stuck = len(not_done)
+            log.warning("%d cop%s still blocked reading the PFS after %.0f s; not waiting for %s",
+                        len(not_done), "y is" if len(not_done) == 1 else "ies are", timeout,
+                        "it" if len(not_done) == 1 else "them")
+            return False
+        return True
+
+    # -- the event thread -------------------------------------------------------
+    def _event_loop(self) -> None:
+        self._guarded(self.policy.start)
+        last_tail_move = time.monotonic()
+        last_pending = -1
+        while not self._stop.wait(0.005):
+            self._deliver_landed()
+            # orders first: the hook writes an epoch's order before that epoch opens a file
+            self._guarded(self.policy.poll)
+            pending = self.index.pending_events()
+            stuck = pending > 0 and pending == last_pending and time.monotonic() - last_tail_move > 0.5
+            events = self.index.drain(force=stuck)
+            if events or pending != last_pending:
+                last_tail_move = time.monotonic()
+            last_pending = self.index.pending_events()
+            self._guarded(self._handle, events)
+
+    def _deliver_landed(self) -> None:
+        while True:
+            try:
+                i, tier, published = self._landed.get_nowait()
+            except queue.Empty:
+                return
+            if published:
+                self._guarded(self.policy.on_placed, i, tier)
+            else:
+                self._guarded(self.policy.on_failed, i)
+
+    def _guarded(self, fn: Callable[..., None], *args: object) -> None:
+        """A policy bug must not take the job down, nor print tracebacks on
+        the user's terminal: each kind of error is logged once (with its
+        traceback at -vv) and counted."""
+        try:
+            fn(*args)
+        except Exception as e:
+            self.stats.placement_errors += 1
+            kind = f"{type(e).__name__}: {e}"
+            self.stats.note(f"placement error: {kind}")
+            if kind not in self._error_kinds:
+                self._error_kinds.add(kind)
+                log.warning("placement error (placement goes on): %s", kind)
+                log.debug("placement error", exc_info=True)
+
+    def _handle(self, events: list[Event]) -> None:
+        self.stats.events += len(events)
+        for ev in events:
+            i = self.file_of_slot[ev.slot] if 0 <= ev.slot < len(self.file_of_slot) else -1
+            if i < 0:
+                continue
+            if ev.kind == lib.TIERING_EV_WRITE:
+                self._invalidate(i)
+            elif ev.kind in (lib.TIERING_EV_OPEN_PFS, lib.TIERING_EV_OPEN_TIER):
+                self._guarded(self.policy.on_open, i, ev.kind == lib.TIERING_EV_OPEN_TIER, ev.pid)
+
+    def _invalidate(self, i: int) -> None:
+        with self._lock:
+            if i in self._invalid:
+                return
+            self._invalid.add(i)
+            tier = self._where[i]
+            if tier != NOT_PLACED:
+                self._drop_copy(i, tier)
+                self.stats.invalidated += 1
+        log.info("%s was opened for writing: never served from a tier again",
+                 self.catalog.source_path(self.files[i]))
+
+    def _drop_copy(self, i: int, tier: int) -> None:
+        """Under the lock: unpublish, then delete, then account."""
+        f = self.files[i]
+        self.index.cas_state(self.slots[i], tier + 1, lib.TIERING_STATE_NONE)
+        t = self.tiers[tier]
+        unlink_quietly(t.copy_path(f))
+        t.used -= self._allocated.pop(i, allocation(f.size))
+        t.files -= 1
+        t.placed_bytes -= f.size
+        self._where[i] = NOT_PLACED
+
+    # -- the copy workers --------------------------------------------------------
+    def _job_done(self, i: int, tier: int, reserved: int) -> Callable[[Future[None]], None]:
+        def done(fut: Future[None]) -> None:
+            with self._lock:
+                self._futures.discard(fut)
+                if fut.cancelled():
+                    self._pending.pop(i, None)
+                    self.tiers[tier].used -= reserved
+        return done
+
+    def _count_read(self, n: int) -> None:
+        with self._lock:
+            self.stats.pfs_bytes += n
+
+    def _copy(self, src: str, f: CatalogFile, t: TierState) -> int | None:
+        """One copy, inside the PFS semaphore (tests wrap it)."""
+        return copy_file(src, f, t, self._stop, self._count_read)
+
+    def _copy_job(self, i: int, tier: int, reserved: int) -> None:
+        t = self.tiers[tier]
+        f = self.files[i]
+        src = self.catalog.source_path(f)
+        allocated: int | None = None
+        published = False
+        try:
+            with self._pfs:
+                with self._lock:
+                    self.stats.pfs_opens += 1
+                allocated = self._copy(src, f, t)
+            with self._lock:
+                if allocated is not None and i not in self._invalid and not self._stop.is_set():
+                    # the copy is complete under its final name: publish it
+                    published = self.index.cas_state(self.slots[i], lib.TIERING_STATE_NONE, tier + 1)
+                if published and allocated is not None:
+                    self._where[i] = tier
+                    t.files += 1
+                    t.placed_bytes += f.size
+                    t.used += allocated - reserved
+                    self._allocated[i] = allocated
+                    self.stats.copies += 1
+        except SourceChanged:
+            with self._lock:
+                self.stats.changed_sources += 1
+            log.info("%s changed since the scan: not placed", src)
+        except Exception as e:  # a failed copy only means the PFS serves this file
+            with self._lock:
+                t.failures += 1
+                self.stats.copy_failures += 1
+                self.stats.note(f"{src}: {e}")
+            log.debug("copy of %s to %s failed: %s", f.rel, t.name, e)
+        finally:
+            with self._lock:
+                self._pending.pop(i, None)
+                if not published:
+                    t.used -= reserved
+                    if allocated is not None:
+                        unlink_quietly(t.copy_path(f))
+        self._landed.put((i, tier, published))
+
+    # -- reporting -------------------------------------------------------------
+    def tier_summary(self) -> list[dict[str, object]]:
+        return [{"name": t.name, "kind": t.kind, "path": str(t.root), "capacity": t.capacity,
+                 "files": t.files, "bytes": t.placed_bytes, "used": t.used,
+                 "copy_failures": t.failures} for t in self.tiers]
