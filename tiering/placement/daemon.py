@@ -175,9 +175,9 @@ class Daemon:
         for t in self.tiers:
             if t.pool:
                 t.pool.shutdown(wait=False, cancel_futures=True)
+        # wait() would not see a future cancelled by shutdown() as done: leave them out
+        running = {f for f in running if not f.cancelled()}
         not_done = wait(running, timeout=max(0.0, deadline - time.monotonic())).not_done
-        # wait() does not count a future cancelled by shutdown() as done
-        not_done = {f for f in not_done if not f.cancelled()}
         self._guarded(self._handle, self.index.drain(force=True))
         if not_done:
             self.stuck = len(not_done)
