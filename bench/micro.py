@@ -17,8 +17,9 @@ A run's figure is its fastest timing batch (--estimator median for the median
 batch): interference from other processes only ever adds time.  Reported: the
 median over repeats of every configuration, and deltas paired within each
 repeat (shim configuration minus its no-shim baseline), with their range and a
-robust spread across repeats.  --shim measures another build of the library.  Writes DIR/micro.json and DIR/micro.md (default
-bench/results) and prints the table.
+robust spread across repeats.  --shim measures another build of the library.
+Writes DIR/micro.json and DIR/micro.md (default bench/results) and prints the
+table.
 """
 from __future__ import annotations
 
@@ -34,9 +35,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 from tiering.placement.index import Root, SharedIndex, lib, library_path
 
@@ -69,8 +71,8 @@ class Config:
     mode: str                    # "open" or "read"
     path: str
     expect: str                  # where the descriptor must point
-    entries: Optional[int]       # index size; None: no shim
-    cwd: Optional[str] = None
+    entries: int | None       # index size; None: no shim
+    cwd: str | None = None
     description: str = ""
     nosys: bool = False          # libc's open/close replaced by bench/nosys.c: the shim's code alone
 
@@ -95,7 +97,7 @@ class Settings:
     read_bytes: int
     read_chunk: int
     read_passes: int
-    cpu: Optional[int]
+    cpu: int | None
     shim: str
 
 
@@ -427,7 +429,7 @@ def machine_info(shim: Path) -> dict[str, Any]:
         "git_head": _run(["git", "-C", str(REPO), "rev-parse", "HEAD"]),
         "shim_source_modified": bool(_run(["git", "-C", str(REPO), "status", "--porcelain",
                                            "shim/tiershim.c", "shim/tiering.h"])),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
 
 
@@ -513,7 +515,7 @@ def markdown(result: dict[str, Any]) -> str:
 
 # ------------------------------------------------------------------ main ---
 
-def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.micro", description=__doc__.split("\n\n")[0])
     p.add_argument("--iterations", type=int, help="open+close per run (default 200000; quick 20000)")
     p.add_argument("--repeats", type=int, help="interleaved repeats (default 7; quick 3)")
@@ -538,7 +540,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     return a
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     a = parse_args(argv)
     t_start = time.perf_counter()
     parent = a.dir or (Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir()))

@@ -38,8 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.slowfs import SlowFs, SlowFsOptions, ensure_built, sweep_stale_mounts
 from bench.datagen import generate
+from bench.slowfs import SlowFs, SlowFsOptions, ensure_built, sweep_stale_mounts
 from tiering.units import human_bytes
 
 REPO = Path(__file__).resolve().parent.parent
@@ -76,7 +76,8 @@ class Settings:
     out: Path
 
 
-def write_profile(path: Path, scenario: Scenario, data_bytes: int, ssd_dir: Path, pfs: SlowFsOptions) -> list[dict[str, Any]]:
+def write_profile(path: Path, scenario: Scenario, data_bytes: int, ssd_dir: Path,
+                  pfs: SlowFsOptions) -> list[dict[str, Any]]:
     tiers = [{"name": "ram", "kind": "memory", "path": "/dev/shm",
               "capacity": int(scenario.ram * data_bytes), "threads": 4}]
     if scenario.ssd:
@@ -267,7 +268,8 @@ def table(result: dict[str, Any]) -> str:
         mb = sum(e["pfs_bytes"] for e in later) / len(later) / 1e6
         same = "same" if c["checksum"] == lb["checksum"] else "DIFFERENT"
         lines.append(f"| {c['name']} | {e1:.2f} | {rest:.2f} | {e1 / lb['epochs'][0]['seconds']:.2f}x | "
-                     f"{rest / later_mean(lb):.2f}x | {later_mean(pfs) / rest:.2f}x | {opens:.0f} | {mb:.1f} | {same} |")
+                     f"{rest / later_mean(lb):.2f}x | {later_mean(pfs) / rest:.2f}x | {opens:.0f} | {mb:.1f} "
+                     f"| {same} |")
     bound = bounds(result)
     if bound:
         lines += ["", f"Bound for epochs 2+: max(compute {bound['compute_s']:.2f} s, (D − C) / bandwidth "

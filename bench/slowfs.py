@@ -27,10 +27,11 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import IO, Any, Callable, Union
+from typing import IO, Any
 
 SLOWFS_DIR = Path(__file__).resolve().parent / "slowfs"
 BINARY = SLOWFS_DIR / "slowfs"
@@ -219,9 +220,9 @@ def sweep_stale_mounts(under: Path) -> list[Path]:
 
 # ---- cleanup on exit and SIGTERM -----------------------------------------------
 
-_active: list["SlowFs"] = []
+_active: list[SlowFs] = []
 _active_lock = threading.Lock()
-_Handler = Union[Callable[[int, Union[FrameType, None]], Any], int, None]
+_Handler = Callable[[int, FrameType | None], Any] | int | None
 _prev_sigterm: _Handler = None
 _sigterm_installed = False
 
@@ -249,7 +250,7 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     os.kill(os.getpid(), signum)
 
 
-def _register(fs: "SlowFs") -> None:
+def _register(fs: SlowFs) -> None:
     global _prev_sigterm, _sigterm_installed
     with _active_lock:
         _active.append(fs)
@@ -263,7 +264,7 @@ def _register(fs: "SlowFs") -> None:
         _sigterm_installed = True
 
 
-def _unregister(fs: "SlowFs") -> None:
+def _unregister(fs: SlowFs) -> None:
     global _sigterm_installed
     with _active_lock:
         if fs in _active:
@@ -296,7 +297,7 @@ class SlowFs:
         self.process: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
 
-    def __enter__(self) -> "SlowFs":
+    def __enter__(self) -> SlowFs:
         binary = ensure_built()
         if not self.source.is_dir():
             raise FileNotFoundError(f"slowfs source is not a directory: {self.source}")

@@ -22,8 +22,9 @@ instead of a decoded PIL image (for data sets of random bytes, or I/O-only runs)
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional, Union
+from typing import Any
 
 import torch
 from torch.utils.data import Dataset
@@ -31,10 +32,10 @@ from torch.utils.data import Dataset
 IMG_EXTENSIONS: tuple[str, ...] = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif",
                                    ".tiff", ".webp")
 
-PathLike = Union[str, Path]
+PathLike = str | Path
 
 
-def has_file_allowed_extension(filename: str, extensions: Union[str, tuple[str, ...]]) -> bool:
+def has_file_allowed_extension(filename: str, extensions: str | tuple[str, ...]) -> bool:
     """Case-insensitive suffix check, e.g. "x.JPEG" matches ".jpeg"."""
     suffixes = extensions if isinstance(extensions, str) else tuple(extensions)
     return filename.lower().endswith(suffixes)
@@ -49,9 +50,9 @@ def find_classes(directory: PathLike) -> tuple[list[str], dict[str, int]]:
     return classes, {name: i for i, name in enumerate(classes)}
 
 
-def make_dataset(directory: PathLike, class_to_idx: Optional[dict[str, int]] = None,
-                 extensions: Optional[Union[str, tuple[str, ...]]] = None,
-                 is_valid_file: Optional[Callable[[str], bool]] = None,
+def make_dataset(directory: PathLike, class_to_idx: dict[str, int] | None = None,
+                 extensions: str | tuple[str, ...] | None = None,
+                 is_valid_file: Callable[[str], bool] | None = None,
                  allow_empty: bool = False) -> list[tuple[str, int]]:
     """(path, class_index) for every sample, in torchvision's order (see module doc)."""
     directory = os.path.expanduser(os.fspath(directory))
@@ -119,10 +120,10 @@ class ImageFolder(Dataset):
     ``target_transform``, ``extensions`` (None when ``is_valid_file`` is given).
     """
 
-    def __init__(self, root: PathLike, transform: Optional[Callable[[Any], Any]] = None,
-                 target_transform: Optional[Callable[[int], Any]] = None,
-                 loader: Optional[Callable[[str], Any]] = None,
-                 is_valid_file: Optional[Callable[[str], bool]] = None,
+    def __init__(self, root: PathLike, transform: Callable[[Any], Any] | None = None,
+                 target_transform: Callable[[int], Any] | None = None,
+                 loader: Callable[[str], Any] | None = None,
+                 is_valid_file: Callable[[str], bool] | None = None,
                  allow_empty: bool = False, decode: bool = True) -> None:
         self.root = os.fspath(root)
         self.transform = transform

@@ -7,7 +7,11 @@ import json
 import subprocess
 from pathlib import Path
 
-from conftest import PYTHON, REPO
+import pytest
+
+from helpers import PYTHON, REPO
+
+pytestmark = [pytest.mark.slow, pytest.mark.fuse]
 
 CONFIGS = ["pfs", "off", "first-touch", "stage", "lru", "clairvoyant", "lower-bound"]
 

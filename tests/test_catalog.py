@@ -18,8 +18,17 @@ from pathlib import Path
 import pytest
 
 from tiering import catalog as catalog_mod
-from tiering.catalog import (IMG_EXTENSIONS, Catalog, CatalogError, CatalogFile, Layout, ScanError,
-                             dataset_order, dataset_samples, scan)
+from tiering.catalog import (
+    IMG_EXTENSIONS,
+    Catalog,
+    CatalogError,
+    CatalogFile,
+    Layout,
+    ScanError,
+    dataset_order,
+    dataset_samples,
+    scan,
+)
 from tiering.catalog.cache import cache_file
 
 REPO = Path(__file__).resolve().parent.parent
@@ -159,7 +168,7 @@ class SlowFS:
             def __init__(self) -> None:
                 self.it = REAL_SCANDIR(path)
 
-            def __enter__(self) -> "It":
+            def __enter__(self) -> It:
                 return self
 
             def __exit__(self, *a: object) -> None:

@@ -7,8 +7,11 @@ import json
 import subprocess
 from pathlib import Path
 
-from conftest import PYTHON
-from test_tier_run import N_FILES, READER, dataset, digest, no_leftovers, profile, tier_run  # noqa: F401
+import pytest
+
+from helpers import N_FILES, PYTHON, READER, dataset, digest, profile, tier_run
+
+pytestmark = pytest.mark.usefixtures("no_leftovers")
 
 SAMPLER = ["--sampler", "random", "--seed", "0", "--epochs", "3", "--layout", "sorted"]
 

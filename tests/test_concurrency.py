@@ -7,10 +7,9 @@ import json
 import os
 import random
 import threading
-import time
 from pathlib import Path
 
-from conftest import PYTHON, ShimEnv
+from helpers import PYTHON, ShimEnv
 from tiering.placement.index import lib
 
 STRESS = Path(__file__).resolve().parent / "workloads" / "stress.py"

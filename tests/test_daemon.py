@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import make_data, private_dir
+from helpers import make_data, private_dir
 from tiering.catalog import scan
 from tiering.placement.api import allocation
 from tiering.placement.daemon import Daemon

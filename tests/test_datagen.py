@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from bench import datagen
-from bench.datagen import KiB, MiB, DatagenError, generate
+from bench.datagen import DatagenError, KiB, MiB, generate
 
 REPO = Path(__file__).resolve().parent.parent
 READER = REPO / "tests" / "workloads" / "reader.py"

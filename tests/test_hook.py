@@ -9,10 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PYTHON, make_data
+import tiering
+from helpers import PYTHON, make_data
 from tiering.catalog import scan
 from tiering.clairvoyant.feeds import HookFeed
-import tiering
+
+pytestmark = pytest.mark.slow   # each test trains a small model twice
 
 HOOK_DIR = Path(tiering.__file__).resolve().parent / "hook"
 

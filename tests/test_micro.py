@@ -10,6 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.cc
+
 REPO = Path(__file__).resolve().parent.parent
 
 EXPECTED = {

@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 
 torch = pytest.importorskip("torch")
-from torch.utils.data import (BatchSampler, DataLoader, Dataset, DistributedSampler,  # noqa: E402
-                              RandomSampler, SequentialSampler)
+from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler, RandomSampler, SequentialSampler  # noqa: E402
 
 from tiering.clairvoyant.launcher import local_ranks, parse_slurm_tasks_per_node, ranks_from_env  # noqa: E402
 from tiering.clairvoyant.orderfile import read_order_file  # noqa: E402

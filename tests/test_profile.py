@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from tiering import profile as prof
-from tiering.profile import model, node
 from tiering.profile import (
     Profile,
     ProfileError,
@@ -19,6 +18,8 @@ from tiering.profile import (
     human_bytes,
     list_profiles,
     load_profile,
+    model,
+    node,
     parse_size,
 )
 
@@ -280,7 +281,7 @@ def _errors(tmp_path: Path) -> list[tuple[str, str, str, str]]:
         f"  - {{name: t{i}, kind: filesystem, path: {d}, capacity: 1MiB}}\n" for i in range(5)
     )
     return [
-        ("unknown-top-key", f"name: t\ntier: []\n", "tier", "did you mean 'tiers'"),
+        ("unknown-top-key", "name: t\ntier: []\n", "tier", "did you mean 'tiers'"),
         ("unknown-tier-key", one_tier(tmp_path, capacty="1MiB"), "tiers[0].capacty", "did you mean 'capacity'"),
         ("unknown-pfs-key", one_tier(tmp_path) + "pfs:\n  read_thread: 4\n", "pfs.read_thread", "did you mean 'read_threads'"),
         ("missing-name", "tiers:\n  - {name: a, kind: memory, path: /dev/shm, capacity: auto}\n", "name", "add 'name:'"),

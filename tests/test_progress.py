@@ -6,12 +6,11 @@ import json
 import random
 from pathlib import Path
 
+from helpers import make_data
 from tiering.catalog import scan
 from tiering.clairvoyant.feeds import HookFeed
 from tiering.clairvoyant.planner import Planner
 from tiering.clairvoyant.progress import HISTORY, Progress
-
-from conftest import make_data
 
 
 def tracker(orders: list[list[int]], window: int = 64) -> Progress:

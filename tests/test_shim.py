@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PYTHON, ShimEnv, build_index, make_data
+from helpers import PYTHON, ShimEnv, build_index, make_data
 from tiering.placement.index import Root, SharedIndex, lib
 
 ENTRIES = ["open", "open64", "openat", "openat64", "__open_2", "__open64_2", "__openat_2",
@@ -419,6 +419,7 @@ def test_fingerprint_distinguishes_roots_and_paths():
 def test_header_layout_agrees_between_c_and_python(tmp_path, cbin):
     """The C side reads values the Python side wrote (and the reverse)."""
     import subprocess
+
     from tiering.placement.index import ffi, header_path
     prog = tmp_path / "layout.c"
     prog.write_text(textwrap.dedent(r"""

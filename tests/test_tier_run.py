@@ -2,101 +2,21 @@
 policies, exit status, signals, clean-up and bad input."""
 from __future__ import annotations
 
-import getpass
-import hashlib
 import json
 import os
 import shutil
 import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from conftest import PYTHON, make_data
+from helpers import N_FILES, PYTHON, USER, dataset, digest, leftovers, make_data, profile, run_reader, tier_run
 
-READER = Path(__file__).resolve().parent / "workloads" / "reader.py"
-USER = getpass.getuser()
-N_FILES = 200
+pytestmark = pytest.mark.usefixtures("no_leftovers")
 
 
-def dataset(root: Path, n: int = N_FILES, seed: int = 3) -> dict[str, bytes]:
-    import random
-    rng = random.Random(seed)
-    return make_data(root, {f"c{i % 5}/f{i:04d}.bin": rng.randrange(1000, 20000) for i in range(n)}, seed)
-
-
-def profile(tmp: Path, capacity: str = "1GiB", threads: int = 2, second: str | None = None) -> Path:
-    text = f"""name: test
-tiers:
-  - name: ram
-    kind: memory
-    path: /dev/shm
-    capacity: {capacity}
-    threads: {threads}
-"""
-    if second:
-        (tmp / "ssd").mkdir(exist_ok=True)
-        text += f"""  - name: ssd
-    kind: filesystem
-    path: {tmp / 'ssd'}
-    capacity: {second}
-    threads: 2
-"""
-    text += "pfs:\n  read_threads: 4\n"
-    p = tmp / "profile.yaml"
-    p.write_text(text)
-    return p
-
-
-def tier_run(args: list[str], timeout: float = 300, **kw) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PYTHON, "-m", "tiering", "run", *args], capture_output=True, text=True,
-                          timeout=timeout, **kw)
-
-
-def run_reader(tmp: Path, data: Path, prof: Path, *extra: str, policy: str = "first-touch",
-               reader_args: tuple[str, ...] = ()) -> tuple[dict, dict, subprocess.CompletedProcess[str]]:
-    stats, out = tmp / "stats.json", tmp / "reader.json"
-    r = tier_run(["--profile", str(prof), "--data", str(data), "--policy", policy, "--stats-json", str(stats),
-                  *extra, "--", PYTHON, str(READER), "--data", str(data), "--epochs", "3", "--out", str(out),
-                  "--epoch-pause", "0.3",
-                  *reader_args])
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    return json.loads(stats.read_text()), json.loads(out.read_text()), r
-
-
-def digest(contents: dict[str, bytes]) -> str:
-    h = hashlib.sha256()
-    for rel in sorted(contents):
-        h.update(f"{rel}\0{hashlib.sha256(contents[rel]).hexdigest()}\n".encode())
-    return h.hexdigest()
-
-
-def leftovers() -> list[str]:
-    return [p for p in os.listdir("/dev/shm") if p.startswith(f"tiering-{USER}-")]
-
-
-def _dead(name: str) -> bool:
-    """A directory of a tier-run process that no longer exists (a leftover);
-    other tier-runs running meanwhile on this machine are not ours to judge."""
-    import psutil
-    try:
-        return not psutil.pid_exists(int(name.split("-")[-2]))
-    except ValueError:
-        return True
-
-
-@pytest.fixture(autouse=True)
-def no_leftovers():
-    before = set(leftovers())
-    yield
-    left = [d for d in set(leftovers()) - before if _dead(d)]
-    assert left == [], "tier-run left directories in /dev/shm"
-
-
-@pytest.mark.parametrize("ctx", ["fork", "spawn"])
+@pytest.mark.parametrize("ctx", ["fork", pytest.param("spawn", marks=pytest.mark.slow)])
 def test_epochs_after_the_first_are_served_from_the_tier(tmp_path, ctx):
     data = tmp_path / "pfs"
     contents = dataset(data)

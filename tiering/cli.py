@@ -5,15 +5,15 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
 from . import __version__
-from .job import Job, JobError, JobOptions, run
-from .job import POLICY_NAMES
+from .clairvoyant.options import OrderOptions
+from .job import POLICY_NAMES, Job, JobError, JobOptions, run
 from .profile import ProfileError, check_profile, format_profile, list_profiles, load_profile
 from .units import human_bytes
-from .clairvoyant.options import OrderOptions
 
 RUN_HELP = """Run COMMAND with the data set under each --data DIR served from local tiers.
 
@@ -41,19 +41,22 @@ def _order_options(f):  # type: ignore[no-untyped-def]
         click.option("--seed", type=int, help="Seed of the sampler's generator (DistributedSampler: its seed)."),
         click.option("--epochs", type=click.IntRange(min=1), default=1, show_default=True,
                      help="Epochs the training runs (with --sampler)."),
-        click.option("--world-size", type=click.IntRange(min=1), help="Ranks in the job (default: torchrun/Slurm variables)."),
-        click.option("--rank", type=click.IntRange(min=0), help="A rank on this node (default: torchrun/Slurm variables)."),
+        click.option("--world-size", type=click.IntRange(min=1),
+                     help="Ranks in the job (default: torchrun/Slurm variables)."),
+        click.option("--rank", type=click.IntRange(min=0),
+                     help="A rank on this node (default: torchrun/Slurm variables)."),
         click.option("--local-world-size", type=click.IntRange(min=1),
                      help="Ranks on this node, which serves all of them (default: torchrun/Slurm variables)."),
-        click.option("--batch-size", type=click.IntRange(min=1), help="With --drop-last: the last partial batch is not read."),
+        click.option("--batch-size", type=click.IntRange(min=1),
+                     help="With --drop-last: the last partial batch is not read."),
         click.option("--drop-last", is_flag=True, help="The DataLoader's drop_last."),
         click.option("--order-file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
                      help="The order itself: one data-set index or file path per line, epochs separated "
                           "by a blank line or '# epoch'; or a .npy (one row per epoch)."),
-        click.option("--layout", nargs=1, default="imagefolder", show_default=True, metavar="imagefolder|sorted|manifest",
+        click.option("--layout", nargs=1, default="imagefolder", show_default=True,
                      type=click.Choice(["imagefolder", "datasetfolder", "sorted", "manifest"]),
-                     help="How data-set index i maps to a file: torchvision ImageFolder order, all files sorted, "
-                          "or a manifest (--manifest FILE)."),
+                     help="How data-set index i maps to a file: torchvision ImageFolder order, DatasetFolder "
+                          "order (with --extensions), all files sorted, or a manifest (--manifest FILE)."),
         click.option("--manifest", type=click.Path(exists=True, dir_okay=False, path_type=Path),
                      help="With --layout manifest: the files of the data set, one per line (or a .json list), "
                           "in index order."),
@@ -64,7 +67,7 @@ def _order_options(f):  # type: ignore[no-untyped-def]
     ])
 
 
-def _order(kw: dict) -> OrderOptions:  # type: ignore[type-arg]
+def _order(kw: dict[str, Any]) -> OrderOptions:
     ext = kw.pop("extensions")
     return OrderOptions(kw.pop("sampler"), kw.pop("seed"), kw.pop("epochs"), kw.pop("world_size"),
                         kw.pop("rank"), kw.pop("local_world_size"), kw.pop("batch_size"), kw.pop("drop_last"),
@@ -99,7 +102,7 @@ def _run_options(f):  # type: ignore[no-untyped-def]
 
 
 def _do_run(profile: str, data: tuple[str, ...], policy: str | None, hook: bool | None, window: int,
-            stats_json: Path | None, keep: bool, verbose: int, command: tuple[str, ...], **kw) -> None:  # type: ignore[no-untyped-def]
+            stats_json: Path | None, keep: bool, verbose: int, command: tuple[str, ...], **kw: Any) -> None:
     order = _order(kw)
     logging.basicConfig(level=logging.WARNING if not verbose else logging.INFO if verbose == 1 else logging.DEBUG,
                         format="tiering: %(message)s", stream=sys.stderr)
@@ -159,9 +162,9 @@ def plan_cmd(profile_name: str, data: tuple[str, ...], window: int, as_json: boo
     import json as json_mod
 
     from .catalog import CatalogError, ScanError, scan
-    from .clairvoyant.samplers import OrderError
-    from .clairvoyant.planner import simulate
     from .clairvoyant.options import StreamError, epochs_from_options
+    from .clairvoyant.planner import simulate
+    from .clairvoyant.samplers import OrderError
     order = _order(kw)
     if not order.given:
         raise click.UsageError("give the order: --sampler ... (with --seed and --epochs) or --order-file FILE")

@@ -19,14 +19,16 @@ import json
 import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset, RandomSampler
 
 
 def list_files(root: str) -> list[str]:
-    out = []
+    out: list[str] = []
     for d, dirs, files in os.walk(root, followlinks=True):
         dirs.sort()
         out.extend(os.path.join(d, f) for f in sorted(files) if not f.startswith("."))
@@ -94,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         by_where: dict[str, int] = {}
         nbytes = 0
+        batches: Iterator[Any]
         if loader is not None:
             batches = iter(loader)
         else:

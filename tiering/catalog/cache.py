@@ -96,9 +96,9 @@ def _decode(data: bytes, root: str) -> RootScan:
     if not isinstance(skipped, list) or not all(isinstance(s, str) for s in skipped):
         raise ValueError("skipped is not a list of paths")
     p = RootScan(
-        files=_columns(doc["files"], {"rel": str, "size": int, "mtime_ns": int}),  # type: ignore[arg-type]
-        dirs=_columns(doc["dirs"], {"rel": str, "ino": int, "dev": int, "mtime_ns": int}),  # type: ignore[arg-type]
-        aliases=_columns(doc["aliases"], {"rel": str, "target": str}),  # type: ignore[arg-type]
+        files=_columns(doc["files"], {"rel": str, "size": int, "mtime_ns": int}),
+        dirs=_columns(doc["dirs"], {"rel": str, "ino": int, "dev": int, "mtime_ns": int}),
+        aliases=_columns(doc["aliases"], {"rel": str, "target": str}),
         skipped=skipped, links=bool(doc["dir_links"]), scanned_ns=int(doc["scanned_ns"]))
     if not p.dirs or p.dirs[0][0] != "":
         raise ValueError("the root directory is missing")

@@ -27,9 +27,10 @@ import os
 import queue
 import stat
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from .cache import load_cache, save_cache
 from .model import Catalog, CatalogDir, CatalogFile, DirAlias, RootScan, ScanError

@@ -10,9 +10,9 @@ import json
 import logging
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 from ..catalog import Catalog, PathIndex
 
@@ -120,7 +120,8 @@ class HookFeed:
                     continue  # the other ranks' orders are on their way
                 del loader.pending[epoch]
                 order = self._merge(loader, msgs, "indices")
-                nxt = self._merge(loader, msgs, "next") if all(m.get("next") is not None for m in msgs.values()) else None
+                known = all(m.get("next") is not None for m in msgs.values())
+                nxt = self._merge(loader, msgs, "next") if known else None
                 out.append((loader.key, EpochOrder(epoch, order, nxt)))
         return out
 

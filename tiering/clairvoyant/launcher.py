@@ -3,7 +3,7 @@ Slurm put them in the environment, and which ranks one node serves."""
 from __future__ import annotations
 
 import re
-from typing import Mapping
+from collections.abc import Mapping
 
 from .samplers import OrderError, positive_int
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import itertools
 import os
 import re
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Mapping
 
 from ..catalog import Catalog, Layout, PathIndex, dataset_order
 from .feeds import ListFeed

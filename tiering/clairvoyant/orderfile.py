@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import operator
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from .samplers import OrderError
 

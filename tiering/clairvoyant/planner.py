@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import bisect
 import heapq
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Sequence
 
 from ..placement.api import BLOCK, allocation
 

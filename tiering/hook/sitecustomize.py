@@ -150,6 +150,7 @@ class _SavedRNG:
 
     def __enter__(self):
         import random
+
         import torch
         self.torch = torch.get_rng_state()
         self.random = random.getstate()
@@ -163,6 +164,7 @@ class _SavedRNG:
 
     def __exit__(self, *exc):
         import random
+
         import torch
         torch.set_rng_state(self.torch)
         random.setstate(self.random)

@@ -8,7 +8,8 @@ or touches daemon state, and every hook sees a consistent picture.
 """
 from __future__ import annotations
 
-from typing import Any, Iterator, Protocol, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any, Protocol
 
 BLOCK = 4096
 NOT_PLACED = -1

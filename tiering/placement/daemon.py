@@ -21,9 +21,9 @@ import queue
 import threading
 import time
 from array import array
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Sequence
 
 from ..catalog import Catalog, CatalogFile
 from .api import NOT_PLACED, Policy, allocation
@@ -58,7 +58,7 @@ class Daemon:
     """Implements the Placement contract (placement/api.py) for its policy."""
 
     def __init__(self, index: SharedIndex, catalog: Catalog, slots: list[int],
-                 tiers: list[TierState], pfs_threads: int, policy_factory: Callable[["Daemon"], Policy]):
+                 tiers: list[TierState], pfs_threads: int, policy_factory: Callable[[Daemon], Policy]):
         self.index = index
         self.catalog = catalog
         self.files = catalog.files

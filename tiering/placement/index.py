@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import mmap
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import cffi
 
@@ -129,7 +130,7 @@ class SharedIndex:
     @classmethod
     def create(cls, path: Path, roots: Sequence[Root], tiers: Sequence[str],
                rels: Sequence[str], root_ids: Sequence[int], sizes: Sequence[int],
-               mtimes: Sequence[int], ring_events: int = RING_EVENTS) -> tuple["SharedIndex", list[int]]:
+               mtimes: Sequence[int], ring_events: int = RING_EVENTS) -> tuple[SharedIndex, list[int]]:
         """Writes a new index at path (mode 0600) and returns it with the slot
         of every catalogued file, in the order given."""
         if len(roots) > lib.TIERING_MAX_ROOTS:
@@ -184,7 +185,7 @@ class SharedIndex:
         return cls(path, mm), [int(slots[i]) for i in range(n)]
 
     @classmethod
-    def open(cls, path: Path) -> "SharedIndex":
+    def open(cls, path: Path) -> SharedIndex:
         fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
         try:
             size = os.fstat(fd).st_size

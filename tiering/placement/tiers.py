@@ -11,10 +11,10 @@ import errno
 import os
 import shutil
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from ..catalog import CatalogFile
 

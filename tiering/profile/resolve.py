@@ -13,10 +13,28 @@ from typing import Any
 from ..units import human_bytes, parse_size
 from . import node
 from .expand import _ExpansionError, expand_vars
-from .model import (DEFAULT_PFS_READ_THREADS, DEFAULT_TIER_THREADS, MAX_TIERS, TIER_KINDS, Pfs, Profile,
-                    ProfileError, Tier, _error)
-from .schema import (PFS_KEYS, TIER_KEYS, TIER_REQUIRED, TOP_KEYS, TOP_REQUIRED, bandwidth, check_keys, flag,
-                     positive_int)
+from .model import (
+    DEFAULT_PFS_READ_THREADS,
+    DEFAULT_TIER_THREADS,
+    MAX_TIERS,
+    TIER_KINDS,
+    Pfs,
+    Profile,
+    ProfileError,
+    Tier,
+    _error,
+)
+from .schema import (
+    PFS_KEYS,
+    TIER_KEYS,
+    TIER_REQUIRED,
+    TOP_KEYS,
+    TOP_REQUIRED,
+    bandwidth,
+    check_keys,
+    flag,
+    positive_int,
+)
 
 _TIER_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 

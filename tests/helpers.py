@@ -1,0 +1,167 @@
+"""Helpers the test modules share: data sets, an index with copies placed by
+hand, tier-run and its profile, and leftover checks.  Fixtures are in
+conftest.py."""
+from __future__ import annotations
+
+import getpass
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tiering.placement.index import Root, SharedIndex, lib
+
+REPO = Path(__file__).resolve().parent.parent
+C_DIR = Path(__file__).resolve().parent / "c"
+
+# names that exercise the path handling: nesting, spaces, unicode, dots
+DATA_FILES = {
+    "a/one.bin": 1000,
+    "a/two.bin": 70_000,
+    "a/deep/er/three.bin": 4096,
+    "b/with space.bin": 123,
+    "b/ünï.bin": 5,
+    "b/.hidden": 77,
+    "top.bin": 0,
+    "c/big.bin": 3_000_000,
+}
+
+
+def make_data(root: Path, files: dict[str, int] = DATA_FILES, seed: int = 1) -> dict[str, bytes]:
+    import random
+    rng = random.Random(seed)
+    out = {}
+    for rel, size in files.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        data = rng.randbytes(size)
+        p.write_bytes(data)
+        out[rel] = data
+    return out
+
+
+def private_dir(path: Path) -> Path:
+    path.mkdir(mode=0o700, parents=True)
+    os.chmod(path, 0o700)
+    return path
+
+
+@dataclass
+class ShimEnv:
+    """A data root, one tier and an index, as tier-run would set them up,
+    with the copies placed by hand."""
+
+    root: Path
+    tier: Path
+    index: SharedIndex
+    slots: dict[str, int]
+    contents: dict[str, bytes]
+    env: dict[str, str] = field(default_factory=dict)
+
+    def place(self, rel: str, data: bytes | None = None) -> Path:
+        dst = self.tier / "0" / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        dst.write_bytes(self.contents[rel] if data is None else data)
+        assert self.index.cas_state(self.slots[rel], lib.TIERING_STATE_NONE, 1)
+        return dst
+
+    def place_all(self) -> None:
+        for rel in self.contents:
+            self.place(rel)
+
+    def state(self, rel: str) -> int:
+        return self.index.state(self.slots[rel])
+
+    def run(self, args: list[str], env: dict[str, str] | None = None, **kw) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(args, env=self.env if env is None else env, capture_output=True,
+                              text=True, timeout=120, **kw)
+
+
+def build_index(tmp: Path, roots: list[Root], data_root: Path, contents: dict[str, bytes],
+                tier: Path) -> tuple[SharedIndex, dict[str, int]]:
+    run_dir = private_dir(tmp / "run")
+    rels = sorted(contents)
+    index, slots = SharedIndex.create(
+        run_dir / "index", roots, [str(tier)], rels, [0] * len(rels),
+        [len(contents[r]) for r in rels],
+        [(data_root / r).stat().st_mtime_ns for r in rels])
+    return index, dict(zip(rels, slots))
+
+
+PYTHON = sys.executable
+
+
+# -- tier-run end to end ------------------------------------------------------
+
+READER = Path(__file__).resolve().parent / "workloads" / "reader.py"
+USER = getpass.getuser()
+N_FILES = 200
+
+
+def dataset(root: Path, n: int = N_FILES, seed: int = 3) -> dict[str, bytes]:
+    import random
+    rng = random.Random(seed)
+    return make_data(root, {f"c{i % 5}/f{i:04d}.bin": rng.randrange(1000, 20000) for i in range(n)}, seed)
+
+
+def profile(tmp: Path, capacity: str = "1GiB", threads: int = 2, second: str | None = None) -> Path:
+    text = f"""name: test
+tiers:
+  - name: ram
+    kind: memory
+    path: /dev/shm
+    capacity: {capacity}
+    threads: {threads}
+"""
+    if second:
+        (tmp / "ssd").mkdir(exist_ok=True)
+        text += f"""  - name: ssd
+    kind: filesystem
+    path: {tmp / 'ssd'}
+    capacity: {second}
+    threads: 2
+"""
+    text += "pfs:\n  read_threads: 4\n"
+    p = tmp / "profile.yaml"
+    p.write_text(text)
+    return p
+
+
+def tier_run(args: list[str], timeout: float = 300, **kw) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PYTHON, "-m", "tiering", "run", *args], capture_output=True, text=True,
+                          timeout=timeout, **kw)
+
+
+def run_reader(tmp: Path, data: Path, prof: Path, *extra: str, policy: str = "first-touch",
+               reader_args: tuple[str, ...] = ()) -> tuple[dict, dict, subprocess.CompletedProcess[str]]:
+    stats, out = tmp / "stats.json", tmp / "reader.json"
+    r = tier_run(["--profile", str(prof), "--data", str(data), "--policy", policy, "--stats-json", str(stats),
+                  *extra, "--", PYTHON, str(READER), "--data", str(data), "--epochs", "3", "--out", str(out),
+                  "--epoch-pause", "0.3",
+                  *reader_args])
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return json.loads(stats.read_text()), json.loads(out.read_text()), r
+
+
+def digest(contents: dict[str, bytes]) -> str:
+    h = hashlib.sha256()
+    for rel in sorted(contents):
+        h.update(f"{rel}\0{hashlib.sha256(contents[rel]).hexdigest()}\n".encode())
+    return h.hexdigest()
+
+
+def leftovers() -> list[str]:
+    return [p for p in os.listdir("/dev/shm") if p.startswith(f"tiering-{USER}-")]
+
+
+def dead_job_dir(name: str) -> bool:
+    """A directory of a tier-run process that no longer exists (a leftover);
+    other tier-runs running meanwhile on this machine are not ours to judge."""
+    import psutil
+    try:
+        return not psutil.pid_exists(int(name.split("-")[-2]))
+    except ValueError:
+        return True
