@@ -173,10 +173,12 @@ def plan_cmd(profile_name: str, data: tuple[str, ...], window: int, as_json: boo
     sizes = [f.size for f in cat.files]
     caps = [t.capacity for t in prof.tiers]
     reports, _ = simulate(epochs, sizes, caps, window=window)
+    from .simulate.fromprofile import format_prediction, plan_prediction
+    predicted = plan_prediction(prof, sizes, epochs, order.batch_size)
     if as_json:
         click.echo(json_mod.dumps({"files": len(cat.files), "bytes": cat.total_bytes,
                                    "tiers": [{"name": t.name, "capacity": t.capacity} for t in prof.tiers],
-                                   "epochs": [r.as_dict() for r in reports]}, indent=2))
+                                   "epochs": [r.as_dict() for r in reports], "predicted": predicted}, indent=2))
         return
     click.echo(f"{len(cat.files)} files, {human_bytes(cat.total_bytes)}; tiers: " +
                ", ".join(f"{t.name} {human_bytes(t.capacity)}" for t in prof.tiers))
@@ -185,6 +187,7 @@ def plan_cmd(profile_name: str, data: tuple[str, ...], window: int, as_json: boo
     for k, r in enumerate(reports, 1):
         click.echo(f"{k:>5}  {r.accesses:>8}  " + "  ".join(f"{h:>12}" for h in r.hits) +
                    f"  {r.pfs_reads:>10}  {human_bytes(r.pfs_bytes):>10}")
+    click.echo(format_prediction(predicted))
 
 
 @main.group()
@@ -220,6 +223,9 @@ def profile_check(file: str) -> None:
     click.echo(format_profile(p))
     click.echo(f"{file}: OK")
 
+
+from .simulate.cli import simulate_cmd  # noqa: E402
+main.add_command(simulate_cmd)
 
 if __name__ == "__main__":
     main()

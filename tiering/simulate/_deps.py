@@ -1,0 +1,14 @@
+"""The parts of tiering the simulator builds on, imported in this one place:
+the planner tier-run's clairvoyant policy runs, the profile loader, the
+catalog scan and the sampler orders."""
+from __future__ import annotations
+
+from ..catalog import CatalogError, ScanError, scan
+from ..order import OrderError, SamplerSpec, epoch_order
+from ..planner import Action, Planner, allocation, simulate as plan_simulate
+from ..profile import Profile, ProfileError, human_bytes, load_profile
+from ..stream import OrderOptions, StreamError, epochs_from_options
+
+__all__ = ["Action", "CatalogError", "OrderError", "OrderOptions", "Planner", "Profile", "ProfileError",
+           "SamplerSpec", "ScanError", "StreamError", "allocation", "epoch_order", "epochs_from_options",
+           "human_bytes", "load_profile", "plan_simulate", "scan"]
