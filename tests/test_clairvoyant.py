@@ -132,6 +132,7 @@ def test_plan_command_prints_a_table(tmp_path):
     lines = r.stdout.splitlines()
     assert lines[0].startswith("50 files")
     assert "ram hits" in lines[1] and "PFS bytes" in lines[1]
-    assert [ln.split()[0] for ln in lines[2:]] == ["1", "2"]
+    assert [ln.split()[0] for ln in lines[2:4]] == ["1", "2"]
+    assert lines[4].startswith("predicted seconds per epoch") and "reading the PFS directly" in lines[5]
     r = subprocess.run([PYTHON, "-m", "tiering", "plan", "--data", str(data)], capture_output=True, text=True)
     assert r.returncode == 2 and "give the order" in r.stderr

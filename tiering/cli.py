@@ -10,9 +10,12 @@ from typing import Any
 import click
 
 from . import __version__
-from .clairvoyant.options import OrderOptions
+from .cliopts import apply_options as _apply
+from .cliopts import order_from as _order
+from .cliopts import order_options as _order_options
 from .job import POLICY_NAMES, Job, JobError, JobOptions, run
 from .profile import ProfileError, check_profile, format_profile, list_profiles, load_profile
+from .simulate.cli import simulate_cmd
 from .units import human_bytes
 
 RUN_HELP = """Run COMMAND with the data set under each --data DIR served from local tiers.
@@ -24,56 +27,6 @@ RUN_HELP = """Run COMMAND with the data set under each --data DIR served from lo
 COMMAND's exit status is tier-run's.  Files are copied to the tiers of the
 profile (default: auto, which finds RAM and a local disk) while COMMAND runs;
 every copy is removed when it ends."""
-
-
-def _apply(f, opts):  # type: ignore[no-untyped-def]
-    for o in reversed(opts):
-        f = o(f)
-    return f
-
-
-def _order_options(f):  # type: ignore[no-untyped-def]
-    """How the daemon learns the order the training reads the data set in."""
-    return _apply(f, [
-        click.option("--sampler", type=click.Choice(["random", "distributed", "sequential"]),
-                     help="The training's sampler: RandomSampler / DataLoader(shuffle=True) with a seeded "
-                          "generator, DistributedSampler, or SequentialSampler."),
-        click.option("--seed", type=int, help="Seed of the sampler's generator (DistributedSampler: its seed)."),
-        click.option("--epochs", type=click.IntRange(min=1), default=1, show_default=True,
-                     help="Epochs the training runs (with --sampler)."),
-        click.option("--world-size", type=click.IntRange(min=1),
-                     help="Ranks in the job (default: torchrun/Slurm variables)."),
-        click.option("--rank", type=click.IntRange(min=0),
-                     help="A rank on this node (default: torchrun/Slurm variables)."),
-        click.option("--local-world-size", type=click.IntRange(min=1),
-                     help="Ranks on this node, which serves all of them (default: torchrun/Slurm variables)."),
-        click.option("--batch-size", type=click.IntRange(min=1),
-                     help="With --drop-last: the last partial batch is not read."),
-        click.option("--drop-last", is_flag=True, help="The DataLoader's drop_last."),
-        click.option("--order-file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-                     help="The order itself: one data-set index or file path per line, epochs separated "
-                          "by a blank line or '# epoch'; or a .npy (one row per epoch)."),
-        click.option("--layout", nargs=1, default="imagefolder", show_default=True,
-                     type=click.Choice(["imagefolder", "datasetfolder", "sorted", "manifest"]),
-                     help="How data-set index i maps to a file: torchvision ImageFolder order, DatasetFolder "
-                          "order (with --extensions), all files sorted, or a manifest (--manifest FILE)."),
-        click.option("--manifest", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-                     help="With --layout manifest: the files of the data set, one per line (or a .json list), "
-                          "in index order."),
-        click.option("--extensions", metavar=".EXT,...",
-                     help="File extensions of the samples (DatasetFolder; default for ImageFolder: its image list)."),
-        click.option("--layout-root", type=click.Path(file_okay=False, exists=True, path_type=Path),
-                     help="The directory the training's ImageFolder is given, when it is not the (only) --data."),
-    ])
-
-
-def _order(kw: dict[str, Any]) -> OrderOptions:
-    ext = kw.pop("extensions")
-    return OrderOptions(kw.pop("sampler"), kw.pop("seed"), kw.pop("epochs"), kw.pop("world_size"),
-                        kw.pop("rank"), kw.pop("local_world_size"), kw.pop("batch_size"), kw.pop("drop_last"),
-                        kw.pop("order_file"), kw.pop("layout"), kw.pop("manifest"),
-                        tuple(e.strip() for e in ext.split(",") if e.strip()) if ext else None,
-                        kw.pop("layout_root"))
 
 
 def _run_options(f):  # type: ignore[no-untyped-def]
@@ -177,10 +130,12 @@ def plan_cmd(profile_name: str, data: tuple[str, ...], window: int, as_json: boo
     sizes = [f.size for f in cat.files]
     caps = [t.capacity for t in prof.tiers]
     reports, _ = simulate(epochs, sizes, caps, window=window)
+    from .simulate.fromprofile import format_prediction, plan_prediction
+    predicted = plan_prediction(prof, sizes, epochs, order.batch_size)
     if as_json:
         click.echo(json_mod.dumps({"files": len(cat.files), "bytes": cat.total_bytes,
                                    "tiers": [{"name": t.name, "capacity": t.capacity} for t in prof.tiers],
-                                   "epochs": [r.as_dict() for r in reports]}, indent=2))
+                                   "epochs": [r.as_dict() for r in reports], "predicted": predicted}, indent=2))
         return
     click.echo(f"{len(cat.files)} files, {human_bytes(cat.total_bytes)}; tiers: " +
                ", ".join(f"{t.name} {human_bytes(t.capacity)}" for t in prof.tiers))
@@ -189,6 +144,7 @@ def plan_cmd(profile_name: str, data: tuple[str, ...], window: int, as_json: boo
     for k, r in enumerate(reports, 1):
         click.echo(f"{k:>5}  {r.accesses:>8}  " + "  ".join(f"{h:>12}" for h in r.hits) +
                    f"  {r.pfs_reads:>10}  {human_bytes(r.pfs_bytes):>10}")
+    click.echo(format_prediction(predicted))
 
 
 @main.group()
@@ -224,6 +180,8 @@ def profile_check(file: str) -> None:
     click.echo(format_profile(p))
     click.echo(f"{file}: OK")
 
+
+main.add_command(simulate_cmd)
 
 if __name__ == "__main__":
     main()

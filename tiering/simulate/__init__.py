@@ -1,0 +1,1 @@
+"""`tiering simulate`: a performance model of the I/O policies (NOTE [simulator])."""

@@ -1,0 +1,58 @@
+"""Copies made by a storage class's own threads: bulk loads before or while
+the training runs (NOTE [simulator]).
+
+A class j has p_j threads; files are dealt to them round robin and each
+thread reads its files one after the other.  Bulk loads from the PFS assume
+all N nodes load at once (gamma = N) and do not count as stream reads."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .engine import INF
+from .rates import Rates
+
+
+@dataclass
+class LocalCopies:
+    """avail[node][file] (INF: no copy) and inv[node][file] (s per MB), as lists
+    for the engine's inner loop; used[node][class] in MB."""
+    avail: list[list[float]]
+    inv: list[list[float]]
+    used: list[list[float]] = field(default_factory=list)
+
+    @staticmethod
+    def empty(nodes: int, files: int, classes: int) -> LocalCopies:
+        return LocalCopies([[INF] * files for _ in range(nodes)], [[0.0] * files for _ in range(nodes)],
+                           [[0.0] * classes for _ in range(nodes)])
+
+
+def thread_finish(durations: np.ndarray, threads: int, start: float = 0.0) -> np.ndarray:
+    """When each of a sequence of reads dealt round robin to `threads` threads
+    (all free at `start`) completes."""
+    done = np.empty(len(durations))
+    for k in range(threads):
+        done[k::threads] = start + np.cumsum(durations[k::threads])
+    return done
+
+
+def pfs_bulk(sizes: np.ndarray, rates: Rates, threads: int, cls: int | None = None) -> np.ndarray:
+    """Completion times of a bulk load of these files from the PFS (written to class cls)."""
+    per = rates.pfs_latency + sizes * (rates.pfs[rates.nodes] + rates.write)
+    return thread_finish(per, threads)
+
+
+def fill_by_capacity(order: np.ndarray, sizes: np.ndarray, capacity: float) -> int:
+    """How many files of `order`, taken in turn, fit in `capacity` MB."""
+    return int(np.searchsorted(np.cumsum(sizes[order]), capacity, side="right"))
+
+
+def place(copies: LocalCopies, node: int, files: np.ndarray, avail: np.ndarray, inv: float, cls: int,
+          sizes: np.ndarray) -> None:
+    a, v = copies.avail[node], copies.inv[node]
+    for f, t in zip(files.tolist(), avail.tolist()):
+        a[f] = t
+        v[f] = inv
+    if copies.used:
+        copies.used[node][cls] += float(sizes[files].sum())
