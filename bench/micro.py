@@ -57,7 +57,7 @@ UNPLACED_REL = "train/n01440764/n01440764_10027.JPEG"
 BIG_REL = "big/blob.bin"
 SMALL_SIZE = 110 * 1024
 
-# What DESIGN.md ("Measured cost to aim at") and the issue ask for, in ns.
+# The shim's cost the project aims at (docs/design.md, "Shim cost"), in ns.
 AIM_OUTSIDE_NS = 5.0
 AIM_MISS_NS = 11.0
 AIM_REDIRECT_DESIGN_NS = 85.0

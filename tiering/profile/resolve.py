@@ -82,7 +82,7 @@ def _resolve_capacity(
     free = node.free_bytes(path)
     # Memory tiers: "auto" and "N%" are also capped by memory_tier_bound(), i.e. half of
     # the available RAM and half of what a cgroup memory limit still leaves, because
-    # tmpfs pages are charged to the job's memory cgroup (see DESIGN.md, rule 2).
+    # tmpfs pages are charged to the job's memory cgroup (README, "Sizing the memory tier").
     if spec == "auto":
         return max(0, min(free - node.shm_reserve(path), node.memory_tier_bound()))
     if spec.endswith("%"):
