@@ -108,13 +108,15 @@ def shimenv(tmp_path: Path):
 
 @pytest.fixture(scope="session")
 def cbin(tmp_path_factory) -> Path:
-    """The C test programs, built once per session."""
+    """The C test programs (lib*.c: shared libraries), built once per session."""
     out = tmp_path_factory.mktemp("cbin")
     cc = shutil.which("cc") or shutil.which("gcc")
     assert cc, "a C compiler is needed for the shim tests"
     for src in C_DIR.glob("*.c"):
-        subprocess.run([cc, "-O1", "-Wall", "-U_FORTIFY_SOURCE", "-D_FORTIFY_SOURCE=0", "-pthread",
-                        "-o", str(out / src.stem), str(src)], check=True)
+        lib_args = ["-shared", "-fPIC"] if src.stem.startswith("lib") else []
+        name = src.stem + (".so" if lib_args else "")
+        subprocess.run([cc, "-O1", "-Wall", "-U_FORTIFY_SOURCE", "-D_FORTIFY_SOURCE=0", "-pthread", *lib_args,
+                        "-o", str(out / name), str(src)], check=True)
     return out
 
 

@@ -554,6 +554,42 @@ def test_writes_of_files_outside_the_catalog_invalidate_nothing(tmp_path, cbin):
     se.index.close()
 
 
+@pytest.mark.parametrize("entry", ["open", "open64", "fopen"])
+def test_a_copy_invalidated_while_it_is_opened_is_not_served(shimenv, cbin, tmp_path, entry):
+    """NOTE [linearizable redirect]: a write open elsewhere invalidates the
+    file between the shim's decision and its open of the copy (the preloaded
+    libinvalidate does it at that instant); the shim closes the copy and
+    reads the PFS."""
+    rel = "a/two.bin"
+    shimenv.place(rel)
+    src = str(shimenv.root / rel)
+    env = dict(shimenv.env, LD_PRELOAD=f"{lib_path()} {cbin / 'libinvalidate.so'}",
+               FLIP_TIER=str(shimenv.tier), FLIP_SLOT=str(shimenv.slots[rel]))
+    got, target = read_via(shimenv, cbin, entry, src, tmp_path, env=env)
+    assert (got, target) == (shimenv.contents[rel], src)
+    assert shimenv.state(rel) == lib.TIERING_STATE_INVALID
+    c = shimenv.index.counters()
+    assert (c["opens_tier"], c["opens_pfs"], c["fallbacks"]) == ([0], 1, 1)
+
+
+def test_the_copy_that_was_not_served_is_closed_and_errno_kept(shimenv, cbin):
+    rel = "a/two.bin"
+    shimenv.place(rel)
+    src = str(shimenv.root / rel)
+    env = dict(shimenv.env, LD_PRELOAD=f"{lib_path()} {cbin / 'libinvalidate.so'}",
+               FLIP_TIER=str(shimenv.tier), FLIP_SLOT=str(shimenv.slots[rel]))
+    r = shimenv.run([PYTHON, "-c", textwrap.dedent(f"""
+        import ctypes, os
+        libc = ctypes.CDLL(None, use_errno=True)
+        free = os.open('/dev/null', os.O_RDONLY)
+        os.close(free)
+        ctypes.set_errno(1234)
+        fd = libc.open({src.encode()!r}, os.O_RDONLY)
+        print(fd == free, ctypes.get_errno(), os.readlink(f'/proc/self/fd/{{fd}}'))
+    """)], env=env)
+    assert r.stdout.split() == ["True", "1234", src], r.stderr
+
+
 # -- tier roots: NOTE [tier roots] -----------------------------------------------
 
 @pytest.mark.parametrize("flaw", ["look-alike", "mode-0755", "other-owner", "missing"])
