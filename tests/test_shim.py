@@ -542,6 +542,32 @@ def test_a_write_through_any_alias_invalidates_every_path_of_the_file(tmp_path, 
     se.index.close()
 
 
+TRUNCATING = {
+    "O_TRUNC": "import os; os.close(os.open(P, os.O_WRONLY | os.O_TRUNC))",
+    "creat": "import ctypes; l = ctypes.CDLL(None); l.close(l.creat(P.encode(), 0o644))",
+    "fopen-w": ("import ctypes; l = ctypes.CDLL(None); l.fopen.restype = ctypes.c_void_p; "
+                "l.fclose(ctypes.c_void_p(l.fopen(P.encode(), b'w')))"),
+}
+
+
+@pytest.mark.parametrize("how", sorted(TRUNCATING))
+@pytest.mark.parametrize("through", ["link.bin", "../../outside.bin"])
+def test_a_truncating_open_invalidates_the_file_before_the_open(tmp_path, cbin, how, through):
+    """The preloaded libstateatopen prints the entry's state as the open
+    reaches libc: already invalid, although the open goes through a symlink,
+    catalogued or not (outside the roots), and the entry is its target's."""
+    root, _ = alias_tree(tmp_path)
+    se = catalog_shimenv(tmp_path, root, {})
+    env = dict(se.env, LD_PRELOAD=f"{lib_path()} {cbin / 'libstateatopen.so'}",
+               STATE_SLOT=str(se.slots["real.bin"]))
+    path = os.path.normpath(root / through)
+    r = se.run([PYTHON, "-c", f"P = {path!r}\n" + TRUNCATING[how]], env=env)
+    assert r.returncode == 0, r.stderr
+    assert f"state-at-open={lib.TIERING_STATE_INVALID}" in r.stderr.splitlines(), r.stderr
+    assert (root / "real.bin").read_bytes() == b""
+    se.index.close()
+
+
 def test_writes_of_files_outside_the_catalog_invalidate_nothing(tmp_path, cbin):
     root, _ = alias_tree(tmp_path)
     se = catalog_shimenv(tmp_path, root, {})
