@@ -553,12 +553,12 @@ TRUNCATING = {
 @pytest.mark.parametrize("how", sorted(TRUNCATING))
 @pytest.mark.parametrize("through", ["link.bin", "../../outside.bin"])
 def test_a_truncating_open_invalidates_the_file_before_the_open(tmp_path, cbin, how, through):
-    """The preloaded libstateatopen prints the entry's state as the open
+    """The preloaded libatopen prints the entry's state as the open
     reaches libc: already invalid, although the open goes through a symlink,
     catalogued or not (outside the roots), and the entry is its target's."""
     root, _ = alias_tree(tmp_path)
     se = catalog_shimenv(tmp_path, root, {})
-    env = dict(se.env, LD_PRELOAD=f"{lib_path()} {cbin / 'libstateatopen.so'}",
+    env = dict(se.env, LD_PRELOAD=f"{lib_path()} {cbin / 'libatopen.so'}",
                STATE_SLOT=str(se.slots["real.bin"]))
     path = os.path.normpath(root / through)
     r = se.run([PYTHON, "-c", f"P = {path!r}\n" + TRUNCATING[how]], env=env)
@@ -584,12 +584,12 @@ def test_writes_of_files_outside_the_catalog_invalidate_nothing(tmp_path, cbin):
 def test_a_copy_invalidated_while_it_is_opened_is_not_served(shimenv, cbin, tmp_path, entry):
     """NOTE [linearizable redirect]: a write open elsewhere invalidates the
     file between the shim's decision and its open of the copy (the preloaded
-    libinvalidate does it at that instant); the shim closes the copy and
+    libatopen does it at that instant); the shim closes the copy and
     reads the PFS."""
     rel = "a/two.bin"
     shimenv.place(rel)
     src = str(shimenv.root / rel)
-    env = dict(shimenv.env, LD_PRELOAD=f"{lib_path()} {cbin / 'libinvalidate.so'}",
+    env = dict(shimenv.env, LD_PRELOAD=f"{lib_path()} {cbin / 'libatopen.so'}",
                FLIP_TIER=str(shimenv.tier), FLIP_SLOT=str(shimenv.slots[rel]))
     got, target = read_via(shimenv, cbin, entry, src, tmp_path, env=env)
     assert (got, target) == (shimenv.contents[rel], src)
@@ -602,7 +602,7 @@ def test_the_copy_that_was_not_served_is_closed_and_errno_kept(shimenv, cbin):
     rel = "a/two.bin"
     shimenv.place(rel)
     src = str(shimenv.root / rel)
-    env = dict(shimenv.env, LD_PRELOAD=f"{lib_path()} {cbin / 'libinvalidate.so'}",
+    env = dict(shimenv.env, LD_PRELOAD=f"{lib_path()} {cbin / 'libatopen.so'}",
                FLIP_TIER=str(shimenv.tier), FLIP_SLOT=str(shimenv.slots[rel]))
     r = shimenv.run([PYTHON, "-c", textwrap.dedent(f"""
         import ctypes, os
