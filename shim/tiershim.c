@@ -639,15 +639,12 @@ static int call_real(enum which w, int atfd, const char *path, int flags, mode_t
     return (int)syscall(SYS_openat, atfd, path, flags, mode);
 }
 
-/* An open that may change the file (O_PATH opens never do: the kernel
- * ignores their other flags). */
-static inline int opens_for_writing(int flags)
-{
-    return (flags & (O_ACCMODE | O_CREAT | O_TRUNC | (O_TMPFILE & ~O_DIRECTORY))) &&
-           ((flags & O_ACCMODE) != O_RDONLY || (flags & (O_CREAT | O_TRUNC)) ||
-            (flags & O_TMPFILE) == O_TMPFILE) &&
-           !(flags & O_PATH);
-}
+/* An open that may change the file: for writing, creating, truncating or a
+ * temporary file (whose own bit, without O_DIRECTORY, says it).  O_PATH
+ * opens never do: the kernel ignores their other flags. */
+#define WRITE_FLAGS (O_ACCMODE | O_CREAT | O_TRUNC | (O_TMPFILE & ~O_DIRECTORY))
+
+static inline int opens_for_writing(int flags) { return (flags & WRITE_FLAGS) && !(flags & O_PATH); }
 
 /* Builds tier root + "/" + data-root id + "/" + rel into out (two data roots
  * may hold the same relative path); 0 on success. */
