@@ -1,7 +1,7 @@
 /*
  * tiering.h - the one definition of the shared index and event ring.
  *
- * The placement daemon (Python, tiering/index.py) writes this layout into one
+ * The placement daemon (Python, tiering/placement/index.py) writes this layout into one
  * file under a private 0700 directory in /dev/shm; every process of the job
  * maps it read-mostly through libtiershim.so.  Python does not keep a copy of
  * these definitions: it reads the text between the CDEF markers below and
@@ -9,9 +9,14 @@
  * Everything between the markers must therefore stay plain C that cffi
  * understands: integer #defines, fixed-width types, no expressions.
  *
+ * File layout: the header, the entry table (nslots entries, open addressing
+ * on the path fingerprint), the identity table (nslots uint32 words, open
+ * addressing on the file's device and inode), the event ring.
+ *
  * Concurrency rules:
- *  - The header, the root and tier tables and the fingerprints/sizes of the
- *    entries are written once, before the command starts, and never change.
+ *  - The header, the root and tier tables, the identity table and every
+ *    entry field but state are written once, before the command starts, and
+ *    never change.
  *  - Afterwards only entry.state, the counters and the ring change, with
  *    atomic operations (__atomic builtins in C, tiering_* helpers from Python).
  */
@@ -22,14 +27,14 @@
 
 /* BEGIN CDEF */
 #define TIERING_MAGIC 0x5845444e49524954
-#define TIERING_VERSION 3
+#define TIERING_VERSION 4
 #define TIERING_MAX_ROOTS 16
 #define TIERING_MAX_TIERS 4
 #define TIERING_PATH_MAX 512
 
 /* entry.state: 0 = no copy; 1..TIERING_MAX_TIERS = a complete copy is in tier
  * (state - 1); TIERING_STATE_INVALID = the file was opened for writing during
- * the job, never serve a copy of it again (sticky). */
+ * the job, through any of its paths: never serve a copy of it again (sticky). */
 #define TIERING_STATE_NONE 0
 #define TIERING_STATE_INVALID 255
 
@@ -48,6 +53,8 @@ struct tiering_root {
                         carries the id of the root it stands for */
     uint32_t flags;  /* TIERING_ROOT_* */
     uint32_t reserved;
+    uint64_t dev;    /* tier roots: st_dev and st_ino of the directory the   */
+    uint64_t ino;    /* daemon made, checked by the shim; 0 for data roots   */
     char path[512];
 };
 
@@ -58,6 +65,12 @@ struct tiering_entry {
     uint32_t root;       /* data-root id                                    */
     uint64_t size;       /* bytes, from the scan                            */
     int64_t mtime_ns;    /* PFS mtime, from the scan                        */
+    uint64_t ino;        /* the file's identity at the scan: st_ino (0:     */
+    uint32_t dev;        /* unknown) and st_dev (its low 32 bits: all of it */
+                         /* on Linux, whose device numbers are 32 bits)     */
+    uint32_t next_alias; /* next slot of a file with the same identity (a   */
+                         /* hard link, a symlink): a ring, itself when alone */
+                         /* (NOTE [alias invalidation], docs/design.md)      */
 };
 
 struct tiering_event {
@@ -76,7 +89,8 @@ struct tiering_counters {
     uint64_t opens_tier[4];          /* served from tier k                  */
     uint64_t bytes_tier;             /* sizes of the files served from tiers */
     uint64_t fallbacks;              /* copy vanished between lookup and open */
-    uint64_t writes;                 /* write opens of catalogued files     */
+    uint64_t writes;                 /* write opens that reached catalogued
+                                        files (by path or by identity)      */
     uint64_t events_dropped;         /* ring full (counted by the daemon)   */
 };
 
@@ -90,6 +104,8 @@ struct tiering_header {
     uint64_t nentries;       /* slots in use */
     uint64_t nevents;        /* ring slots, a power of two */
     uint64_t entries_offset; /* from the start of the file */
+    uint64_t idents_offset;  /* nslots uint32: slot + 1 of one entry of each
+                                identity (0: empty), probed by identity_hash */
     uint64_t ring_offset;
     uint64_t total_size;
     uint32_t nroots;
@@ -109,7 +125,8 @@ struct tiering_header {
 void tiering_fingerprint(uint32_t root, const char *rel, size_t len, uint64_t out[2]);
 int64_t tiering_index_fill(void *base, const char *blob, uint64_t blob_len,
                            const uint32_t *roots, const uint64_t *sizes,
-                           const int64_t *mtimes, uint64_t n, uint64_t *slots);
+                           const int64_t *mtimes, const uint32_t *devs,
+                           const uint64_t *inos, uint64_t n, uint64_t *slots);
 int tiering_state_cas(void *base, uint64_t slot, uint32_t expected, uint32_t desired);
 uint64_t tiering_ring_drain(void *base, uint64_t *tail, struct tiering_event *out,
                             uint64_t max, int force, uint64_t *dropped);
@@ -123,13 +140,28 @@ _Static_assert(sizeof(((struct tiering_header *)0)->tiers) ==
                TIERING_MAX_TIERS * sizeof(struct tiering_root), "tiers size");
 _Static_assert(sizeof(((struct tiering_counters *)0)->opens_tier) ==
                TIERING_MAX_TIERS * sizeof(uint64_t), "opens_tier size");
-_Static_assert(sizeof(struct tiering_entry) == 40, "entry size");
+_Static_assert(sizeof(struct tiering_entry) == 56, "entry size");
 _Static_assert(sizeof(struct tiering_event) == 24, "event size");
 
 static inline struct tiering_entry *tiering_entries(void *base)
 {
     return (struct tiering_entry *)((char *)base +
                                     ((struct tiering_header *)base)->entries_offset);
+}
+
+static inline uint32_t *tiering_idents(void *base)
+{
+    return (uint32_t *)((char *)base + ((struct tiering_header *)base)->idents_offset);
+}
+
+/* Where the identity table's probe for (dev, ino) starts, before the mask. */
+static inline uint64_t tiering_identity_hash(uint32_t dev, uint64_t ino)
+{
+    uint64_t k = ino ^ ((uint64_t)dev << 32 | dev) * 0x9e3779b97f4a7c15ULL;
+    k ^= k >> 33;
+    k *= 0xff51afd7ed558ccdULL;
+    k ^= k >> 33;
+    return k;
 }
 
 static inline struct tiering_event *tiering_ring(void *base)

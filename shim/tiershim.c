@@ -5,9 +5,10 @@
  * placement daemon published in a local tier, and posts open/close events to
  * the shared ring.  Everything else passes straight to libc.
  *
- * Rules (see DESIGN.md): never block, never allocate or lock on the hot path,
- * keep no fd of our own open, fall back to the original path with errno
- * untouched on any failure, pass writes through and invalidate the entry.
+ * Rules (docs/design.md): never block, never allocate or lock on the hot
+ * path, keep no fd of our own open, fall back to the original path with errno
+ * untouched on any failure, pass writes through and invalidate the file under
+ * every path it has (NOTE [alias invalidation]).
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -44,38 +45,39 @@
 
 /* ---- real functions ---------------------------------------------------- */
 
-typedef int (*open_fn)(const char *, int, ...);
-typedef int (*openat_fn)(int, const char *, int, ...);
-typedef int (*open2_fn)(const char *, int);
-typedef int (*openat2_fn)(int, const char *, int);
-typedef int (*creat_fn)(const char *, mode_t);
-typedef FILE *(*fopen_fn)(const char *, const char *);
-typedef FILE *(*freopen_fn)(const char *, const char *, FILE *);
-typedef int (*close_fn)(int);
-typedef int (*fclose_fn)(FILE *);
-typedef int (*closedir_fn)(DIR *);
-typedef int (*close_range_fn)(unsigned int, unsigned int, int);
-typedef int (*dup_fn)(int);
-typedef int (*dup2_fn)(int, int);
-typedef int (*dup3_fn)(int, int, int);
-typedef int (*fcntl_fn)(int, int, ...);
+/* Every interposed symbol: name, return type, parameter types.  The table
+ * gives the pointer types, the struct of real functions and the resolver. */
+#define INTERPOSED(X)                                          \
+    X(open, int, (const char *, int, ...))                     \
+    X(open64, int, (const char *, int, ...))                   \
+    X(openat, int, (int, const char *, int, ...))              \
+    X(openat64, int, (int, const char *, int, ...))            \
+    X(__open_2, int, (const char *, int))                      \
+    X(__open64_2, int, (const char *, int))                    \
+    X(__openat_2, int, (int, const char *, int))               \
+    X(__openat64_2, int, (int, const char *, int))             \
+    X(creat, int, (const char *, mode_t))                      \
+    X(creat64, int, (const char *, mode_t))                    \
+    X(fopen, FILE *, (const char *, const char *))             \
+    X(fopen64, FILE *, (const char *, const char *))           \
+    X(freopen, FILE *, (const char *, const char *, FILE *))   \
+    X(freopen64, FILE *, (const char *, const char *, FILE *)) \
+    X(close, int, (int))                                       \
+    X(fclose, int, (FILE *))                                   \
+    X(closedir, int, (DIR *))                                  \
+    X(close_range, int, (unsigned int, unsigned int, int))     \
+    X(dup, int, (int))                                         \
+    X(dup2, int, (int, int))                                   \
+    X(dup3, int, (int, int, int))                              \
+    X(fcntl, int, (int, int, ...))                             \
+    X(fcntl64, int, (int, int, ...))
 
+#define POINTER_TYPE(name, ret, params) typedef ret(*name##_fn) params;
+INTERPOSED(POINTER_TYPE)
+
+#define FIELD(name, ret, params) name##_fn name;
 static struct {
-    open_fn open, open64;
-    openat_fn openat, openat64;
-    open2_fn open_2, open64_2;
-    openat2_fn openat_2, openat64_2;
-    creat_fn creat, creat64;
-    fopen_fn fopen, fopen64;
-    freopen_fn freopen, freopen64;
-    close_fn close;
-    fclose_fn fclose;
-    closedir_fn closedir;
-    close_range_fn close_range;
-    dup_fn dup;
-    dup2_fn dup2;
-    dup3_fn dup3;
-    fcntl_fn fcntl, fcntl64;
+    INTERPOSED(FIELD)
 } real;
 
 enum which {
@@ -87,7 +89,9 @@ enum which {
 
 static struct tiering_header *idx;     /* NULL: pass everything through */
 static struct tiering_entry *entries;
+static uint32_t *idents;
 static struct tiering_event *ring;
+static uint32_t redirect_tiers;        /* 0 when a tier root failed its check */
 static uint64_t slot_mask, ring_mask;
 static uint32_t my_pid;
 static int debug;
@@ -161,13 +165,37 @@ EXPORT void tiering_fingerprint(uint32_t root, const char *s, size_t len, uint64
 
 /* ---- helpers for the daemon ----------------------------------------------- */
 
+/* Puts the entry in slot s into the identity table, or, when an entry of
+ * the same file is there already, into that entry's ring of aliases. */
+static void link_identity(void *base, uint64_t s)
+{
+    struct tiering_entry *tab = tiering_entries(base), *e = &tab[s];
+    uint32_t *ids = tiering_idents(base);
+    uint64_t mask = ((struct tiering_header *)base)->nslots - 1;
+    for (uint64_t k = tiering_identity_hash(e->dev, e->ino) & mask;; k = (k + 1) & mask) {
+        if (!ids[k]) {
+            ids[k] = (uint32_t)s + 1;
+            return;
+        }
+        struct tiering_entry *first = &tab[ids[k] - 1];
+        if (first->ino == e->ino && first->dev == e->dev) {
+            e->next_alias = first->next_alias;
+            first->next_alias = (uint32_t)s;
+            return;
+        }
+    }
+}
+
 EXPORT int64_t tiering_index_fill(void *base, const char *blob, uint64_t blob_len,
                                   const uint32_t *roots, const uint64_t *sizes,
-                                  const int64_t *mtimes, uint64_t n, uint64_t *slots)
+                                  const int64_t *mtimes, const uint32_t *devs,
+                                  const uint64_t *inos, uint64_t n, uint64_t *slots)
 {
     struct tiering_header *h = base;
     struct tiering_entry *tab = tiering_entries(base);
     uint64_t mask = h->nslots - 1, off = 0;
+    if (n >= h->nslots)
+        return -1; /* the tables need an empty slot */
     for (uint64_t i = 0; i < n; i++) {
         const char *rel = blob + off;
         size_t len = strnlen(rel, blob_len - off);
@@ -177,21 +205,25 @@ EXPORT int64_t tiering_index_fill(void *base, const char *blob, uint64_t blob_le
         uint64_t fp[2];
         tiering_fingerprint(roots[i], rel, len, fp);
         uint64_t s = fp[0] & mask;
-        for (uint64_t probes = 0;; probes++, s = (s + 1) & mask) {
-            if (probes > mask)
-                return -1; /* table full */
+        for (;; s = (s + 1) & mask) {
             struct tiering_entry *e = &tab[s];
             if (!e->fp_lo && !e->fp_hi)
                 break;
             if (e->fp_lo == fp[0] && e->fp_hi == fp[1])
                 return -2 - (int64_t)i; /* duplicate path */
         }
-        tab[s].fp_lo = fp[0];
-        tab[s].fp_hi = fp[1];
-        tab[s].state = TIERING_STATE_NONE;
-        tab[s].root = roots[i];
-        tab[s].size = sizes[i];
-        tab[s].mtime_ns = mtimes[i];
+        struct tiering_entry *e = &tab[s];
+        e->fp_lo = fp[0];
+        e->fp_hi = fp[1];
+        e->state = TIERING_STATE_NONE;
+        e->root = roots[i];
+        e->size = sizes[i];
+        e->mtime_ns = mtimes[i];
+        e->ino = inos[i];
+        e->dev = devs[i];
+        e->next_alias = (uint32_t)s;
+        if (e->ino)
+            link_identity(base, s);
         slots[i] = s;
         h->nentries++;
     }
@@ -278,7 +310,15 @@ static inline void untrack(int fd)
 
 /* ---- initialisation ------------------------------------------------------- */
 
-#define RESOLVE(field, name) real.field = (__typeof__(real.field))dlsym(RTLD_NEXT, name)
+#define RESOLVE(name, ret, params) real.name = (name##_fn)dlsym(RTLD_NEXT, #name);
+
+/* System calls made directly: they must not reach wrappers (ours included) */
+static inline int stat_at(int atfd, const char *path, struct stat *st, int flags)
+{
+    return (int)syscall(SYS_newfstatat, atfd, path, st, flags);
+}
+
+static inline int stat_fd(int fd, struct stat *st) { return (int)syscall(SYS_fstat, fd, st); }
 
 static void atfork_child(void) { my_pid = (uint32_t)syscall(SYS_getpid); }
 
@@ -286,6 +326,26 @@ static int valid_prefix(const struct tiering_root *r)
 {
     return r->len > 0 && r->len < TIERING_PATH_MAX && r->path[r->len] == '\0' &&
            r->path[0] == '/' && strlen(r->path) == r->len;
+}
+
+/* NOTE [tier roots]: a copy is opened only under a tier root that is still
+ * the private directory the daemon made: a directory of this user, mode
+ * 0700, with the device and inode recorded in the index.  NULL when it is,
+ * else what is wrong. */
+static const char *tier_root_flaw(const struct tiering_root *t)
+{
+    struct stat st;
+    if (stat_at(AT_FDCWD, t->path, &st, 0) != 0)
+        return "cannot be stat'ed";
+    if (!S_ISDIR(st.st_mode))
+        return "is not a directory";
+    if (st.st_uid != geteuid())
+        return "belongs to another user";
+    if ((st.st_mode & 07777) != 0700)
+        return "is not of mode 0700";
+    if ((uint64_t)st.st_dev != t->dev || (uint64_t)st.st_ino != t->ino)
+        return "is not the directory the daemon made (another inode)";
+    return NULL;
 }
 
 static void map_index(const char *path)
@@ -299,12 +359,12 @@ static void map_index(const char *path)
     char dir[PATH_MAX];
     const char *slash = strrchr(path, '/');
     size_t dlen = slash ? (size_t)(slash - path) : 0;
-    int ok = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() &&
+    int ok = stat_fd(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() &&
              (st.st_mode & 077) == 0 && (size_t)st.st_size >= sizeof(struct tiering_header);
     if (ok && dlen > 0 && dlen < sizeof dir) {
         memcpy(dir, path, dlen);
         dir[dlen] = '\0';
-        ok = stat(dir, &dst) == 0 && S_ISDIR(dst.st_mode) && dst.st_uid == geteuid() &&
+        ok = stat_at(AT_FDCWD, dir, &dst, 0) == 0 && S_ISDIR(dst.st_mode) && dst.st_uid == geteuid() &&
              (dst.st_mode & 077) == 0;
     } else {
         ok = 0;
@@ -324,11 +384,12 @@ static void map_index(const char *path)
     int good = h->magic == TIERING_MAGIC && h->version == TIERING_VERSION &&
                h->header_size == sizeof *h && h->entry_size == sizeof(struct tiering_entry) &&
                h->event_size == sizeof(struct tiering_event) && h->total_size == (uint64_t)st.st_size &&
-               h->nslots && !(h->nslots & (h->nslots - 1)) && h->nevents &&
-               !(h->nevents & (h->nevents - 1)) && h->nroots <= TIERING_MAX_ROOTS &&
+               h->nslots && !(h->nslots & (h->nslots - 1)) && h->nslots <= UINT32_MAX &&
+               h->nevents && !(h->nevents & (h->nevents - 1)) && h->nroots <= TIERING_MAX_ROOTS &&
                h->ntiers <= TIERING_MAX_TIERS &&
                h->entries_offset >= sizeof *h &&
-               h->entries_offset + h->nslots * sizeof(struct tiering_entry) <= h->ring_offset &&
+               h->entries_offset + h->nslots * sizeof(struct tiering_entry) <= h->idents_offset &&
+               h->idents_offset + h->nslots * sizeof(uint32_t) <= h->ring_offset &&
                h->ring_offset + h->nevents * sizeof(struct tiering_event) <= h->total_size;
     for (uint32_t i = 0; good && i < h->nroots; i++)
         good = valid_prefix(&h->roots[i]);
@@ -339,7 +400,17 @@ static void map_index(const char *path)
         munmap(base, (size_t)st.st_size);
         return;
     }
+    redirect_tiers = h->ntiers;
+    for (uint32_t i = 0; i < h->ntiers; i++) {
+        const char *flaw = tier_root_flaw(&h->tiers[i]);
+        if (flaw) {
+            logmsg("tier root %s %s: not redirecting any open (write opens still invalidate)",
+                   h->tiers[i].path, flaw);
+            redirect_tiers = 0;
+        }
+    }
     entries = tiering_entries(base);
+    idents = tiering_idents(base);
     ring = tiering_ring(base);
     slot_mask = h->nslots - 1;
     ring_mask = h->nevents - 1;
@@ -351,29 +422,7 @@ static void map_index(const char *path)
 static void init(void)
 {
     in_init = 1;
-    RESOLVE(open, "open");
-    RESOLVE(open64, "open64");
-    RESOLVE(openat, "openat");
-    RESOLVE(openat64, "openat64");
-    RESOLVE(open_2, "__open_2");
-    RESOLVE(open64_2, "__open64_2");
-    RESOLVE(openat_2, "__openat_2");
-    RESOLVE(openat64_2, "__openat64_2");
-    RESOLVE(creat, "creat");
-    RESOLVE(creat64, "creat64");
-    RESOLVE(fopen, "fopen");
-    RESOLVE(fopen64, "fopen64");
-    RESOLVE(freopen, "freopen");
-    RESOLVE(freopen64, "freopen64");
-    RESOLVE(close, "close");
-    RESOLVE(fclose, "fclose");
-    RESOLVE(closedir, "closedir");
-    RESOLVE(close_range, "close_range");
-    RESOLVE(dup, "dup");
-    RESOLVE(dup2, "dup2");
-    RESOLVE(dup3, "dup3");
-    RESOLVE(fcntl, "fcntl");
-    RESOLVE(fcntl64, "fcntl64");
+    INTERPOSED(RESOLVE)
     my_pid = (uint32_t)syscall(SYS_getpid);
     pthread_atfork(NULL, NULL, atfork_child);
     debug = getenv("TIERING_DEBUG") != NULL;
@@ -504,13 +553,22 @@ static inline int root_prefix(const struct tiering_header *h, const char *path, 
     return -1;
 }
 
-/* Finds the catalogued entry that path (relative to dirfd) names; root is
+/* May path name a catalogued file?  Only a
+ * relative path or one under a data root (*root, *rl) can. */
+static inline int maybe_catalogued(const struct tiering_header *h, const char *path, int *root, size_t *rl)
+{
+    *root = -1;
+    *rl = 0;
+    return h && path && (path[0] != '/' || (*root = root_prefix(h, path, rl)) >= 0);
+}
+
+/* Finds the catalogued entry that path (relative to atfd) names; root is
  * root_prefix()'s answer (root length rl) for an absolute path.  An absolute
  * path outside every root is not looked up: "//root/x" or "/a/../root/x" may
  * still lead into a root, but they are rare and simply read the PFS.  On
  * success returns the slot and sets *rel (and *rel_len) to the part below the
- * data root, in path itself when it is plain, else in abs. */
-static int64_t lookup(int dirfd, const char *path, int root, size_t rl, char *abs, const char **rel,
+ * data root, in path itself when it is plain, else in abs_path. */
+static int64_t lookup(int atfd, const char *path, int root, size_t rl, char *abs_path, const char **rel,
                       size_t *rel_len)
 {
     if (path[0] == '/') {
@@ -533,59 +591,60 @@ static int64_t lookup(int dirfd, const char *path, int root, size_t rl, char *ab
     if (names_directory(path))
         return -1;
     size_t len = 1;
-    abs[0] = '/';
-    abs[1] = '\0';
+    abs_path[0] = '/';
+    abs_path[1] = '\0';
     if (path[0] != '/') {
         char base[PATH_MAX];
-        if (dirfd == AT_FDCWD) {
+        if (atfd == AT_FDCWD) {
             if (!getcwd(base, sizeof base))
                 return -1;
         } else {
-            char link[32];
-            snprintf(link, sizeof link, "/proc/self/fd/%d", dirfd);
-            ssize_t n = readlink(link, base, sizeof base - 1);
+            char fd_link[32];
+            snprintf(fd_link, sizeof fd_link, "/proc/self/fd/%d", atfd);
+            ssize_t n = readlink(fd_link, base, sizeof base - 1);
             if (n <= 0 || base[0] != '/')
                 return -1;
             base[n] = '\0';
         }
-        if (append_components(abs, &len, base) != 0)
+        if (append_components(abs_path, &len, base) != 0)
             return -1;
     }
-    if (append_components(abs, &len, path) != 0)
+    if (append_components(abs_path, &len, path) != 0)
         return -1; /* too long, or a ".." the text alone cannot resolve */
-    int r = root_prefix(idx, abs, &rl);
+    int r = root_prefix(idx, abs_path, &rl);
     if (r < 0 || len == rl + 1)
         return -1; /* outside every root, or the root itself */
-    *rel = abs + rl + 1;
+    *rel = abs_path + rl + 1;
     *rel_len = len - rl - 1;
     return probe(idx->roots[r].id, *rel, *rel_len);
 }
 
 /* ---- the open path -------------------------------------------------------- */
 
-static int call_real(enum which w, int dirfd, const char *path, int flags, mode_t mode)
+static int call_real(enum which w, int atfd, const char *path, int flags, mode_t mode)
 {
     switch (w) {
     case W_OPEN: if (real.open) return real.open(path, flags, mode); break;
     case W_OPEN64: if (real.open64) return real.open64(path, flags, mode); break;
-    case W_OPENAT: if (real.openat) return real.openat(dirfd, path, flags, mode); break;
-    case W_OPENAT64: if (real.openat64) return real.openat64(dirfd, path, flags, mode); break;
-    case W_OPEN_2: if (real.open_2) return real.open_2(path, flags); break;
-    case W_OPEN64_2: if (real.open64_2) return real.open64_2(path, flags); break;
-    case W_OPENAT_2: if (real.openat_2) return real.openat_2(dirfd, path, flags); break;
-    case W_OPENAT64_2: if (real.openat64_2) return real.openat64_2(dirfd, path, flags); break;
+    case W_OPENAT: if (real.openat) return real.openat(atfd, path, flags, mode); break;
+    case W_OPENAT64: if (real.openat64) return real.openat64(atfd, path, flags, mode); break;
+    case W_OPEN_2: if (real.__open_2) return real.__open_2(path, flags); break;
+    case W_OPEN64_2: if (real.__open64_2) return real.__open64_2(path, flags); break;
+    case W_OPENAT_2: if (real.__openat_2) return real.__openat_2(atfd, path, flags); break;
+    case W_OPENAT64_2: if (real.__openat64_2) return real.__openat64_2(atfd, path, flags); break;
     case W_CREAT: if (real.creat) return real.creat(path, mode); break;
     case W_CREAT64: if (real.creat64) return real.creat64(path, mode); break;
     }
-    /* not resolved yet (re-entered from dlsym): the raw system call */
-    return (int)syscall(SYS_openat, dirfd, path, flags, mode);
+    /* not resolved (re-entered from dlsym): the raw system call */
+    return (int)syscall(SYS_openat, atfd, path, flags, mode);
 }
 
-static inline int is_write(int flags)
-{
-    return (flags & O_ACCMODE) != O_RDONLY || (flags & (O_CREAT | O_TRUNC)) ||
-           (flags & O_TMPFILE) == O_TMPFILE;
-}
+/* An open that may change the file: for writing, creating, truncating or a
+ * temporary file (whose own bit, without O_DIRECTORY, says it).  O_PATH
+ * opens never do: the kernel ignores their other flags. */
+#define WRITE_FLAGS (O_ACCMODE | O_CREAT | O_TRUNC | (O_TMPFILE & ~O_DIRECTORY))
+
+static inline int opens_for_writing(int flags) { return (flags & WRITE_FLAGS) && !(flags & O_PATH); }
 
 /* Builds tier root + "/" + data-root id + "/" + rel into out (two data roots
  * may hold the same relative path); 0 on success. */
@@ -609,18 +668,124 @@ static int tier_path(uint32_t tier, uint32_t root, const char *rel, size_t rel_l
     return 0;
 }
 
-/* A write open of a catalogued file: no copy is served again. */
-static void invalidate(int64_t slot)
+/* ---- write opens: NOTE [alias invalidation] ------------------------------- */
+
+/* The entry of a regular file with the identity st, or -1. */
+static int64_t by_identity(const struct stat *st)
 {
-    __atomic_store_n(&entries[slot].state, TIERING_STATE_INVALID, __ATOMIC_RELEASE);
-    count(&idx->counters.writes, 1);
+    if (!S_ISREG(st->st_mode) || st->st_ino == 0)
+        return -1;
+    uint32_t dev = (uint32_t)st->st_dev;
+    uint64_t s = tiering_identity_hash(dev, (uint64_t)st->st_ino) & slot_mask;
+    for (uint64_t n = 0; n <= slot_mask; n++, s = (s + 1) & slot_mask) {
+        uint32_t v = idents[s];
+        if (!v)
+            return -1;
+        const struct tiering_entry *e = &entries[(v - 1) & slot_mask];
+        if (e->ino == (uint64_t)st->st_ino && e->dev == dev)
+            return (int64_t)((v - 1) & slot_mask);
+    }
+    return -1;
+}
+
+static inline uint64_t next_alias(uint64_t s) { return entries[s].next_alias & slot_mask; }
+
+static int same_file(uint64_t a, uint64_t b)
+{
+    uint64_t s = a;
+    for (uint64_t n = 0; n <= slot_mask; n++) {
+        if (s == b)
+            return 1;
+        if ((s = next_alias(s)) == a)
+            return 0;
+    }
+    return 0;
+}
+
+/* The files one write open reached: by its path, by the identity of the file
+ * it truncates, of the file it opened.  Each is invalidated once. */
+struct written {
+    int64_t slot[3];
+    int n;
+};
+
+/* Marks the file of slot invalid under every path it has and posts one WRITE
+ * event.  The stores are sequentially consistent: NOTE [linearizable
+ * redirect]. */
+static void reached(struct written *wr, int64_t slot)
+{
+    if (slot < 0)
+        return;
+    for (int i = 0; i < wr->n; i++)
+        if (same_file((uint64_t)wr->slot[i], (uint64_t)slot))
+            return;
+    if (wr->n == 0)
+        count(&idx->counters.writes, 1);
+    if (wr->n < 3)
+        wr->slot[wr->n++] = slot;
+    uint64_t s = (uint64_t)slot;
+    for (uint64_t n = 0; n <= slot_mask; n++) {
+        __atomic_store_n(&entries[s].state, TIERING_STATE_INVALID, __ATOMIC_SEQ_CST);
+        if ((s = next_alias(s)) == (uint64_t)slot)
+            break;
+    }
     post(TIERING_EV_WRITE, (uint32_t)slot, 0);
 }
 
-/* How an open may change the file: not at all, by later writes (the entry is
- * invalidated once the open succeeds, before the caller can write), or by
- * truncating at the open itself (invalidated before it). */
-enum { READS = 0, WRITES = 1, TRUNCATES = 2 };
+/* Before a write open of path (NULL: the file open on oldfd, as freopen
+ * without a path): the catalogued entry the path names and, when the open
+ * truncates, the file it is about to truncate, invalidated now since the
+ * open itself changes it.  Returns the path's entry or -1. */
+static __attribute__((noinline)) int64_t write_begin(struct written *wr, int atfd, const char *path,
+                                                     int oldfd, int flags)
+{
+    int saved = errno;
+    int64_t by_path = -1;
+    int root;
+    size_t rl;
+    if (maybe_catalogued(idx, path, &root, &rl)) {
+        char abs_path[PATH_MAX];
+        const char *rel;
+        size_t rel_len;
+        by_path = lookup(atfd, path, root, rl, abs_path, &rel, &rel_len);
+    }
+    /* O_CREAT | O_EXCL fails on an existing file: nothing to truncate */
+    if ((flags & O_TRUNC) && (flags & (O_CREAT | O_EXCL)) != (O_CREAT | O_EXCL)) {
+        struct stat st;
+        reached(wr, by_path);
+        if ((path ? stat_at(atfd, path, &st, (flags & O_NOFOLLOW) ? AT_SYMLINK_NOFOLLOW : 0)
+                  : stat_fd(oldfd, &st)) == 0)
+            reached(wr, by_identity(&st));
+    }
+    errno = saved;
+    return by_path;
+}
+
+/* After a write open returned fd: the file it opened, before the caller can
+ * write to it. */
+static void write_end(struct written *wr, int fd, int64_t by_path)
+{
+    int saved = errno;
+    struct stat st;
+    untrack(fd); /* a stale slot: its file was closed behind our back */
+    reached(wr, by_path);
+    if (stat_fd(fd, &st) == 0)
+        reached(wr, by_identity(&st));
+    errno = saved;
+}
+
+static __attribute__((noinline)) int open_write(enum which w, int atfd, const char *path, int flags,
+                                                mode_t mode)
+{
+    struct written wr = {.n = 0};
+    int64_t by_path = write_begin(&wr, atfd, path, -1, flags);
+    int fd = call_real(w, atfd, path, flags, mode);
+    if (fd >= 0)
+        write_end(&wr, fd, by_path);
+    return fd;
+}
+
+/* ---- read opens: NOTE [linearizable redirect] ---------------------------- */
 
 /* Decides where a catalogued read-only open goes: fills phys and returns
  * the tier, or returns -1 for the original path. */
@@ -628,7 +793,7 @@ static int route(int64_t slot, int redirectable, const char *rel, size_t rel_len
 {
     struct tiering_entry *e = &entries[slot];
     uint32_t st = __atomic_load_n(&e->state, __ATOMIC_ACQUIRE);
-    if (!redirectable || st == TIERING_STATE_NONE || st > idx->ntiers ||
+    if (!redirectable || st == TIERING_STATE_NONE || st > redirect_tiers ||
         __atomic_load_n(&idx->disabled, __ATOMIC_RELAXED))
         return -1;
     if (tier_path(st - 1, e->root, rel, rel_len, phys) < 0)
@@ -636,7 +801,15 @@ static int route(int64_t slot, int redirectable, const char *rel, size_t rel_len
     return (int)st - 1;
 }
 
-/* Books a successful open of a catalogued file. */
+/* After the copy is open: may it be served?  Not when a write open
+ * invalidated the file meanwhile (an eviction or a move to another tier
+ * leaves a complete copy of the same bytes). */
+static inline int still_valid(int64_t slot)
+{
+    return __atomic_load_n(&entries[slot].state, __ATOMIC_SEQ_CST) != TIERING_STATE_INVALID;
+}
+
+/* Books a successful open of a catalogued file (tier -1: its source). */
 static void opened(int fd, int64_t slot, int tier)
 {
     untrack(fd); /* a stale slot: its file was closed behind our back */
@@ -651,74 +824,52 @@ static void opened(int fd, int64_t slot, int tier)
     track(fd, (uint32_t)slot + 1);
 }
 
-/* Books an open of the catalogued file's original path (fd < 0: it failed). */
-static void opened_source(int fd, int64_t slot, int write)
-{
-    if (fd < 0)
-        return;
-    if (!write) {
-        opened(fd, slot, -1);
-        return;
-    }
-    if (write == WRITES)
-        invalidate(slot); /* only now: a failed write open changes nothing */
-    untrack(fd);
-}
-
-/* The catalogued part of an open: everything below a data root, and every
- * relative path.  Kept out of line so that its 12 KiB of path buffers do not
- * weigh on opens outside the roots. */
-static __attribute__((noinline)) int open_slow(enum which w, int dirfd, const char *path, int flags,
+/* The catalogued part of a read-only open: everything below a data root,
+ * and every relative path.  Kept out of line so that its 8 KiB of path
+ * buffers do not weigh on opens outside the roots. */
+static __attribute__((noinline)) int open_read(enum which w, int atfd, const char *path, int flags,
                                                mode_t mode, int root, size_t rl)
 {
-    char abs[PATH_MAX], phys[PATH_MAX];
+    char abs_path[PATH_MAX], phys[PATH_MAX];
     const char *rel;
     size_t rel_len;
-    int64_t slot = lookup(dirfd, path, root, rl, abs, &rel, &rel_len);
+    int64_t slot = lookup(atfd, path, root, rl, abs_path, &rel, &rel_len);
     if (slot < 0) {
-        int fd = call_real(w, dirfd, path, flags, mode);
+        int fd = call_real(w, atfd, path, flags, mode);
         untrack(fd); /* a stale slot: its file was closed behind our back */
         return fd;
     }
-    int write = !(is_write(flags) || w == W_CREAT || w == W_CREAT64) ? READS
-                : (flags & O_TRUNC) ? TRUNCATES : WRITES;
-    if (write == TRUNCATES)
-        invalidate(slot); /* the open itself changes the file */
-    int tier = write ? -1 : route(slot, !(flags & REDIRECT_DENY), rel, rel_len, phys);
+    int tier = route(slot, !(flags & REDIRECT_DENY), rel, rel_len, phys);
     if (tier >= 0) {
         int saved = errno;
         int fd = call_real(w, AT_FDCWD, phys, flags, mode);
-        if (fd >= 0) {
+        if (fd >= 0 && still_valid(slot)) {
             opened(fd, slot, tier);
             logmsg("open %s -> %s", path, phys);
             return fd;
         }
-        errno = saved; /* evicted between lookup and open: use the PFS */
+        if (fd >= 0)
+            syscall(SYS_close, fd);
+        errno = saved; /* evicted between lookup and open, or written: the PFS */
         count(&idx->counters.fallbacks, 1);
     }
-    int fd = call_real(w, dirfd, path, flags, mode);
-    opened_source(fd, slot, write);
+    int fd = call_real(w, atfd, path, flags, mode);
+    if (fd >= 0)
+        opened(fd, slot, -1);
     return fd;
 }
 
-/* The test every open passes first: may path name a catalogued file?  Only
- * a relative path or one under a data root (*root, *rl) goes further. */
-static inline int maybe_catalogued(const struct tiering_header *h, const char *path, int *root, size_t *rl)
-{
-    *root = -1;
-    *rl = 0;
-    return h && path && (path[0] != '/' || (*root = root_prefix(h, path, rl)) >= 0);
-}
-
-static inline int do_open(enum which w, int dirfd, const char *path, int flags, mode_t mode)
+static inline int do_open(enum which w, int atfd, const char *path, int flags, mode_t mode)
 {
     ensure_init();
     struct tiering_header *h = __atomic_load_n(&idx, __ATOMIC_ACQUIRE);
     int root;
     size_t rl;
+    if (h && UNLIKELY(opens_for_writing(flags)))
+        return open_write(w, atfd, path, flags, mode);
     if (maybe_catalogued(h, path, &root, &rl))
-        return open_slow(w, dirfd, path, flags, mode, root, rl);
-    int fd = call_real(w, dirfd, path, flags, mode);
+        return open_read(w, atfd, path, flags, mode, root, rl);
+    int fd = call_real(w, atfd, path, flags, mode);
     if (h)
         untrack(fd);
     return fd;
@@ -750,37 +901,48 @@ EXPORT int open64(const char *path, int flags, ...)
     return do_open(W_OPEN64, AT_FDCWD, path, flags, mode);
 }
 
-EXPORT int openat(int dirfd, const char *path, int flags, ...)
+EXPORT int openat(int atfd, const char *path, int flags, ...)
 {
     MODE_ARG(flags);
-    return do_open(W_OPENAT, dirfd, path, flags, mode);
+    return do_open(W_OPENAT, atfd, path, flags, mode);
 }
 
-EXPORT int openat64(int dirfd, const char *path, int flags, ...)
+EXPORT int openat64(int atfd, const char *path, int flags, ...)
 {
     MODE_ARG(flags);
-    return do_open(W_OPENAT64, dirfd, path, flags, mode);
+    return do_open(W_OPENAT64, atfd, path, flags, mode);
 }
 
 EXPORT int __open_2(const char *path, int flags) { return do_open(W_OPEN_2, AT_FDCWD, path, flags, 0); }
 EXPORT int __open64_2(const char *path, int flags) { return do_open(W_OPEN64_2, AT_FDCWD, path, flags, 0); }
-EXPORT int __openat_2(int dirfd, const char *path, int flags) { return do_open(W_OPENAT_2, dirfd, path, flags, 0); }
-EXPORT int __openat64_2(int dirfd, const char *path, int flags) { return do_open(W_OPENAT64_2, dirfd, path, flags, 0); }
+EXPORT int __openat_2(int atfd, const char *path, int flags) { return do_open(W_OPENAT_2, atfd, path, flags, 0); }
+EXPORT int __openat64_2(int atfd, const char *path, int flags) { return do_open(W_OPENAT64_2, atfd, path, flags, 0); }
 EXPORT int creat(const char *path, mode_t mode) { return do_open(W_CREAT, AT_FDCWD, path, O_CREAT | O_WRONLY | O_TRUNC, mode); }
 EXPORT int creat64(const char *path, mode_t mode) { return do_open(W_CREAT64, AT_FDCWD, path, O_CREAT | O_WRONLY | O_TRUNC, mode); }
 
 /* ---- stdio ------------------------------------------------------------------ */
 
-/* fopen modes: "r" family without "+" is read-only; the part after "," (ccs=)
- * is ignored. */
-static int mode_writes(const char *mode)
+/* The open flags of an fopen mode as glibc reads it: "r", "w" or "a", then
+ * "+" and "x" count ("b", "e", "m", "c" do not; what follows "," is the
+ * character set).  Anything else fails in fopen: taken as a write. */
+static int mode_flags(const char *mode)
 {
-    if (!mode || mode[0] != 'r')
-        return 1;
-    for (const char *m = mode; *m && *m != ','; m++)
-        if (*m == '+' || *m == 'w' || *m == 'a')
-            return 1;
-    return 0;
+    int flags;
+    if (mode && mode[0] == 'r')
+        flags = O_RDONLY;
+    else if (mode && mode[0] == 'w')
+        flags = O_WRONLY | O_CREAT | O_TRUNC;
+    else if (mode && mode[0] == 'a')
+        flags = O_WRONLY | O_CREAT | O_APPEND;
+    else
+        return O_RDWR;
+    for (const char *m = mode + 1; *m && *m != ','; m++) {
+        if (*m == '+')
+            flags = (flags & ~O_ACCMODE) | O_RDWR;
+        else if (*m == 'x')
+            flags |= O_EXCL;
+    }
+    return flags;
 }
 
 static FILE *call_fopen(int is64, const char *path, const char *mode, FILE *stream)
@@ -798,37 +960,47 @@ static FILE *call_fopen(int is64, const char *path, const char *mode, FILE *stre
     return NULL;
 }
 
-static __attribute__((noinline)) FILE *fopen_slow(int is64, const char *path, const char *mode,
+static __attribute__((noinline)) FILE *fopen_write(int is64, const char *path, const char *mode,
+                                                   FILE *stream, int flags)
+{
+    struct written wr = {.n = 0};
+    int64_t by_path = write_begin(&wr, AT_FDCWD, path, stream ? fileno(stream) : -1, flags);
+    FILE *f = call_fopen(is64, path, mode, stream);
+    if (f)
+        write_end(&wr, fileno(f), by_path);
+    return f;
+}
+
+static __attribute__((noinline)) FILE *fopen_read(int is64, const char *path, const char *mode,
                                                   FILE *stream, int root, size_t rl)
 {
-    char abs[PATH_MAX], phys[PATH_MAX];
+    char abs_path[PATH_MAX], phys[PATH_MAX];
     const char *rel;
     size_t rel_len;
-    int64_t slot = lookup(AT_FDCWD, path, root, rl, abs, &rel, &rel_len);
+    int64_t slot = lookup(AT_FDCWD, path, root, rl, abs_path, &rel, &rel_len);
     if (slot < 0) {
         FILE *f = call_fopen(is64, path, mode, stream);
         if (f)
             untrack(fileno(f));
         return f;
     }
-    int write = !mode_writes(mode) ? READS
-                : (mode && (mode[0] == 'r' || mode[0] == 'a')) ? WRITES : TRUNCATES;
-    if (write == TRUNCATES)
-        invalidate(slot);
-    int tier = write ? -1 : route(slot, 1, rel, rel_len, phys);
+    int tier = route(slot, 1, rel, rel_len, phys);
     if (tier >= 0) {
         int saved = errno;
         FILE *f = call_fopen(is64, phys, mode, stream);
-        if (f) {
+        if (f && still_valid(slot)) {
             opened(fileno(f), slot, tier);
             logmsg("fopen %s -> %s", path, phys);
             return f;
         }
+        if (f && !stream && real.fclose)
+            real.fclose(f); /* freopen below reopens stream over the copy */
         errno = saved;
         count(&idx->counters.fallbacks, 1);
     }
     FILE *f = call_fopen(is64, path, mode, stream);
-    opened_source(f ? fileno(f) : -1, slot, write);
+    if (f)
+        opened(fileno(f), slot, -1);
     return f;
 }
 
@@ -838,10 +1010,12 @@ static FILE *do_fopen(int is64, const char *path, const char *mode, FILE *stream
     struct tiering_header *h = __atomic_load_n(&idx, __ATOMIC_ACQUIRE);
     if (stream && path && h)
         untrack(fileno(stream)); /* freopen closes the old fd */
-    int root;
+    int flags = mode_flags(mode), root;
     size_t rl;
+    if (h && UNLIKELY(opens_for_writing(flags)))
+        return fopen_write(is64, path, mode, stream, flags);
     if (maybe_catalogued(h, path, &root, &rl))
-        return fopen_slow(is64, path, mode, stream, root, rl);
+        return fopen_read(is64, path, mode, stream, root, rl);
     FILE *f = call_fopen(is64, path, mode, stream);
     if (f && h)
         untrack(fileno(f));
@@ -863,6 +1037,9 @@ EXPORT FILE *freopen64(const char *path, const char *mode, FILE *stream)
 
 /* ---- closing and duplicating ------------------------------------------------ */
 
+/* Each wrapper calls libc's function, or, when dlsym did not find it, the
+ * system call itself (ENOSYS where only libc can do the job). */
+
 EXPORT int close(int fd)
 {
     ensure_init();
@@ -875,7 +1052,10 @@ EXPORT int fclose(FILE *stream)
     ensure_init();
     if (stream)
         untrack(fileno(stream));
-    return real.fclose(stream);
+    if (real.fclose)
+        return real.fclose(stream);
+    errno = ENOSYS;
+    return EOF;
 }
 
 EXPORT int closedir(DIR *dir)
@@ -883,7 +1063,10 @@ EXPORT int closedir(DIR *dir)
     ensure_init();
     if (dir)
         untrack(dirfd(dir));
-    return real.closedir(dir);
+    if (real.closedir)
+        return real.closedir(dir);
+    errno = ENOSYS;
+    return -1;
 }
 
 /* A vfork child shares our memory: what it closes or duplicates before exec
@@ -901,25 +1084,39 @@ EXPORT int close_range(unsigned int first, unsigned int last, int flags)
     return (int)syscall(SYS_close_range, first, last, flags);
 }
 
+/* newfd, a copy of oldfd, now tracks what oldfd tracked (s) */
+static inline void duplicated(int newfd, uint32_t s)
+{
+    if (idx && newfd >= 0 && !in_vfork_child()) {
+        untrack(newfd); /* a stale slot, or dup2's target that it closed */
+        track(newfd, s);
+    }
+}
+
 EXPORT int dup(int fd)
 {
     ensure_init();
-    int nfd = real.dup(fd);
-    if (idx && nfd >= 0)
-        track(nfd, tracked(fd));
+    uint32_t s = tracked(fd);
+    int nfd = real.dup ? real.dup(fd) : (int)syscall(SYS_dup, fd);
+    duplicated(nfd, s);
     return nfd;
 }
 
-/* dup2/dup3 close newfd when it was open: book that close, then the copy */
 static int dup_to(int oldfd, int newfd, int flags, int use3)
 {
     ensure_init();
     uint32_t s = tracked(oldfd);
-    int r = use3 ? real.dup3(oldfd, newfd, flags) : real.dup2(oldfd, newfd);
-    if (idx && r >= 0 && oldfd != newfd && !in_vfork_child()) {
-        untrack(r);
-        track(r, s);
-    }
+    int r;
+    if (use3)
+        r = real.dup3 ? real.dup3(oldfd, newfd, flags) : (int)syscall(SYS_dup3, oldfd, newfd, flags);
+    else if (real.dup2)
+        r = real.dup2(oldfd, newfd);
+    else if (oldfd == newfd) /* dup3 refuses this case: dup2 checks oldfd */
+        r = syscall(SYS_fcntl, oldfd, F_GETFD) < 0 ? -1 : newfd;
+    else
+        r = (int)syscall(SYS_dup3, oldfd, newfd, 0);
+    if (oldfd != newfd)
+        duplicated(r, s);
     return r;
 }
 
@@ -930,10 +1127,10 @@ EXPORT int dup3(int oldfd, int newfd, int flags) { return dup_to(oldfd, newfd, f
  * on the ABIs glibc supports, so it is forwarded as a pointer-sized value. */
 static int do_fcntl(fcntl_fn f, int fd, int cmd, void *arg)
 {
-    ensure_init();
-    int r = f(fd, cmd, arg);
-    if (idx && r >= 0 && (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC))
-        track(r, tracked(fd));
+    uint32_t s = tracked(fd);
+    int r = f ? f(fd, cmd, arg) : (int)syscall(SYS_fcntl, fd, cmd, arg);
+    if (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC)
+        duplicated(r, s);
     return r;
 }
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import C_DIR, ShimEnv, build_index, dead_job_dir, leftovers, make_data
+from helpers import C_DIR, ShimEnv, build_index, dead_job_dir, leftovers, make_data, private_dir
 from tiering.placement.index import Root, library_path
 
 
@@ -18,8 +18,7 @@ from tiering.placement.index import Root, library_path
 def shimenv(tmp_path: Path):
     root = tmp_path / "pfs" / "data"
     contents = make_data(root)
-    tier = tmp_path / "tier" / "data"
-    tier.mkdir(parents=True)
+    tier = private_dir(tmp_path / "tier" / "data")  # as tier-run makes it: 0700
     index, slots = build_index(tmp_path, [Root(str(root), 0)], root, contents, tier)
     env = dict(os.environ)
     env["LD_PRELOAD"] = str(library_path())
@@ -32,13 +31,15 @@ def shimenv(tmp_path: Path):
 
 @pytest.fixture(scope="session")
 def cbin(tmp_path_factory) -> Path:
-    """The C test programs, built once per session."""
+    """The C test programs (lib*.c: shared libraries), built once per session."""
     out = tmp_path_factory.mktemp("cbin")
     cc = shutil.which("cc") or shutil.which("gcc")
     assert cc, "a C compiler is needed for the shim tests"
     for src in C_DIR.glob("*.c"):
-        subprocess.run([cc, "-O1", "-Wall", "-U_FORTIFY_SOURCE", "-D_FORTIFY_SOURCE=0", "-pthread",
-                        "-o", str(out / src.stem), str(src)], check=True)
+        lib_args = ["-shared", "-fPIC"] if src.stem.startswith("lib") else []
+        name = src.stem + (".so" if lib_args else "")
+        subprocess.run([cc, "-O1", "-Wall", "-U_FORTIFY_SOURCE", "-D_FORTIFY_SOURCE=0", "-pthread", *lib_args,
+                        "-o", str(out / name), str(src)], check=True)
     return out
 
 

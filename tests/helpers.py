@@ -84,10 +84,11 @@ def build_index(tmp: Path, roots: list[Root], data_root: Path, contents: dict[st
                 tier: Path) -> tuple[SharedIndex, dict[str, int]]:
     run_dir = private_dir(tmp / "run")
     rels = sorted(contents)
+    stats = [(data_root / r).stat() for r in rels]
     index, slots = SharedIndex.create(
         run_dir / "index", roots, [str(tier)], rels, [0] * len(rels),
-        [len(contents[r]) for r in rels],
-        [(data_root / r).stat().st_mtime_ns for r in rels])
+        [len(contents[r]) for r in rels], [s.st_mtime_ns for s in stats],
+        devs=[s.st_dev for s in stats], inos=[s.st_ino for s in stats])
     return index, dict(zip(rels, slots))
 
 

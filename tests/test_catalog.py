@@ -10,6 +10,7 @@ import gzip
 import json
 import logging
 import os
+import stat
 import sys
 import threading
 import time
@@ -587,3 +588,83 @@ def test_default_cache_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> N
 
 def test_img_extensions_are_torchvisions() -> None:
     assert IMG_EXTENSIONS == tuple(imagefolder.IMG_EXTENSIONS)
+
+
+# ------------------------------------------------------- file identities (dev, ino)
+
+def test_scan_records_each_files_identity(tmp_path: Path) -> None:
+    root, _ = cached_tree(tmp_path)
+    os.link(root / "k1" / "a.jpg", root / "k1" / "hard.jpg")
+    (root / "k2" / "sym.jpg").symlink_to(root / "k1" / "a.jpg")
+    cat = scan([str(root)])
+    for f in cat.files:
+        st = os.stat(cat.source_path(f))     # symlinks followed, as the shim's fstat sees them
+        assert (f.dev, f.ino) == (st.st_dev, st.st_ino), f.rel
+    ident = {f.rel: (f.dev, f.ino) for f in cat.files}
+    assert ident["k1/a.jpg"] == ident["k1/hard.jpg"] == ident["k2/sym.jpg"] != ident["k2/c.jpg"]
+
+
+class OtherDevices:
+    """os.stat as on another node: the devices of paths under `moved` are
+    shifted by `shift`, everything else by `base` (their inodes stay)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, base: int, moved: Path | None = None,
+                 shift: int = 0):
+        self.files: list[str] = []
+        real = os.stat
+
+        class Shifted:
+            def __init__(self, r: os.stat_result, dev: int):
+                self._r, self.st_dev = r, dev
+
+            def __getattr__(self, name: str) -> object:
+                return getattr(self._r, name)
+
+        def fake(path, *a, **kw):  # type: ignore[no-untyped-def]
+            r = real(path, *a, **kw)
+            p = os.fsdecode(path)
+            if not stat.S_ISDIR(r.st_mode):
+                self.files.append(p)
+            extra = shift if moved is not None and (p + "/").startswith(str(moved) + "/") else base
+            return Shifted(r, r.st_dev + extra)
+
+        monkeypatch.setattr(os, "stat", fake)
+
+
+def test_a_cached_catalog_takes_the_devices_of_this_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root, _ = cached_tree(tmp_path)
+    cache = tmp_path / "cache"
+    first = scan([str(root)], cache_dir=cache)
+    node = OtherDevices(monkeypatch, base=1000)     # same cache, another node: other device numbers
+    again = scan([str(root)], cache_dir=cache)
+    monkeypatch.undo()
+    assert again.from_cache and node.files == []   # no file stat'ed
+    assert [(f.rel, f.dev - 1000, f.ino) for f in again.files] == [(f.rel, f.dev, f.ino) for f in first.files]
+
+
+def test_a_cached_file_on_a_device_of_no_directory_is_stat_itself(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    root, _ = cached_tree(tmp_path)
+    cache = tmp_path / "cache"
+    first = scan([str(root)], cache_dir=cache)
+    path = cache_file(cache, str(root))
+    doc = json.loads(gzip.decompress(path.read_bytes()))
+    k = doc["files"]["rel"].index("k2/c.jpg")
+    doc["files"]["dev"][k] = 424242                 # as if a symlink to a file on another file system
+    path.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    node = OtherDevices(monkeypatch, base=1000)
+    again = scan([str(root)], cache_dir=cache)
+    monkeypatch.undo()
+    assert again.from_cache and node.files == [str(root / "k2" / "c.jpg")]
+    assert [(f.dev - 1000, f.ino) for f in again.files] == [(f.dev, f.ino) for f in first.files]
+
+
+def test_a_cached_device_that_is_two_devices_here_rescans(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root, _ = cached_tree(tmp_path)
+    cache = tmp_path / "cache"
+    first = scan([str(root)], cache_dir=cache)
+    OtherDevices(monkeypatch, base=0, moved=root / "k2", shift=5)
+    again = scan([str(root)], cache_dir=cache)
+    monkeypatch.undo()
+    assert not again.from_cache
+    assert [f.rel for f in again.files] == [f.rel for f in first.files]

@@ -25,9 +25,15 @@ def allocated_on_disk(root: Path) -> int:
 
 class Setup:
     def __init__(self, tmp: Path, files: dict[str, int], capacity: int = 1 << 30, tier_dir: Path | None = None,
-                 pfs_threads: int = 4, threads: int = 2, daemon_cls: type[Daemon] = Daemon):
+                 pfs_threads: int = 4, threads: int = 2, daemon_cls: type[Daemon] = Daemon,
+                 links: dict[str, str] | None = None):
         self.data = tmp / "pfs"
         self.contents = make_data(self.data, files)
+        for name, target in (links or {}).items():  # "@x": a symlink to x, else a hard link
+            if target.startswith("@"):
+                (self.data / name).symlink_to(target[1:])
+            else:
+                os.link(self.data / target, self.data / name)
         self.catalog = scan([str(self.data)])
         run = private_dir(tmp / "run")
         root = tier_dir if tier_dir is not None else tmp / "tier"
@@ -37,7 +43,8 @@ class Setup:
         self.index, slots = SharedIndex.create(
             run / "index", [Root(self.catalog.roots[0], 0)], [str(self.tier.data)],
             [f.rel for f in self.catalog.files], [0] * len(self.catalog.files),
-            [f.size for f in self.catalog.files], [f.mtime_ns for f in self.catalog.files])
+            [f.size for f in self.catalog.files], [f.mtime_ns for f in self.catalog.files],
+            devs=[f.dev for f in self.catalog.files], inos=[f.ino for f in self.catalog.files])
         self.d = daemon_cls(self.index, self.catalog, slots, [self.tier], pfs_threads, POLICIES["off"])
         self.i = {f.rel: k for k, f in enumerate(self.catalog.files)}
         self.d.start()
@@ -143,6 +150,23 @@ def test_write_event_drops_an_existing_copy(setup_factory):
     assert not (s.tier.data / "0" / "a/x.bin").exists()
     assert s.d.stats.invalidated == 1 and s.tier.used == 0
     assert not s.d.place(s.i["a/x.bin"], 0)
+
+
+def test_a_write_event_drops_the_copies_of_every_path_of_the_file(setup_factory):
+    """NOTE [alias invalidation]: the shim posts one event for the file; the
+    daemon drops the copies of its hard links and symlinks too."""
+    s = setup_factory(files={"real.bin": 5000, "other.bin": 100},
+                      links={"hard.bin": "real.bin", "link.bin": "@real.bin"})
+    for rel in ("real.bin", "hard.bin", "link.bin", "other.bin"):
+        assert s.d.place(s.i[rel], 0)
+    s.wait()
+    from tiering.placement.index import Event
+    s.d._handle([Event(lib.TIERING_EV_WRITE, s.d.slots[s.i["hard.bin"]], 1, 0)])
+    for rel in ("real.bin", "hard.bin", "link.bin"):
+        assert not (s.tier.data / "0" / rel).exists(), rel
+        assert not s.d.place(s.i[rel], 0), rel
+    assert (s.tier.data / "0" / "other.bin").read_bytes() == s.contents["other.bin"]
+    assert s.d.stats.invalidated == 3 and s.tier.files == 1
 
 
 def test_capacity_is_never_exceeded(setup_factory):

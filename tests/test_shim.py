@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from helpers import PYTHON, ShimEnv, build_index, make_data
+from helpers import PYTHON, REPO, ShimEnv, build_index, make_data, private_dir
 from tiering.placement.index import Root, SharedIndex, lib
 
 ENTRIES = ["open", "open64", "openat", "openat64", "__open_2", "__open64_2", "__openat_2",
@@ -149,8 +150,7 @@ def test_symlinked_root_and_its_real_path_both_hit(tmp_path, cbin):
     contents = make_data(real, {"x/f.bin": 999})
     link = tmp_path / "pfs"
     link.symlink_to(tmp_path / "lustre")
-    tier = tmp_path / "tier"
-    tier.mkdir()
+    tier = private_dir(tmp_path / "tier")
     logical = link / "ds"
     index, slots = build_index(tmp_path, [Root(str(logical), 0), Root(str(real), 0)], real, contents, tier)
     (tier / "0" / "x").mkdir(parents=True)
@@ -174,8 +174,7 @@ def test_root_with_symlinked_subdirectory_refuses_dotdot(tmp_path, cbin):
     root = tmp_path / "ds"
     contents = make_data(root, {"a/f.bin": 10, "other/f.bin": 20})
     (root / "link").symlink_to(root / "other")
-    tier = tmp_path / "tier"
-    tier.mkdir()
+    tier = private_dir(tmp_path / "tier")
     index, slots = build_index(tmp_path, [Root(str(root), 0, has_dir_links=True)], root, contents, tier)
     for rel in contents:
         (tier / "0" / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -465,3 +464,253 @@ def test_index_reopens_from_python(shimenv):
     other = SharedIndex.open(shimenv.index.path)
     assert other.header.nentries == len(shimenv.contents)
     other.close()
+
+
+# -- aliases: NOTE [alias invalidation] ------------------------------------------
+
+def catalog_shimenv(tmp_path: Path, root: Path, contents: dict[str, bytes]) -> ShimEnv:
+    """An index built from a real scan of root (identities included), one
+    tier, every catalogued file placed by hand."""
+    from tiering.catalog import scan
+    cat = scan([str(root)])
+    tier = private_dir(tmp_path / "tier")
+    files = cat.files
+    index, slot_list = SharedIndex.create(
+        private_dir(tmp_path / "run") / "index", [Root(cat.roots[0], 0)], [str(tier)],
+        [f.rel for f in files], [0] * len(files), [f.size for f in files], [f.mtime_ns for f in files],
+        devs=[f.dev for f in files], inos=[f.ino for f in files])
+    slots = {f.rel: s for f, s in zip(files, slot_list)}
+    every = {f.rel: (root / f.rel).read_bytes() for f in files}
+    env = dict(os.environ, LD_PRELOAD=str(lib_path()), TIERING_INDEX=str(index.path))
+    env.pop("TIERING_DISABLE", None)
+    se = ShimEnv(root, tier, index, slots, every, env)
+    se.place_all()
+    return se
+
+
+def alias_tree(tmp_path: Path) -> tuple[Path, dict[str, bytes]]:
+    root = tmp_path / "pfs" / "data"
+    contents = make_data(root, {"real.bin": 5000, "d/x.bin": 3000, "other.bin": 700})
+    (root / "link.bin").symlink_to("real.bin")          # a symlinked file: catalogued twice
+    os.link(root / "real.bin", root / "hard.bin")         # a hard link: catalogued twice
+    (root / "dlink").symlink_to("d", target_is_directory=True)  # a linked directory: an alias
+    (tmp_path / "outside.bin").symlink_to(root / "real.bin")    # a link from outside the roots
+    return root, contents
+
+
+# write through, read through
+ALIASES = {
+    "symlink": ("real.bin", "link.bin"),
+    "symlink-written": ("link.bin", "real.bin"),
+    "hardlink": ("real.bin", "hard.bin"),
+    "hardlink-written": ("hard.bin", "real.bin"),
+    "dir-symlink": ("dlink/x.bin", "d/x.bin"),
+    "outside-the-roots": ("../../outside.bin", "link.bin"),
+}
+WRITES = {
+    "O_RDWR": "import os; fd=os.open(P, os.O_RDWR); os.pwrite(fd, NEW, 0); os.close(fd)",
+    "O_TRUNC": "import os; fd=os.open(P, os.O_WRONLY|os.O_TRUNC); os.write(fd, NEW); os.close(fd)",
+    "fopen-w": ("import ctypes; l=ctypes.CDLL(None); l.fopen.restype=ctypes.c_void_p; "
+                "f=l.fopen(P.encode(), b'w'); l.fwrite(NEW, 1, len(NEW), ctypes.c_void_p(f)); "
+                "l.fclose(ctypes.c_void_p(f))"),
+}
+
+
+@pytest.mark.parametrize("how", sorted(WRITES))
+@pytest.mark.parametrize("alias", sorted(ALIASES))
+def test_a_write_through_any_alias_invalidates_every_path_of_the_file(tmp_path, cbin, alias, how):
+    root, _ = alias_tree(tmp_path)
+    se = catalog_shimenv(tmp_path, root, {})
+    assert "dlink/x.bin" not in se.slots and {"real.bin", "link.bin", "hard.bin", "d/x.bin"} <= set(se.slots)
+    written, read = ALIASES[alias]
+    new = b"NEW BYTES " * 3
+    r = se.run([PYTHON, "-c", f"P = {os.path.normpath(root / written)!r}; NEW = {new!r}\n" + WRITES[how]])
+    assert r.returncode == 0, r.stderr
+    got, target = read_via(se, cbin, "open", str(root / read), tmp_path)
+    want = new + se.contents[read][len(new):] if how == "O_RDWR" else new
+    assert got == want and got == (root / read).read_bytes()
+    assert not target.startswith(str(se.tier))
+    # every catalogued path of that file is invalid, the others are still served
+    same = {rel for rel in se.slots if (root / rel).stat().st_ino == (root / read).stat().st_ino}
+    assert same == ({"d/x.bin"} if alias == "dir-symlink" else {"real.bin", "link.bin", "hard.bin"})
+    for rel in se.slots:
+        assert se.state(rel) == (lib.TIERING_STATE_INVALID if rel in same else 1), rel
+    got, target = read_via(se, cbin, "open", str(root / "other.bin"), tmp_path)
+    assert (got, target) == (se.contents["other.bin"], str(se.tier / "0" / "other.bin"))
+    assert se.index.counters()["writes"] == 1
+    written_slots = {e.slot for e in se.index.drain() if e.kind == lib.TIERING_EV_WRITE}
+    assert written_slots and written_slots <= {se.slots[rel] for rel in same}
+    se.index.close()
+
+
+TRUNCATING = {
+    "O_TRUNC": "import os; os.close(os.open(P, os.O_WRONLY | os.O_TRUNC))",
+    "creat": "import ctypes; l = ctypes.CDLL(None); l.close(l.creat(P.encode(), 0o644))",
+    "fopen-w": ("import ctypes; l = ctypes.CDLL(None); l.fopen.restype = ctypes.c_void_p; "
+                "l.fclose(ctypes.c_void_p(l.fopen(P.encode(), b'w')))"),
+}
+
+
+@pytest.mark.parametrize("how", sorted(TRUNCATING))
+@pytest.mark.parametrize("through", ["link.bin", "../../outside.bin"])
+def test_a_truncating_open_invalidates_the_file_before_the_open(tmp_path, cbin, how, through):
+    """The preloaded libatopen prints the entry's state as the open
+    reaches libc: already invalid, although the open goes through a symlink,
+    catalogued or not (outside the roots), and the entry is its target's."""
+    root, _ = alias_tree(tmp_path)
+    se = catalog_shimenv(tmp_path, root, {})
+    env = dict(se.env, LD_PRELOAD=f"{lib_path()} {cbin / 'libatopen.so'}",
+               STATE_SLOT=str(se.slots["real.bin"]))
+    path = os.path.normpath(root / through)
+    r = se.run([PYTHON, "-c", f"P = {path!r}\n" + TRUNCATING[how]], env=env)
+    assert r.returncode == 0, r.stderr
+    assert f"state-at-open={lib.TIERING_STATE_INVALID}" in r.stderr.splitlines(), r.stderr
+    assert (root / "real.bin").read_bytes() == b""
+    se.index.close()
+
+
+def test_writes_of_files_outside_the_catalog_invalidate_nothing(tmp_path, cbin):
+    root, _ = alias_tree(tmp_path)
+    se = catalog_shimenv(tmp_path, root, {})
+    other = tmp_path / "elsewhere.bin"
+    other.write_bytes(b"x" * 100)
+    r = se.run([PYTHON, "-c", f"open({str(other)!r}, 'r+b').write(b'y'); open({str(root / 'new.bin')!r}, 'wb')"])
+    assert r.returncode == 0, r.stderr
+    assert all(se.state(rel) == 1 for rel in se.slots)
+    assert se.index.counters()["writes"] == 0
+    se.index.close()
+
+
+@pytest.mark.parametrize("entry", ["open", "open64", "fopen"])
+def test_a_copy_invalidated_while_it_is_opened_is_not_served(shimenv, cbin, tmp_path, entry):
+    """NOTE [linearizable redirect]: a write open elsewhere invalidates the
+    file between the shim's decision and its open of the copy (the preloaded
+    libatopen does it at that instant); the shim closes the copy and
+    reads the PFS."""
+    rel = "a/two.bin"
+    shimenv.place(rel)
+    src = str(shimenv.root / rel)
+    env = dict(shimenv.env, LD_PRELOAD=f"{lib_path()} {cbin / 'libatopen.so'}",
+               FLIP_TIER=str(shimenv.tier), FLIP_SLOT=str(shimenv.slots[rel]))
+    got, target = read_via(shimenv, cbin, entry, src, tmp_path, env=env)
+    assert (got, target) == (shimenv.contents[rel], src)
+    assert shimenv.state(rel) == lib.TIERING_STATE_INVALID
+    c = shimenv.index.counters()
+    assert (c["opens_tier"], c["opens_pfs"], c["fallbacks"]) == ([0], 1, 1)
+
+
+def test_the_copy_that_was_not_served_is_closed_and_errno_kept(shimenv, cbin):
+    rel = "a/two.bin"
+    shimenv.place(rel)
+    src = str(shimenv.root / rel)
+    env = dict(shimenv.env, LD_PRELOAD=f"{lib_path()} {cbin / 'libatopen.so'}",
+               FLIP_TIER=str(shimenv.tier), FLIP_SLOT=str(shimenv.slots[rel]))
+    r = shimenv.run([PYTHON, "-c", textwrap.dedent(f"""
+        import ctypes, os
+        libc = ctypes.CDLL(None, use_errno=True)
+        free = os.open('/dev/null', os.O_RDONLY)
+        os.close(free)
+        ctypes.set_errno(1234)
+        fd = libc.open({src.encode()!r}, os.O_RDONLY)
+        print(fd == free, ctypes.get_errno(), os.readlink(f'/proc/self/fd/{{fd}}'))
+    """)], env=env)
+    assert r.stdout.split() == ["True", "1234", src], r.stderr
+
+
+# -- tier roots: NOTE [tier roots] -----------------------------------------------
+
+@pytest.mark.parametrize("flaw", ["look-alike", "mode-0755", "other-owner", "missing"])
+def test_a_tier_root_that_is_not_the_jobs_own_private_directory_is_never_read(shimenv, cbin, tmp_path, flaw):
+    rel = "a/one.bin"
+    shimenv.place(rel)
+    if flaw == "look-alike":     # same path, owner and mode; another inode
+        shimenv.tier.rename(tmp_path / "moved")
+        private_dir(shimenv.tier)
+        (shimenv.tier / "0" / "a").mkdir(parents=True)
+        (shimenv.tier / "0" / rel).write_bytes(b"planted")
+    elif flaw == "mode-0755":
+        os.chmod(shimenv.tier, 0o755)
+    elif flaw == "other-owner":
+        os.chown(shimenv.tier, 12345, 12345)
+    else:
+        shimenv.tier.rename(tmp_path / "moved")
+    env = dict(shimenv.env, TIERING_DEBUG="1")
+    src = str(shimenv.root / rel)
+    r = shimenv.run([str(cbin / "shimtest"), "open", src, str(tmp_path / "out")], env=env)
+    assert r.returncode == 0 and r.stdout.strip() == src, r.stdout + r.stderr
+    assert (tmp_path / "out").read_bytes() == shimenv.contents[rel]
+    assert f"tier root {shimenv.tier}" in r.stderr and "not redirecting" in r.stderr
+    # write opens still invalidate through such an index
+    r = shimenv.run([PYTHON, "-c", f"open({src!r}, 'r+b').close()"], env=env)
+    assert r.returncode == 0 and shimenv.state(rel) == lib.TIERING_STATE_INVALID
+
+
+def test_the_jobs_own_tier_root_is_used(shimenv, cbin, tmp_path):
+    rel = "a/one.bin"
+    shimenv.place(rel)
+    h = shimenv.index.header.tiers[0]
+    st = shimenv.tier.stat()
+    assert (h.dev, h.ino) == (st.st_dev, st.st_ino)
+    got, target = read_via(shimenv, cbin, "open", str(shimenv.root / rel), tmp_path)
+    assert (got, target) == (shimenv.contents[rel], str(shimenv.tier / "0" / rel))
+
+
+# -- wrappers ------------------------------------------------------------------------
+
+def test_wrappers_work_when_libc_functions_are_unresolved(cbin):
+    r = subprocess.run([str(cbin / "unresolved")], capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stdout.strip()) == (0, "ok"), r.stdout + r.stderr
+
+
+def test_a_vfork_child_leaves_the_parents_fd_bookkeeping_alone(shimenv, cbin):
+    rel = "a/one.bin"
+    shimenv.place(rel)
+    r = shimenv.run([str(cbin / "vforkdup"), str(shimenv.root / rel)])
+    assert r.stdout.strip() == "ok", r.stderr
+    kinds = [e.kind for e in shimenv.index.drain()]
+    assert kinds == [lib.TIERING_EV_OPEN_TIER, lib.TIERING_EV_CLOSE]
+
+
+INTERPOSED = set(ENTRIES) | {"creat", "creat64", "close", "fclose", "closedir", "close_range",
+                             "dup", "dup2", "dup3", "fcntl", "fcntl64"}
+HELPERS = {"tiering_fingerprint", "tiering_index_fill", "tiering_state_cas", "tiering_ring_drain"}
+
+
+def test_the_library_exports_only_the_wrappers_and_the_daemon_helpers():
+    out = subprocess.run(["nm", "-D", "--defined-only", str(lib_path())], capture_output=True,
+                         text=True, check=True).stdout
+    assert {line.split()[-1] for line in out.splitlines()} == INTERPOSED | HELPERS
+
+
+def _libc_functions() -> set[str]:
+    libc = subprocess.run(["cc", "-print-file-name=libc.so.6"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    out = subprocess.run(["nm", "-D", "--defined-only", libc], capture_output=True, text=True,
+                         check=True).stdout
+    return {line.split()[-1].split("@")[0] for line in out.splitlines() if line.split()[1] in "TWi"}
+
+
+def test_no_name_declared_in_the_shim_is_a_libc_function(tmp_path):
+    """Variables, parameters and internal functions of tiershim.c (read from
+    its debug information) never take the name of a libc function."""
+    obj = tmp_path / "shim.o"
+    subprocess.run(["cc", "-O0", "-g", "-c", "-o", str(obj), str(REPO / "shim" / "tiershim.c")], check=True)
+    dump = subprocess.run(["readelf", "--debug-dump=info", str(obj)], capture_output=True, text=True,
+                          check=True).stdout
+    declared: set[str] = set()
+    for die in dump.split("Abbrev Number:")[1:]:
+        tag = die.split("(", 1)[1].split(")", 1)[0] if "(" in die else ""
+        if tag not in ("DW_TAG_variable", "DW_TAG_formal_parameter", "DW_TAG_subprogram"):
+            continue
+        attrs = dict((a.split(":", 1)[0].split()[-1], a.split(":")[-1].strip())
+                     for a in die.splitlines()[1:] if "DW_AT_" in a)
+        if "DW_AT_name" not in attrs or "DW_AT_declaration" in attrs:
+            continue
+        if tag == "DW_TAG_subprogram" and "DW_AT_external" in attrs:
+            continue  # the exported wrappers: named after libc on purpose
+        declared.add(attrs["DW_AT_name"])
+    assert declared, "no names found in the debug information"
+    assert "lookup" in declared and "path" in declared
+    libc = _libc_functions()
+    assert {"open", "write", "abs", "dirfd", "link"} <= libc
+    assert sorted(declared & libc) == []

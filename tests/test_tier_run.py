@@ -150,6 +150,34 @@ assert where == p, where
     assert stats["tiers"][0]["files"] == 0
 
 
+@pytest.mark.parametrize("umask", [0o000, 0o022])
+def test_tier_directories_are_private_whatever_the_umask(tmp_path, umask):
+    """NOTE [tier roots]: the shim redirects only into 0700 tier roots."""
+    data = tmp_path / "pfs"
+    contents = dataset(data, n=5)
+    target = data / "c0" / "f0000.bin"
+    script = f"""
+import json, os, sys, time
+from tiering.placement.index import SharedIndex, ffi
+ix = SharedIndex.open(os.environ['TIERING_INDEX'])
+tier = ffi.string(ix.header.tiers[0].path).decode()
+modes = [oct(os.stat(p).st_mode & 0o7777) for p in (tier, os.path.join(os.path.dirname(tier), 'staging'))]
+for _ in range(500):                       # wait for the staged copy
+    with open({str(target)!r}, 'rb') as f:
+        where = os.readlink(f'/proc/self/fd/{{f.fileno()}}')
+        if where.startswith(tier):
+            break
+    time.sleep(0.02)
+print(json.dumps({{"modes": modes, "served_from_tier": where.startswith(tier)}}))
+"""
+    r = tier_run(["--profile", str(profile(tmp_path)), "--data", str(data), "--policy", "stage",
+                  "--", PYTHON, "-c", script], preexec_fn=lambda: os.umask(umask))
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out == {"modes": ["0o700", "0o700"], "served_from_tier": True}
+    assert len(contents) == 5
+
+
 def test_exit_status_is_the_commands(tmp_path):
     data = tmp_path / "pfs"
     dataset(data, n=3)

@@ -140,8 +140,9 @@ def setup(job: Job) -> None:
     for t in opts.profile.tiers:
         try:
             root = make_private_dir(t.path, job.user)
-            (root / "data").mkdir()
-            (root / "staging").mkdir()
+            for sub in ("data", "staging"):
+                (root / sub).mkdir(mode=0o700)
+                os.chmod(root / sub, 0o700)  # whatever the umask: the shim checks it
         except OSError as e:
             log.warning("tier %s at %s cannot be used (%s); continuing without it", t.name, t.path, e)
             continue
@@ -153,7 +154,8 @@ def setup(job: Job) -> None:
     job.index, slots = SharedIndex.create(
         job.run_dir / "index", roots, [str(t.data) for t in job.tiers],
         [f.rel for f in cat.files], [f.root for f in cat.files],
-        [f.size for f in cat.files], [f.mtime_ns for f in cat.files])
+        [f.size for f in cat.files], [f.mtime_ns for f in cat.files],
+        devs=[f.dev for f in cat.files], inos=[f.ino for f in cat.files])
     if job.hooked:
         (job.run_dir / "orders").mkdir(mode=0o700)
         feed = HookFeed(job.run_dir / "orders", cat)

@@ -8,7 +8,16 @@ still be a directory with the same inode and mtime (a directory's mtime changes
 whenever an entry in it is added, removed or renamed), and every alias must
 still lead to the same directory. ImageNet's train set is ~1000 directories for
 1.28 M files. st_dev is not compared: a network file system's device number
-differs between the nodes that share a cache in $HOME.
+differs between the nodes that share a cache in $HOME. The catalog records
+each file's identity (st_dev, st_ino; the shim uses it to invalidate every
+path of a written file, NOTE [alias invalidation] in docs/design.md), so the
+devices of a reused catalog are re-derived: the check's stat of each
+directory maps the device recorded for it to the device it has here, and
+every file takes the device of its directory's mapping. A file on a device
+that no catalogued directory is on (a symlink to a file on another file
+system) is stat'ed itself. A recorded device seen on two devices here makes
+the catalog rescanned. Not covered: a file system whose directories keep
+their inode numbers across nodes while its files do not.
 
 What this does not see: a file rewritten in place under the same name (its
 size or mtime changes, no directory's mtime does). The catalog's size and mtime
@@ -41,7 +50,7 @@ from .model import RootScan
 log = logging.getLogger("tiering")
 
 CACHE_FORMAT = "tiering-catalog"
-CACHE_VERSION = 1
+CACHE_VERSION = 2         # 2: files carry dev and ino
 RACY_SECONDS = 10         # directories modified this shortly before a scan make it unsaveable
 
 
@@ -60,7 +69,8 @@ def _encode(root: str, p: RootScan) -> bytes:
         "format": CACHE_FORMAT, "version": CACHE_VERSION, "root": root,
         "scanned_ns": p.scanned_ns, "dir_links": p.links,
         "files": {"rel": [f[0] for f in p.files], "size": [f[1] for f in p.files],
-                  "mtime_ns": [f[2] for f in p.files]},
+                  "mtime_ns": [f[2] for f in p.files], "dev": [f[3] for f in p.files],
+                  "ino": [f[4] for f in p.files]},
         "dirs": {"rel": [d[0] for d in p.dirs], "ino": [d[1] for d in p.dirs],
                  "dev": [d[2] for d in p.dirs], "mtime_ns": [d[3] for d in p.dirs]},
         "aliases": {"rel": [a[0] for a in p.aliases], "target": [a[1] for a in p.aliases]},
@@ -96,7 +106,7 @@ def _decode(data: bytes, root: str) -> RootScan:
     if not isinstance(skipped, list) or not all(isinstance(s, str) for s in skipped):
         raise ValueError("skipped is not a list of paths")
     p = RootScan(
-        files=_columns(doc["files"], {"rel": str, "size": int, "mtime_ns": int}),
+        files=_columns(doc["files"], {"rel": str, "size": int, "mtime_ns": int, "dev": int, "ino": int}),
         dirs=_columns(doc["dirs"], {"rel": str, "ino": int, "dev": int, "mtime_ns": int}),
         aliases=_columns(doc["aliases"], {"rel": str, "target": str}),
         skipped=skipped, links=bool(doc["dir_links"]), scanned_ns=int(doc["scanned_ns"]))
@@ -105,21 +115,56 @@ def _decode(data: bytes, root: str) -> RootScan:
     return p
 
 
-def _same_dir(path: str, ino: int, mtime_ns: int | None) -> bool:
+def _same_dir(path: str, ino: int, mtime_ns: int | None) -> int | None:
+    """The directory's device here when it is still the one recorded, else None."""
     try:
         s = os.stat(path)
     except OSError:
-        return False
-    return stat.S_ISDIR(s.st_mode) and s.st_ino == ino and (mtime_ns is None or s.st_mtime_ns == mtime_ns)
+        return None
+    same = stat.S_ISDIR(s.st_mode) and s.st_ino == ino and (mtime_ns is None or s.st_mtime_ns == mtime_ns)
+    return s.st_dev if same else None
 
 
-def _unchanged(root: str, p: RootScan, pool: ThreadPoolExecutor) -> bool:
-    """One stat per directory and per alias (in parallel), none per file."""
+def _unchanged(root: str, p: RootScan, pool: ThreadPoolExecutor) -> dict[int, int] | None:
+    """One stat per directory and per alias (in parallel), none per file.
+    Returns the recorded device -> device here of the directories, or None
+    when the tree changed."""
     ino_of = {rel: ino for rel, ino, _, _ in p.dirs}
     checks: list[tuple[str, int, int | None]] = [
         (os.path.join(root, rel), ino, mt) for rel, ino, _, mt in p.dirs]
     checks += [(os.path.join(root, rel), ino_of.get(target, -1), None) for rel, target in p.aliases]
-    return all(pool.map(lambda c: _same_dir(*c), checks, chunksize=16))
+    found = list(pool.map(lambda c: _same_dir(*c), checks, chunksize=16))
+    devs = [d for d in found if d is not None]
+    if len(devs) != len(found):
+        return None
+    mapping: dict[int, int] = {}
+    for (_, _, recorded, _), here in zip(p.dirs, devs):
+        if mapping.setdefault(recorded, here) != here:
+            log.info("%s: one device of the cached catalog is two devices here; scanning", root)
+            return None
+    return mapping
+
+
+def _rederive_devices(root: str, p: RootScan, mapping: dict[int, int], pool: ThreadPoolExecutor) -> bool:
+    """Gives every file of a reused catalog its device here (module doc);
+    False when a file whose device no directory maps cannot be stat'ed."""
+    lost = [k for k, f in enumerate(p.files) if f[3] not in mapping]
+
+    def here(k: int) -> tuple[int, int] | None:
+        try:
+            s = os.stat(os.path.join(root, p.files[k][0]))
+        except OSError:
+            return None
+        return (s.st_dev, s.st_ino) if stat.S_ISREG(s.st_mode) else None
+
+    found: dict[int, tuple[int, int]] = {}
+    for k, ident in zip(lost, pool.map(here, lost, chunksize=16)):
+        if ident is None:
+            return False
+        found[k] = ident
+    p.files = [(rel, size, mt, *found[k]) if k in found else (rel, size, mt, mapping[dev], ino)
+               for k, (rel, size, mt, dev, ino) in enumerate(p.files)]
+    return True
 
 
 def load_cache(cache_dir: Path, root: str, pool: ThreadPoolExecutor) -> RootScan | None:
@@ -137,8 +182,12 @@ def load_cache(cache_dir: Path, root: str, pool: ThreadPoolExecutor) -> RootScan
     except (ValueError, KeyError, TypeError) as e:
         log.warning("ignoring the catalog cache %s of %s (%s); scanning", path, root, e)
         return None
-    if not _unchanged(root, part, pool):
+    mapping = _unchanged(root, part, pool)
+    if mapping is None:
         log.info("%s changed since its catalog was cached; scanning", root)
+        return None
+    if not _rederive_devices(root, part, mapping, pool):
+        log.info("%s: a file of its cached catalog cannot be stat'ed; scanning", root)
         return None
     log.info("catalog of %s taken from %s (%d files)", root, path, len(part.files))
     return part

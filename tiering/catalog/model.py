@@ -20,6 +20,8 @@ class CatalogFile:
     rel: str         # path relative to the root, "/"-separated
     size: int
     mtime_ns: int
+    dev: int = 0     # identity (st_dev, st_ino; symlinks followed), 0: unknown
+    ino: int = 0
 
 
 @dataclass(frozen=True)
@@ -61,7 +63,7 @@ class Catalog:
 @dataclass
 class RootScan:
     """One root, before root ids are assigned (also what the cache holds)."""
-    files: list[tuple[str, int, int]] = field(default_factory=list)        # rel, size, mtime_ns
+    files: list[tuple[str, int, int, int, int]] = field(default_factory=list)  # rel, size, mtime_ns, dev, ino
     dirs: list[tuple[str, int, int, int]] = field(default_factory=list)    # rel, ino, dev, mtime_ns
     aliases: list[tuple[str, str]] = field(default_factory=list)           # rel, target rel
     skipped: list[str] = field(default_factory=list)

@@ -238,6 +238,10 @@ class Daemon:
                 continue
             if ev.kind == lib.TIERING_EV_WRITE:
                 self._invalidate(i)
+                # the file's other paths: NOTE [alias invalidation] in docs/design.md
+                for slot in self.index.aliases(ev.slot)[1:]:
+                    if self.file_of_slot[slot] >= 0:
+                        self._invalidate(self.file_of_slot[slot])
             elif ev.kind in (lib.TIERING_EV_OPEN_PFS, lib.TIERING_EV_OPEN_TIER):
                 self._guarded(self.policy.on_open, i, ev.kind == lib.TIERING_EV_OPEN_TIER, ev.pid)
 

@@ -93,10 +93,20 @@ def fingerprint(root: int, rel: str) -> tuple[int, int]:
 
 
 def _table_slots(n: int) -> int:
+    """Slots of the entry and identity tables: a power of two, at most two
+    thirds full (1.28 M files: 2^21 slots of 56 + 4 bytes, 98 bytes a file)."""
     slots = 1024
-    while slots < 2 * n:
+    while 2 * slots < 3 * n:
         slots *= 2
+    if slots > 1 << 31:
+        raise ValueError(f"{n} files are more than the index can hold")
     return slots
+
+
+def dev32(st_dev: int) -> int:
+    """The device number an entry records: its low 32 bits (all of it on
+    Linux, whose device numbers are 32 bits); the shim compares the same."""
+    return st_dev & 0xFFFFFFFF
 
 
 def _set_prefix(dst: Any, path: str, ident: int, flags: int) -> None:
@@ -108,6 +118,27 @@ def _set_prefix(dst: Any, path: str, ident: int, flags: int) -> None:
     dst.id = ident
     dst.flags = flags
     ffi.memmove(dst.path, data, len(data))
+
+
+def _set_tier(dst: Any, path: str, ident: int) -> None:
+    """A tier root, with the device and inode of the directory as it is now
+    (the shim refuses a tier root that is no longer that directory)."""
+    _set_prefix(dst, path, ident, 0)
+    try:
+        st = os.stat(path)
+    except OSError:
+        return  # left 0: the shim will not redirect into it
+    dst.dev = st.st_dev
+    dst.ino = st.st_ino
+
+
+def _u32s(values: list[int], n: int) -> Any:
+    """A uint32_t array of the values, or of n zeros (unknown) when none are given."""
+    return ffi.new("uint32_t[]", values) if values else ffi.new("uint32_t[]", max(n, 1))
+
+
+def _u64s(values: list[int], n: int) -> Any:
+    return ffi.new("uint64_t[]", values) if values else ffi.new("uint64_t[]", max(n, 1))
 
 
 class SharedIndex:
@@ -130,20 +161,28 @@ class SharedIndex:
     @classmethod
     def create(cls, path: Path, roots: Sequence[Root], tiers: Sequence[str],
                rels: Sequence[str], root_ids: Sequence[int], sizes: Sequence[int],
-               mtimes: Sequence[int], ring_events: int = RING_EVENTS) -> tuple[SharedIndex, list[int]]:
+               mtimes: Sequence[int], devs: Sequence[int] | None = None,
+               inos: Sequence[int] | None = None,
+               ring_events: int = RING_EVENTS) -> tuple[SharedIndex, list[int]]:
         """Writes a new index at path (mode 0600) and returns it with the slot
-        of every catalogued file, in the order given."""
+        of every catalogued file, in the order given.  devs and inos are the
+        files' st_dev and st_ino (0: unknown), which link the entries of one
+        file (hard links, symlinks) so that a write through any of its paths
+        invalidates all of them; tiers are directories that exist now."""
         if len(roots) > lib.TIERING_MAX_ROOTS:
             raise ValueError(f"at most {lib.TIERING_MAX_ROOTS} data roots (with aliases), got {len(roots)}")
         if len(tiers) > lib.TIERING_MAX_TIERS:
             raise ValueError(f"at most {lib.TIERING_MAX_TIERS} tiers, got {len(tiers)}")
         n = len(rels)
+        if any(col is not None and len(col) != n for col in (devs, inos)):
+            raise ValueError("devs and inos must give one value per file")
         nslots = _table_slots(n)
         hsize = ffi.sizeof("struct tiering_header")
         esize = ffi.sizeof("struct tiering_entry")
         evsize = ffi.sizeof("struct tiering_event")
         entries_offset = (hsize + 63) // 64 * 64
-        ring_offset = (entries_offset + nslots * esize + 63) // 64 * 64
+        idents_offset = (entries_offset + nslots * esize + 63) // 64 * 64
+        ring_offset = (idents_offset + nslots * 4 + 63) // 64 * 64
         total = ring_offset + ring_events * evsize
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
@@ -160,6 +199,7 @@ class SharedIndex:
         h.nslots = nslots
         h.nevents = ring_events
         h.entries_offset = entries_offset
+        h.idents_offset = idents_offset
         h.ring_offset = ring_offset
         h.total_size = total
         h.daemon_pid = os.getpid()
@@ -168,14 +208,15 @@ class SharedIndex:
             _set_prefix(h.roots[i], r.path, r.id, lib.TIERING_ROOT_HAS_DIR_LINKS if r.has_dir_links else 0)
         h.ntiers = len(tiers)
         for i, t in enumerate(tiers):
-            _set_prefix(h.tiers[i], t, i, 0)
+            _set_tier(h.tiers[i], t, i)
         blob = b"".join(r.encode("utf-8", "surrogateescape") + b"\0" for r in rels)
         slots = ffi.new("uint64_t[]", max(n, 1))
         got = lib.tiering_index_fill(
             ffi.cast("void *", buf), blob, len(blob),
             ffi.new("uint32_t[]", list(root_ids) or [0]),
             ffi.new("uint64_t[]", list(sizes) or [0]),
-            ffi.new("int64_t[]", list(mtimes) or [0]), n, slots)
+            ffi.new("int64_t[]", list(mtimes) or [0]),
+            _u32s([dev32(d) for d in devs or []], n), _u64s(list(inos or []), n), n, slots)
         if got <= -2:
             raise ValueError(f"duplicate catalog path: {rels[-2 - got]!r}")
         if got < 0:
@@ -207,6 +248,17 @@ class SharedIndex:
 
     def entry(self, slot: int) -> Any:
         return self.entries[slot]
+
+    def aliases(self, slot: int) -> list[int]:
+        """slot and the slots of every other path of the same file (its
+        ring, NOTE [alias invalidation])."""
+        out = [slot]
+        mask = int(self.header.nslots) - 1
+        s = int(self.entries[slot].next_alias) & mask
+        while s != slot and len(out) <= mask:
+            out.append(s)
+            s = int(self.entries[s].next_alias) & mask
+        return out
 
     def set_disabled(self, disabled: bool) -> None:
         self.header.disabled = 1 if disabled else 0
