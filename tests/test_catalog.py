@@ -94,6 +94,7 @@ def test_scan_catalogue(tmp_path: Path) -> None:
     assert cat.roots == [str(root)] and cat.dir_links == [False] and not cat.from_cache
     assert [(f.root, f.rel, f.size) for f in cat.files] == [
         (0, ".hidden", 3), (0, "a/deep/y.bin", 0), (0, "b/flink.bin", 5), (0, "b/x.bin", 5)]
+    assert [f.link for f in cat.files] == [False, False, True, False]   # the path itself is a symlink
     st = os.stat(root / "b" / "x.bin")
     assert cat.files[3].mtime_ns == st.st_mtime_ns
     assert cat.total_bytes == 13
@@ -466,6 +467,7 @@ def cached_tree(tmp_path: Path) -> tuple[Path, Path]:
     touch(ext / "e.jpg")
     link_dir(root / "k3", ext)
     link_dir(root / "k1" / "again", "n")
+    (root / "k2" / "l.jpg").symlink_to("c.jpg")
     age(root, ext)
     return root, ext
 
@@ -483,6 +485,7 @@ def test_cache_reused_without_per_file_stats(tmp_path: Path, monkeypatch: pytest
     assert again.from_cache
     for name in ("roots", "files", "dir_links", "dirs", "aliases", "skipped"):
         assert getattr(again, name) == getattr(first, name), name
+    assert [f.rel for f in again.files if f.link] == ["k2/l.jpg"]
     files = {again.source_path(f) for f in again.files}
     assert not files & set(counter.paths)          # no stat of any file
     assert len(counter.paths) <= len(first.dirs) + len(first.aliases) + 2

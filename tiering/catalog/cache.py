@@ -41,7 +41,7 @@ from .model import RootScan
 log = logging.getLogger("tiering")
 
 CACHE_FORMAT = "tiering-catalog"
-CACHE_VERSION = 1
+CACHE_VERSION = 2         # 2: files.link (the catalogued path was a symlink)
 RACY_SECONDS = 10         # directories modified this shortly before a scan make it unsaveable
 
 
@@ -60,7 +60,7 @@ def _encode(root: str, p: RootScan) -> bytes:
         "format": CACHE_FORMAT, "version": CACHE_VERSION, "root": root,
         "scanned_ns": p.scanned_ns, "dir_links": p.links,
         "files": {"rel": [f[0] for f in p.files], "size": [f[1] for f in p.files],
-                  "mtime_ns": [f[2] for f in p.files]},
+                  "mtime_ns": [f[2] for f in p.files], "link": [f[3] for f in p.files]},
         "dirs": {"rel": [d[0] for d in p.dirs], "ino": [d[1] for d in p.dirs],
                  "dev": [d[2] for d in p.dirs], "mtime_ns": [d[3] for d in p.dirs]},
         "aliases": {"rel": [a[0] for a in p.aliases], "target": [a[1] for a in p.aliases]},
@@ -96,7 +96,7 @@ def _decode(data: bytes, root: str) -> RootScan:
     if not isinstance(skipped, list) or not all(isinstance(s, str) for s in skipped):
         raise ValueError("skipped is not a list of paths")
     p = RootScan(
-        files=_columns(doc["files"], {"rel": str, "size": int, "mtime_ns": int}),
+        files=_columns(doc["files"], {"rel": str, "size": int, "mtime_ns": int, "link": bool}),
         dirs=_columns(doc["dirs"], {"rel": str, "ino": int, "dev": int, "mtime_ns": int}),
         aliases=_columns(doc["aliases"], {"rel": str, "target": str}),
         skipped=skipped, links=bool(doc["dir_links"]), scanned_ns=int(doc["scanned_ns"]))

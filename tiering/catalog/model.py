@@ -20,6 +20,7 @@ class CatalogFile:
     rel: str         # path relative to the root, "/"-separated
     size: int
     mtime_ns: int
+    link: bool = False   # the catalogued path itself was a symlink (copies follow it; others are opened O_NOFOLLOW)
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ class Catalog:
 @dataclass
 class RootScan:
     """One root, before root ids are assigned (also what the cache holds)."""
-    files: list[tuple[str, int, int]] = field(default_factory=list)        # rel, size, mtime_ns
+    files: list[tuple[str, int, int, bool]] = field(default_factory=list)  # rel, size, mtime_ns, link
     dirs: list[tuple[str, int, int, int]] = field(default_factory=list)    # rel, ino, dev, mtime_ns
     aliases: list[tuple[str, str]] = field(default_factory=list)           # rel, target rel
     skipped: list[str] = field(default_factory=list)

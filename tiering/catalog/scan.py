@@ -131,7 +131,7 @@ def _walk_root(root: str, pool: ThreadPoolExecutor) -> RootScan:
                 else:
                     add_dir(rel, s)
             elif stat.S_ISREG(s.st_mode):
-                res.files.append((rel, s.st_size, s.st_mtime_ns))
+                res.files.append((rel, s.st_size, s.st_mtime_ns, is_link))
             else:
                 res.skipped.append(rel)
 
@@ -182,7 +182,7 @@ def scan(dirs: list[str], threads: int = 16, cache_dir: Path | None = None) -> C
             parts.append(part)
     cat = Catalog(list(roots), [], [], from_cache=cache_dir is not None and cached == len(roots))
     for i, p in enumerate(parts):
-        cat.files.extend(CatalogFile(i, rel, size, mt) for rel, size, mt in p.files)
+        cat.files.extend(CatalogFile(i, rel, size, mt, link) for rel, size, mt, link in p.files)
         cat.dirs.extend(CatalogDir(i, rel, ino, dev, mt) for rel, ino, dev, mt in p.dirs)
         cat.aliases.extend(DirAlias(i, rel, target) for rel, target in p.aliases)
         cat.skipped.extend((i, rel) for rel in p.skipped)
