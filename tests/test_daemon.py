@@ -30,10 +30,8 @@ class Setup:
         self.contents = make_data(self.data, files)
         self.catalog = scan([str(self.data)])
         run = private_dir(tmp / "run")
-        root = tier_dir if tier_dir is not None else tmp / "tier"
-        (root / "data").mkdir(parents=True)
-        (root / "staging").mkdir()
-        self.tier = TierState("ram", "memory", root, capacity, threads)
+        root = private_dir(tier_dir if tier_dir is not None else tmp / "tier")
+        self.tier = TierState("ram", "memory", root, capacity, threads)   # makes data/ and staging/
         self.index, slots = SharedIndex.create(
             run / "index", [Root(self.catalog.roots[0], 0)], [str(self.tier.data)],
             [f.rel for f in self.catalog.files], [0] * len(self.catalog.files),
@@ -284,3 +282,104 @@ def test_stop_returns_true_when_copies_end(setup_factory):
     for rel in FILES:
         s.d.place(s.i[rel], 0)
     assert s.d.stop() is True and s.d.stuck == 0
+
+
+# -- a copy is bounded by what was catalogued -------------------------------------
+
+SMALL = {"s/src.bin": 10_000, "s/other.bin": 3000}
+
+
+def _swap(path: Path, kind: str) -> None:
+    """Replaces the catalogued regular file at path after the scan."""
+    st = path.stat()
+    path.unlink()
+    if kind == "symlink to /dev/zero":
+        os.symlink("/dev/zero", path)
+    elif kind == "fifo":
+        os.mkfifo(path)                 # an open without O_NONBLOCK would wait for a writer
+    elif kind == "directory":
+        path.mkdir()
+    elif kind == "larger file, same mtime":
+        path.write_bytes(b"x" * (5 << 20))
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    elif kind == "symlink to a file of the same size and mtime":
+        other = path.parent / "elsewhere"
+        other.write_bytes(b"y" * st.st_size)
+        os.utime(other, ns=(st.st_atime_ns, st.st_mtime_ns))
+        os.symlink(other, path)
+    else:
+        raise AssertionError(kind)
+
+
+def _assert_refused(s: Setup, rel: str) -> None:
+    size = SMALL[rel]
+    assert s.state(rel) == lib.TIERING_STATE_NONE
+    assert s.d.stats.changed_sources == 1 and s.d.stats.copy_failures == 0
+    assert s.d.stats.pfs_bytes <= size + 1
+    assert not os.path.lexists(s.tier.copy_path(s.catalog.files[s.i[rel]]))
+    assert list(s.tier.staging.iterdir()) == []
+    assert s.tier.used == allocated_on_disk(s.tier.data) == 0 and s.tier.files == 0
+
+
+@pytest.mark.parametrize("kind", ["symlink to /dev/zero", "fifo", "directory", "larger file, same mtime",
+                                  "symlink to a file of the same size and mtime"])
+def test_a_source_replaced_after_the_scan_is_refused_without_reading_it(setup_factory, kind):
+    s = setup_factory(files=SMALL)
+    _swap(s.data / "s/src.bin", kind)
+    assert s.d.place(s.i["s/src.bin"], 0)
+    s.wait()
+    _assert_refused(s, "s/src.bin")
+    assert s.d.stats.pfs_bytes == 0
+    # the other file is copied as usual
+    assert s.d.place(s.i["s/other.bin"], 0)
+    s.wait()
+    assert s.state("s/other.bin") == 1 and s.tier.files == 1
+    assert (s.tier.data / "0/s/other.bin").read_bytes() == s.contents["s/other.bin"]
+
+
+class GrowingDaemon(Daemon):
+    """The source grows by 5 MiB after the copy's first read, as a file still
+    being written would."""
+    grow: Path | None = None
+
+    def _count_read(self, n: int) -> None:
+        super()._count_read(n)
+        if GrowingDaemon.grow is not None:
+            with open(GrowingDaemon.grow, "ab") as f:
+                f.write(b"z" * (5 << 20))
+            GrowingDaemon.grow = None
+
+
+def test_a_source_growing_while_copied_is_refused_after_one_byte_more(setup_factory):
+    s = setup_factory(files=SMALL, daemon_cls=GrowingDaemon)
+    src = s.data / "s/src.bin"
+    GrowingDaemon.grow = src
+    assert s.d.place(s.i["s/src.bin"], 0)
+    s.wait()
+    assert GrowingDaemon.grow is None           # it did grow
+    _assert_refused(s, "s/src.bin")
+    assert s.d.stats.pfs_bytes == SMALL["s/src.bin"] + 1
+
+
+def test_a_catalogued_symlink_is_copied_through_and_checked_all_the_same(tmp_path, setup_factory):
+    pfs = tmp_path / "pfs"
+    target = tmp_path / "target.bin"
+    target.write_bytes(os.urandom(7000))
+    (pfs / "s").mkdir(parents=True)
+    os.symlink(target, pfs / "s/link.bin")
+    s = setup_factory(files=SMALL)
+    f = s.catalog.files[s.i["s/link.bin"]]
+    assert f.link and not s.catalog.files[s.i["s/src.bin"]].link
+    assert s.d.place(s.i["s/link.bin"], 0)
+    s.wait()
+    assert s.state("s/link.bin") == 1
+    assert (s.tier.data / "0/s/link.bin").read_bytes() == target.read_bytes()
+    # the link now points at /dev/zero: refused, nothing read
+    s.d.evict(s.i["s/link.bin"])
+    (pfs / "s/link.bin").unlink()
+    os.symlink("/dev/zero", pfs / "s/link.bin")
+    before = s.d.stats.pfs_bytes
+    assert s.d.place(s.i["s/link.bin"], 0)
+    s.wait()
+    assert s.state("s/link.bin") == lib.TIERING_STATE_NONE
+    assert s.d.stats.changed_sources == 1 and s.d.stats.pfs_bytes == before
