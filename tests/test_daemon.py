@@ -3,6 +3,7 @@ invalidation races, failures and the PFS concurrency bound."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import threading
 import time
@@ -10,13 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from helpers import make_data, private_dir
+from helpers import make_data, private_dir, sweep_with_boot_time_off
 from tiering.catalog import scan
 from tiering.placement.api import allocation
 from tiering.placement.daemon import Daemon
 from tiering.placement.index import Root, SharedIndex, lib
 from tiering.placement.policies import POLICIES
 from tiering.placement.tiers import TierState
+from tiering.rundirs import make_private_dir
 
 
 def allocated_on_disk(root: Path) -> int:
@@ -30,7 +32,7 @@ class Setup:
         self.contents = make_data(self.data, files)
         self.catalog = scan([str(self.data)])
         run = private_dir(tmp / "run")
-        root = private_dir(tier_dir if tier_dir is not None else tmp / "tier")
+        root = tier_dir if tier_dir is not None else private_dir(tmp / "tier")
         self.tier = TierState("ram", "memory", root, capacity, threads)   # makes data/ and staging/
         self.index, slots = SharedIndex.create(
             run / "index", [Root(self.catalog.roots[0], 0)], [str(self.tier.data)],
@@ -172,7 +174,7 @@ def test_full_device_leaves_no_partial_copy(tmp_path, setup_factory):
     assert r.returncode == 0, f"this test mounts a small tmpfs and needs root: {r.stderr}"
     try:
         # the profile claims far more room than the device has
-        s = setup_factory(files=FILES, tier_dir=mnt / "tier", capacity=1 << 30)
+        s = setup_factory(files=FILES, tier_dir=private_dir(mnt / "tier"), capacity=1 << 30)
         for rel in FILES:
             s.d.place(s.i[rel], 0)
         s.wait()
@@ -383,3 +385,66 @@ def test_a_catalogued_symlink_is_copied_through_and_checked_all_the_same(tmp_pat
     s.wait()
     assert s.state("s/link.bin") == lib.TIERING_STATE_NONE
     assert s.d.stats.changed_sources == 1 and s.d.stats.pfs_bytes == before
+
+
+# -- the tier's directories ------------------------------------------------------
+
+MANY = {f"d{k % 10}/sub/f{k}.bin": 100 + k for k in range(30)}
+
+
+def test_a_vanished_staging_directory_is_made_again(setup_factory):
+    s = setup_factory(files=MANY)
+    assert s.d.place(s.i["d0/sub/f0.bin"], 0)
+    s.wait()
+    shutil.rmtree(s.tier.staging)
+    for rel in MANY:
+        s.d.place(s.i[rel], 0)
+    s.wait()
+    assert s.d.stats.copy_failures == 0 and s.tier.files == len(MANY)
+    assert all(s.state(rel) == 1 for rel in MANY)
+    assert s.tier.staging.is_dir() and list(s.tier.staging.iterdir()) == []
+
+
+def test_copies_go_on_while_another_job_of_the_user_sweeps_with_its_clock_off(tmp_path, setup_factory):
+    """Another tier-run of the same user starts on the node while this one
+    copies under lru, and its view of the boot time is one second off (an NTP
+    step between the two reads of /proc/stat's btime).  Its sweep of leftovers
+    removed this job's live tier directory, and every later copy failed with
+    ENOENT on staging/<tid>-<pid>.part."""
+    parent = private_dir(tmp_path / "tiers")
+    s = setup_factory(files=MANY, tier_dir=make_private_dir(str(parent), "u"))
+    s.d.place(s.i["d0/sub/f0.bin"], 0)
+    s.wait()
+    assert sweep_with_boot_time_off(parent, "u") == []
+    for rel in MANY:
+        s.d.place(s.i[rel], 0)
+    s.wait()
+    assert s.d.stats.copy_failures == 0, s.d.stats.errors
+    assert s.tier.files == len(MANY)
+    for rel in MANY:
+        assert (s.tier.data / "0" / rel).read_bytes() == s.contents[rel]
+
+
+def test_directory_fds_stay_within_their_bound(setup_factory):
+    s = setup_factory(files=MANY)
+    s.tier.dirs.data.limit = 4
+    for rel in MANY:
+        assert s.d.place(s.i[rel], 0)
+    s.wait()
+    assert s.tier.files == len(MANY) and s.d.stats.copy_failures == 0
+    assert len(s.tier.dirs.data) <= 4
+    for rel in MANY:
+        assert (s.tier.data / "0" / rel).read_bytes() == s.contents[rel]
+        assert s.d.evict(s.i[rel])            # also through directories whose fds were closed
+    assert [p for p in s.tier.data.rglob("*") if p.is_file()] == []
+    assert s.tier.used == 0 and len(s.tier.dirs.data) <= 4
+
+
+def test_a_symlink_inside_the_tier_is_never_followed(tmp_path, setup_factory):
+    s = setup_factory(files=MANY)
+    outside = private_dir(tmp_path / "outside")
+    (s.tier.data / "0").symlink_to(outside)
+    s.d.place(s.i["d1/sub/f1.bin"], 0)
+    s.wait()
+    assert s.d.stats.copy_failures == 1 and s.state("d1/sub/f1.bin") == lib.TIERING_STATE_NONE
+    assert list(outside.iterdir()) == [] and list(s.tier.staging.iterdir()) == []

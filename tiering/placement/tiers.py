@@ -19,7 +19,6 @@ import logging
 import os
 import posixpath
 import resource
-import shutil
 import stat
 import threading
 import weakref
@@ -347,7 +346,3 @@ def unlink_at(name: str, dir_fd: int) -> None:
         os.unlink(name, dir_fd=dir_fd)
     except OSError:
         pass
-
-
-def remove_tree(path: Path) -> None:
-    shutil.rmtree(path, ignore_errors=True)
