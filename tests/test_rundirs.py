@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import sweep_with_boot_time_off
+from helpers import dataset, sweep_with_boot_time_off, tier_run
 from tiering import rundirs
 from tiering.rundirs import UnsafeParent, make_private_dir, parent_problem, start_ticks, sweep_leftovers
 
@@ -184,3 +184,16 @@ def test_the_index_goes_to_the_first_safe_writable_parent(base, monkeypatch):
     with pytest.raises(UnsafeParent, match="^/dev/shm: unsafe: another user could rename"):
         make_private_dir(rundirs.index_parent(), "u")
 
+
+def test_tier_run_refuses_a_hostile_tier_parent_before_the_command_runs(base):
+    data = base / "pfs"
+    dataset(data, n=2)
+    hostile = mkdir(base / "shared", 0o777)
+    prof = base / "p.yaml"
+    prof.write_text(f"name: t\ntiers:\n  - {{name: ssd, kind: filesystem, path: {hostile}, capacity: 1MiB}}\n")
+    ran = base / "ran"
+    r = tier_run(["--profile", str(prof), "--data", str(data), "--", "touch", str(ran)])
+    assert r.returncode == 2 and not ran.exists()
+    assert f"tiers[0].path: path {hostile} is not safe for a private directory" in r.stderr
+    assert "use a sticky directory such as /tmp" in r.stderr
+    assert list(hostile.iterdir()) == []
