@@ -289,6 +289,7 @@ def copy_file(src: str, f: CatalogFile, tier: TierState, stop: threading.Event,
     fd_in = open_source(src, f)
     name = f"{threading.get_ident()}-{os.getpid()}.part"
     staging_fd = -1
+    placed = False
     try:
         fd_out, staging_fd = tier.dirs.create_staging(name)
         try:
@@ -303,11 +304,12 @@ def copy_file(src: str, f: CatalogFile, tier: TierState, stop: threading.Event,
             raise SourceChanged(f"{src} {'grew' if copied > f.size else 'shrank'} while it was copied")
         check_source(os.fstat(fd_in), f, src)
         tier.dirs.publish(name, staging_fd, f)
+        placed = True
         return st_out.st_blocks * 512
     finally:
         os.close(fd_in)
-        if staging_fd >= 0:
-            unlink_at(name, staging_fd)  # a partial or rejected copy; gone already after the rename
+        if staging_fd >= 0 and not placed:
+            unlink_at(name, staging_fd)  # a partial or rejected copy
 
 
 def _transfer(fd_in: int, fd_out: int, limit: int, stop: threading.Event,
