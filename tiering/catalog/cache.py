@@ -27,7 +27,7 @@ component).
 Only the user's own cache is trusted: when the cache directory or a cache file
 does not belong to the user or is writable by group or others (or the file is
 a symlink), it is refused with a log line and the scan runs without writing
-there.
+there (NOTE [tier directories] in docs/design.md).
 """
 from __future__ import annotations
 
