@@ -166,3 +166,18 @@ def dead_job_dir(name: str) -> bool:
         return not psutil.pid_exists(int(name.split("-")[-2]))
     except ValueError:
         return True
+
+
+def sweep_with_boot_time_off(parent: Path, user: str, seconds: float = 1.0) -> list[str]:
+    """What another tier-run of the user does at start (sweep leftovers in
+    parent), in a process whose /proc/stat btime reads `seconds` later: btime
+    is recomputed from the wall clock at every read, so an NTP step moves it.
+    The paths it removed."""
+    code = ("import psutil._pslinux as p, json\n"
+            "real = p.boot_time\n"
+            f"p.boot_time = lambda: real() + {seconds!r}\n"
+            "from tiering.rundirs import sweep_leftovers\n"
+            f"print(json.dumps([str(d) for d in sweep_leftovers([{str(parent)!r}], {user!r})]))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)

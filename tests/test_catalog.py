@@ -95,6 +95,7 @@ def test_scan_catalogue(tmp_path: Path) -> None:
     assert cat.roots == [str(root)] and cat.dir_links == [False] and not cat.from_cache
     assert [(f.root, f.rel, f.size) for f in cat.files] == [
         (0, ".hidden", 3), (0, "a/deep/y.bin", 0), (0, "b/flink.bin", 5), (0, "b/x.bin", 5)]
+    assert [f.link for f in cat.files] == [False, False, True, False]   # the path itself is a symlink
     st = os.stat(root / "b" / "x.bin")
     assert cat.files[3].mtime_ns == st.st_mtime_ns
     assert cat.total_bytes == 13
@@ -467,6 +468,7 @@ def cached_tree(tmp_path: Path) -> tuple[Path, Path]:
     touch(ext / "e.jpg")
     link_dir(root / "k3", ext)
     link_dir(root / "k1" / "again", "n")
+    (root / "k2" / "l.jpg").symlink_to("c.jpg")
     age(root, ext)
     return root, ext
 
@@ -484,6 +486,7 @@ def test_cache_reused_without_per_file_stats(tmp_path: Path, monkeypatch: pytest
     assert again.from_cache
     for name in ("roots", "files", "dir_links", "dirs", "aliases", "skipped"):
         assert getattr(again, name) == getattr(first, name), name
+    assert [f.rel for f in again.files if f.link] == ["k2/l.jpg"]
     files = {again.source_path(f) for f in again.files}
     assert not files & set(counter.paths)          # no stat of any file
     assert len(counter.paths) <= len(first.dirs) + len(first.aliases) + 2
@@ -576,6 +579,69 @@ def test_cache_per_root_and_unwritable(tmp_path: Path, caplog: pytest.LogCapture
     assert got.files == [f for f in both.files if f.root == 0] and not got.from_cache
     assert any("cannot write the catalog cache" in r.getMessage() for r in caplog.records)
     assert not list(cache.glob(".tmp-*"))
+
+
+@pytest.mark.parametrize("what", ["dir of another user", "dir writable by others", "file of another user",
+                                  "file writable by group", "file is a symlink"])
+def test_a_cache_that_is_not_the_users_own_is_refused(tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                                      what: str) -> None:
+    root, _ = cached_tree(tmp_path)
+    cache = tmp_path / "cache"
+    good = scan([str(root)], cache_dir=cache)
+    path = cache_file(cache, str(root))
+    if what == "dir of another user":
+        os.chown(cache, 54321, 54321)
+    elif what == "dir writable by others":
+        os.chmod(cache, 0o777)
+    elif what == "file of another user":
+        os.chown(path, 54321, 54321)
+    elif what == "file writable by group":
+        os.chmod(path, 0o620)
+    else:
+        real = path.with_name("real.json.gz")
+        path.rename(real)
+        path.symlink_to(real.name)
+    # what is there claims a file the tree does not have
+    doc = json.loads(gzip.decompress(path.read_bytes()))
+    doc["files"] = {k: v + v[:1] for k, v in doc["files"].items()}
+    doc["files"]["rel"][-1] = "planted.jpg"
+    planted = gzip.compress(json.dumps(doc).encode())
+    (path.resolve()).write_bytes(planted)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="tiering"):
+        got = scan([str(root)], cache_dir=cache)
+    assert not got.from_cache and got.files == good.files
+    assert [r.getMessage() for r in caplog.records if "not using the catalog cache" in r.getMessage()]
+    assert path.resolve().read_bytes() == planted            # nothing written there
+    assert not list(cache.glob(".tmp-*"))
+
+
+BAD_PATHS = [(table, bad) for table in ("files", "dirs", "aliases", "targets", "skipped")
+             for bad in ("../escape.jpg", "/etc/passwd", "k1//a.jpg", "k1/./a.jpg", "", "k1/")
+             if (table, bad) != ("targets", "")]      # an alias target "" is the root itself
+
+
+@pytest.mark.parametrize(("table", "bad"), BAD_PATHS)
+def test_a_cache_with_a_path_outside_its_root_is_ignored(tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                                         bad: str, table: str) -> None:
+    root, _ = cached_tree(tmp_path)
+    cache = tmp_path / "cache"
+    good = scan([str(root)], cache_dir=cache)
+    path = cache_file(cache, str(root))
+    doc = json.loads(gzip.decompress(path.read_bytes()))
+    if table == "skipped":
+        doc["skipped"] = [bad]
+    elif table == "targets":
+        doc["aliases"]["target"][-1] = bad
+    else:
+        doc[table]["rel"][-1] = bad
+    path.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="tiering"):
+        got = scan([str(root)], cache_dir=cache)
+    assert not got.from_cache and got.files == good.files and got.dirs == good.dirs
+    assert any("is not a relative path below the root" in r.getMessage() for r in caplog.records)
+    assert scan([str(root)], cache_dir=cache).from_cache       # rewritten from the fresh scan
 
 
 def test_default_cache_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

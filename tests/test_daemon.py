@@ -3,6 +3,7 @@ invalidation races, failures and the PFS concurrency bound."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import threading
 import time
@@ -10,13 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from helpers import make_data, private_dir
+from helpers import make_data, private_dir, sweep_with_boot_time_off
 from tiering.catalog import scan
 from tiering.placement.api import allocation
 from tiering.placement.daemon import Daemon
 from tiering.placement.index import Root, SharedIndex, lib
 from tiering.placement.policies import POLICIES
 from tiering.placement.tiers import TierState
+from tiering.rundirs import make_private_dir
 
 
 def allocated_on_disk(root: Path) -> int:
@@ -36,10 +38,8 @@ class Setup:
                 os.link(self.data / target, self.data / name)
         self.catalog = scan([str(self.data)])
         run = private_dir(tmp / "run")
-        root = tier_dir if tier_dir is not None else tmp / "tier"
-        (root / "data").mkdir(parents=True)
-        (root / "staging").mkdir()
-        self.tier = TierState("ram", "memory", root, capacity, threads)
+        root = tier_dir if tier_dir is not None else private_dir(tmp / "tier")
+        self.tier = TierState("ram", "memory", root, capacity, threads)   # makes data/ and staging/
         self.index, slots = SharedIndex.create(
             run / "index", [Root(self.catalog.roots[0], 0)], [str(self.tier.data)],
             [f.rel for f in self.catalog.files], [0] * len(self.catalog.files),
@@ -198,7 +198,7 @@ def test_full_device_leaves_no_partial_copy(tmp_path, setup_factory):
     assert r.returncode == 0, f"this test mounts a small tmpfs and needs root: {r.stderr}"
     try:
         # the profile claims far more room than the device has
-        s = setup_factory(files=FILES, tier_dir=mnt / "tier", capacity=1 << 30)
+        s = setup_factory(files=FILES, tier_dir=private_dir(mnt / "tier"), capacity=1 << 30)
         for rel in FILES:
             s.d.place(s.i[rel], 0)
         s.wait()
@@ -308,3 +308,167 @@ def test_stop_returns_true_when_copies_end(setup_factory):
     for rel in FILES:
         s.d.place(s.i[rel], 0)
     assert s.d.stop() is True and s.d.stuck == 0
+
+
+# -- a copy is bounded by what was catalogued -------------------------------------
+
+SMALL = {"s/src.bin": 10_000, "s/other.bin": 3000}
+
+
+def _swap(path: Path, kind: str) -> None:
+    """Replaces the catalogued regular file at path after the scan."""
+    st = path.stat()
+    path.unlink()
+    if kind == "symlink to /dev/zero":
+        os.symlink("/dev/zero", path)
+    elif kind == "fifo":
+        os.mkfifo(path)                 # an open without O_NONBLOCK would wait for a writer
+    elif kind == "directory":
+        path.mkdir()
+    elif kind == "larger file, same mtime":
+        path.write_bytes(b"x" * (5 << 20))
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    elif kind == "symlink to a file of the same size and mtime":
+        other = path.parent / "elsewhere"
+        other.write_bytes(b"y" * st.st_size)
+        os.utime(other, ns=(st.st_atime_ns, st.st_mtime_ns))
+        os.symlink(other, path)
+    else:
+        raise AssertionError(kind)
+
+
+def _assert_refused(s: Setup, rel: str) -> None:
+    size = SMALL[rel]
+    assert s.state(rel) == lib.TIERING_STATE_NONE
+    assert s.d.stats.changed_sources == 1 and s.d.stats.copy_failures == 0
+    assert s.d.stats.pfs_bytes <= size + 1
+    assert not os.path.lexists(s.tier.copy_path(s.catalog.files[s.i[rel]]))
+    assert list(s.tier.staging.iterdir()) == []
+    assert s.tier.used == allocated_on_disk(s.tier.data) == 0 and s.tier.files == 0
+
+
+@pytest.mark.parametrize("kind", ["symlink to /dev/zero", "fifo", "directory", "larger file, same mtime",
+                                  "symlink to a file of the same size and mtime"])
+def test_a_source_replaced_after_the_scan_is_refused_without_reading_it(setup_factory, kind):
+    s = setup_factory(files=SMALL)
+    _swap(s.data / "s/src.bin", kind)
+    assert s.d.place(s.i["s/src.bin"], 0)
+    s.wait()
+    _assert_refused(s, "s/src.bin")
+    assert s.d.stats.pfs_bytes == 0
+    # the other file is copied as usual
+    assert s.d.place(s.i["s/other.bin"], 0)
+    s.wait()
+    assert s.state("s/other.bin") == 1 and s.tier.files == 1
+    assert (s.tier.data / "0/s/other.bin").read_bytes() == s.contents["s/other.bin"]
+
+
+class GrowingDaemon(Daemon):
+    """The source grows by 5 MiB after the copy's first read, as a file still
+    being written would."""
+    grow: Path | None = None
+
+    def _count_read(self, n: int) -> None:
+        super()._count_read(n)
+        if GrowingDaemon.grow is not None:
+            with open(GrowingDaemon.grow, "ab") as f:
+                f.write(b"z" * (5 << 20))
+            GrowingDaemon.grow = None
+
+
+def test_a_source_growing_while_copied_is_refused_after_one_byte_more(setup_factory):
+    s = setup_factory(files=SMALL, daemon_cls=GrowingDaemon)
+    src = s.data / "s/src.bin"
+    GrowingDaemon.grow = src
+    assert s.d.place(s.i["s/src.bin"], 0)
+    s.wait()
+    assert GrowingDaemon.grow is None           # it did grow
+    _assert_refused(s, "s/src.bin")
+    assert s.d.stats.pfs_bytes == SMALL["s/src.bin"] + 1
+
+
+def test_a_catalogued_symlink_is_copied_through_and_checked_all_the_same(tmp_path, setup_factory):
+    pfs = tmp_path / "pfs"
+    target = tmp_path / "target.bin"
+    target.write_bytes(os.urandom(7000))
+    (pfs / "s").mkdir(parents=True)
+    os.symlink(target, pfs / "s/link.bin")
+    s = setup_factory(files=SMALL)
+    f = s.catalog.files[s.i["s/link.bin"]]
+    assert f.link and not s.catalog.files[s.i["s/src.bin"]].link
+    assert s.d.place(s.i["s/link.bin"], 0)
+    s.wait()
+    assert s.state("s/link.bin") == 1
+    assert (s.tier.data / "0/s/link.bin").read_bytes() == target.read_bytes()
+    # the link now points at /dev/zero: refused, nothing read
+    s.d.evict(s.i["s/link.bin"])
+    (pfs / "s/link.bin").unlink()
+    os.symlink("/dev/zero", pfs / "s/link.bin")
+    before = s.d.stats.pfs_bytes
+    assert s.d.place(s.i["s/link.bin"], 0)
+    s.wait()
+    assert s.state("s/link.bin") == lib.TIERING_STATE_NONE
+    assert s.d.stats.changed_sources == 1 and s.d.stats.pfs_bytes == before
+
+
+# -- the tier's directories ------------------------------------------------------
+
+MANY = {f"d{k % 10}/sub/f{k}.bin": 100 + k for k in range(30)}
+
+
+def test_a_vanished_staging_directory_is_made_again(setup_factory):
+    s = setup_factory(files=MANY)
+    assert s.d.place(s.i["d0/sub/f0.bin"], 0)
+    s.wait()
+    shutil.rmtree(s.tier.staging)
+    for rel in MANY:
+        s.d.place(s.i[rel], 0)
+    s.wait()
+    assert s.d.stats.copy_failures == 0 and s.tier.files == len(MANY)
+    assert all(s.state(rel) == 1 for rel in MANY)
+    assert s.tier.staging.is_dir() and list(s.tier.staging.iterdir()) == []
+
+
+def test_copies_go_on_while_another_job_of_the_user_sweeps_with_its_clock_off(tmp_path, setup_factory):
+    """Another tier-run of the same user starts on the node while this one
+    copies under lru, and its view of the boot time is one second off (an NTP
+    step between the two reads of /proc/stat's btime).  Its sweep of leftovers
+    removed this job's live tier directory, and every later copy failed with
+    ENOENT on staging/<tid>-<pid>.part."""
+    parent = private_dir(tmp_path / "tiers")
+    s = setup_factory(files=MANY, tier_dir=make_private_dir(str(parent), "u"))
+    s.d.place(s.i["d0/sub/f0.bin"], 0)
+    s.wait()
+    assert sweep_with_boot_time_off(parent, "u") == []
+    for rel in MANY:
+        s.d.place(s.i[rel], 0)
+    s.wait()
+    assert s.d.stats.copy_failures == 0, s.d.stats.errors
+    assert s.tier.files == len(MANY)
+    for rel in MANY:
+        assert (s.tier.data / "0" / rel).read_bytes() == s.contents[rel]
+
+
+def test_directory_fds_stay_within_their_bound(setup_factory):
+    s = setup_factory(files=MANY)
+    s.tier.dirs.data.limit = 4
+    for rel in MANY:
+        assert s.d.place(s.i[rel], 0)
+    s.wait()
+    assert s.tier.files == len(MANY) and s.d.stats.copy_failures == 0
+    assert len(s.tier.dirs.data) <= 4
+    for rel in MANY:
+        assert (s.tier.data / "0" / rel).read_bytes() == s.contents[rel]
+        assert s.d.evict(s.i[rel])            # also through directories whose fds were closed
+    assert [p for p in s.tier.data.rglob("*") if p.is_file()] == []
+    assert s.tier.used == 0 and len(s.tier.dirs.data) <= 4
+
+
+def test_a_symlink_inside_the_tier_is_never_followed(tmp_path, setup_factory):
+    s = setup_factory(files=MANY)
+    outside = private_dir(tmp_path / "outside")
+    (s.tier.data / "0").symlink_to(outside)
+    s.d.place(s.i["d1/sub/f1.bin"], 0)
+    s.wait()
+    assert s.d.stats.copy_failures == 1 and s.state("d1/sub/f1.bin") == lib.TIERING_STATE_NONE
+    assert list(outside.iterdir()) == [] and list(s.tier.staging.iterdir()) == []

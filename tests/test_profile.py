@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tiering import profile as prof
+from tiering import rundirs
 from tiering.profile import (
     Profile,
     ProfileError,
@@ -86,7 +87,8 @@ def test_list_profiles_names_the_shipped_files():
 
 
 @pytest.mark.parametrize("name", SHIPPED)
-def test_every_shipped_profile_loads(name, tmp_path):
+def test_every_shipped_profile_loads(name, tmp_path, no_cgroup, monkeypatch):
+    fake_disk(monkeypatch, total=400 * GiB, free=300 * GiB)   # free space others change meanwhile: faked
     env = {"TMPDIR": str(tmp_path), "USER": "nobody-here"}
     p = load_profile(name, env=env)
     assert isinstance(p, Profile)
@@ -102,7 +104,8 @@ def test_every_shipped_profile_loads(name, tmp_path):
         assert tier.capacity <= node.free_bytes(tier.path)
 
 
-def test_auto_profile_keeps_ssd_under_tmpdir_when_it_is_a_local_disk(tmp_path):
+def test_auto_profile_keeps_ssd_under_tmpdir_when_it_is_a_local_disk(tmp_path, no_cgroup, monkeypatch):
+    fake_disk(monkeypatch, total=400 * GiB, free=300 * GiB)
     p = load_profile(None, env={"TMPDIR": str(tmp_path)})
     assert p.name == "auto"
     local = node.is_local_fstype(node.filesystem_type(str(tmp_path)))
@@ -667,3 +670,90 @@ def test_auto_memory_tier_on_a_tiny_shm_is_refused_or_dropped(tmp_path, no_cgrou
     else:
         assert [t.name for t in p.tiers] == ["ssd"]
         assert any("tier 'ram' dropped" in n for n in p.notes)
+
+
+# --------------------------------------------------------------------------- every error at once, shipped names
+
+
+def test_every_error_of_a_profile_is_reported(tmp_path):
+    hostile = tmp_path / "shared"
+    hostile.mkdir()
+    os.chmod(hostile, 0o777)
+    text = f"""\
+        name: t
+        colour: blue
+        tiers:
+          - {{name: ram, kind: memroy, path: /dev/shm, capacity: auto, threads: 0}}
+          - {{name: ssd, kind: filesystem, path: {hostile}, capacity: 64G}}
+          - {{name: ssd, kind: filesystem, path: {tmp_path}, capacity: 1MiB, optional: maybe}}
+        pfs:
+          latency_ms: -1
+          read_threads: 0
+        """
+    path = write(tmp_path, text)
+    expected = [("colour", "unknown key"), ("tiers[2].name", "give each tier its own name"),
+                ("tiers[0].kind", "did you mean 'memory'"), ("tiers[0].threads", "at least 1"),
+                ("tiers[1].capacity", "write GiB"), ("tiers[1].path", "use a sticky directory such as /tmp"),
+                ("tiers[2].optional", "true or false"), ("pfs.latency_ms", ">= 0"), ("pfs.read_threads", "at least 1")]
+    with pytest.raises(ProfileError) as exc:
+        check_profile(str(path))
+    lines = str(exc.value).splitlines()
+    assert len(exc.value.errors) == len(lines) == len(expected)
+    for line, err, (key, fix) in zip(lines, exc.value.errors, expected):
+        assert line == str(err)
+        assert line.startswith(f"{path}: {key}: ") and fix in line, line
+    assert exc.value.key == "colour"
+    # the command reports them all and fails
+    from click.testing import CliRunner
+
+    from tiering.cli import main
+    r = CliRunner().invoke(main, ["profile", "check", str(path)])
+    assert r.exit_code != 0
+    assert all(line in r.output for line in lines)
+
+
+def test_a_tier_path_others_can_rename_in_is_refused(tmp_path):
+    hostile = tmp_path / "shared"
+    hostile.mkdir()
+    os.chmod(hostile, 0o777)
+    (hostile / "mine").mkdir(mode=0o700)
+    for path in (hostile, hostile / "mine"):
+        with pytest.raises(ProfileError) as exc:
+            check_profile(str(write(tmp_path, one_tier(tmp_path, path=str(path)))))
+        msg = str(exc.value)
+        assert msg.startswith(f"{tmp_path}/cluster.yaml: tiers[0].path: path {path} is not safe for a private "
+                              f"directory: {hostile} is writable by other users and has no sticky bit (mode 0777)")
+        assert "use a sticky directory such as /tmp or /dev/shm, or a directory only you can write to" in msg
+    os.chmod(hostile, 0o1777)     # with the sticky bit, only the owner may rename its entries
+    assert check_profile(str(write(tmp_path, one_tier(tmp_path, path=str(hostile))))).tiers[0].path == str(hostile)
+
+
+def test_an_optional_tier_under_a_hostile_parent_is_dropped_with_a_warning(tmp_path, caplog):
+    hostile = tmp_path / "shared"
+    hostile.mkdir()
+    os.chmod(hostile, 0o757)
+    text = one_tier(tmp_path) + f"  - {{name: ssd, kind: filesystem, path: {hostile}, capacity: 1MiB, optional: true}}\n"
+    with caplog.at_level("WARNING", logger="tiering"):
+        p = check_profile(str(write(tmp_path, text)))
+    assert [t.name for t in p.tiers] == ["disk"]
+    assert p.notes == (f"tier 'ssd' dropped: path {hostile} is not safe for a private directory: {hostile} is "
+                       "writable by other users and has no sticky bit (mode 0757)",)
+    assert [r.getMessage() for r in caplog.records] == [f"{p.notes[0]}; {rundirs.SAFE_PARENT_FIX}"]
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_profile_check_takes_a_shipped_name_as_profile_show_does(name, tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from tiering.cli import main
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    assert check_profile(name).name == name
+    r = CliRunner().invoke(main, ["profile", "check", name])
+    assert r.exit_code == 0, r.output
+    assert r.output.endswith(f"{name}: OK\n") and f"profile {name}" in r.output
+    # a file of that name is taken by its path
+    (tmp_path / "mine").write_text(one_tier(tmp_path))
+    assert check_profile("mine").source == "mine" and load_profile("./mine").name == "test"
+    with pytest.raises(ProfileError, match="unknown profile 'nosuch'"):
+        check_profile("nosuch")

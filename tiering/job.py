@@ -27,10 +27,10 @@ from .placement.api import Policy
 from .placement.daemon import Daemon
 from .placement.index import Root, SharedIndex, library_path
 from .placement.policies import POLICIES as SIMPLE_POLICIES
-from .placement.tiers import TierState, remove_tree
+from .placement.tiers import TierState
 from .profile import Profile
 from .report import JobRecord, summary_text, to_json
-from .rundirs import current_user, index_parent, make_private_dir, sweep_leftovers
+from .rundirs import current_user, index_parent, make_private_dir, remove_tree, sweep_leftovers
 from .units import human_bytes
 
 log = logging.getLogger("tiering")
@@ -139,18 +139,16 @@ def setup(job: Job) -> None:
     feed = _choose_policy(job)
     for t in opts.profile.tiers:
         try:
-            root = make_private_dir(t.path, job.user)
-            for sub in ("data", "staging"):
-                (root / sub).mkdir(mode=0o700)
-                os.chmod(root / sub, 0o700)  # whatever the umask: the shim checks it
+            job.tiers.append(TierState(t.name, t.kind, make_private_dir(t.path, job.user), t.capacity, t.threads))
         except OSError as e:
             log.warning("tier %s at %s cannot be used (%s); continuing without it", t.name, t.path, e)
-            continue
-        job.tiers.append(TierState(t.name, t.kind, root, t.capacity, t.threads))
     cat = job.catalog
     # a symlinked root is matched by its real path too (same id)
     roots = [Root(prefix, i, cat.dir_links[i]) for prefix, i in catalog_mod.RootMap(cat.roots).prefixes]
-    job.run_dir = make_private_dir(index_parent(), job.user)
+    try:
+        job.run_dir = make_private_dir(index_parent(), job.user)
+    except OSError as e:
+        raise JobError(f"cannot make the index directory: {e}") from None
     job.index, slots = SharedIndex.create(
         job.run_dir / "index", roots, [str(t.data) for t in job.tiers],
         [f.rel for f in cat.files], [f.root for f in cat.files],

@@ -2,25 +2,36 @@
 record in each, and the sweep of directories that dead jobs left behind.
 
 A private directory is made with a random name and mode 0700 under its
-parent: tiering-<user>-<pid>-<random>.  Its owner.json says which process
-made it, on which host and in which PID namespace; the next tier-run of the
-same user removes the directories of processes that are gone.
+parent: tiering-<user>-<pid>-<random>.  The parent must be one that no other
+user can rename entries in (NOTE [tier directories] in docs/design.md:
+`parent_problem`).  The directory's owner.json says which process made it
+(its pid and its start time in clock ticks since boot, exact and immune to
+clock changes), on which host, in which boot and in which PID namespace; the
+next tier-run of the same user removes the directories of processes that
+are gone.
 """
 from __future__ import annotations
 
 import getpass
 import json
 import os
+import pwd
+import shutil
 import socket
+import stat
 import tempfile
 import time
 from pathlib import Path
 
 import psutil
 
-from .placement.tiers import remove_tree
-
 OWNER_FILE = "owner.json"
+YOUNG_SECONDS = 60      # a directory without a readable owner record is left alone this long
+MAX_LINKS = 40          # symlinks followed while checking a parent (the kernel's limit)
+
+
+class UnsafeParent(OSError):
+    """A private directory must not be made in this parent; the message says why and what to do."""
 
 
 def current_user() -> str:
@@ -30,25 +41,120 @@ def current_user() -> str:
         return str(os.getuid())
 
 
-def _prefix(user: str) -> str:
-    return f"tiering-{user}-{os.getpid()}-"
+# -- who may rename entries in a parent (NOTE [tier directories]) ---------------
+
+def _who(uid: int) -> str:
+    try:
+        return f"user {pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _dir_problem(path: str, st: os.stat_result) -> str | None:
+    if st.st_uid not in (os.getuid(), 0):
+        return f"{path} belongs to {_who(st.st_uid)}"
+    if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        return f"{path} is writable by other users and has no sticky bit (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
+
+
+def parent_problem(path: str) -> str | None:
+    """Why a private directory must not be made in `path`, or None.
+
+    Safe means no other user can rename or replace what the path leads to:
+    every directory the path is resolved through, from / to `path` itself
+    (symlinks followed, as the kernel does), belongs to this user or root and
+    is not writable by group or others unless it has the sticky bit, and every
+    symlink on the way belongs to this user or root."""
+    todo = [c for c in reversed(os.path.abspath(path).split("/")) if c]
+    cur = "/"
+    problem = _dir_problem("/", os.stat("/"))
+    links = 0
+    while todo and problem is None:
+        name = todo.pop()
+        if name == ".":
+            continue
+        if name == "..":
+            cur = os.path.dirname(cur)
+            continue
+        nxt = os.path.join(cur, name)
+        try:
+            st = os.lstat(nxt)
+        except OSError as e:
+            return f"{nxt}: {e.strerror}"
+        if stat.S_ISLNK(st.st_mode):
+            links += 1
+            if st.st_uid not in (os.getuid(), 0):
+                return f"{nxt} is a symlink that belongs to {_who(st.st_uid)}"
+            if links > MAX_LINKS:
+                return f"{path}: too many symlinks"
+            target = os.readlink(nxt)
+            if target.startswith("/"):
+                cur = "/"
+            todo.extend(c for c in reversed(target.split("/")) if c)
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            return f"{nxt} is not a directory"
+        problem = _dir_problem(nxt, st)
+        cur = nxt
+    return problem
+
+
+SAFE_PARENT_FIX = ("another user could rename the directory tier-run makes there and put one of their own "
+                   "in its place; use a sticky directory such as /tmp or /dev/shm, or a directory only you "
+                   "can write to (e.g. mkdir -m 700 /local/$USER)")
+
+
+# -- owner records -------------------------------------------------------------
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def start_ticks(pid: int) -> int | None:
+    """When process pid started, in clock ticks after boot (/proc/PID/stat
+    field 22): exact, unlike a wall-clock time derived from it."""
+    text = _read(f"/proc/{pid}/stat")
+    try:
+        return int(text.rpartition(")")[2].split()[19]) if text else None
+    except (IndexError, ValueError):
+        return None
 
 
 def _where() -> dict[str, object]:
-    """The host and PID namespace a pid is valid in: a tier path on a shared
-    file system, or a /dev/shm shared between containers, may hold the
+    """The host, boot and PID namespace a pid is valid in: a tier path on a
+    shared file system, or a /dev/shm shared between containers, may hold the
     directories of jobs whose pids mean nothing here."""
     try:
         pidns: object = os.stat("/proc/self/ns/pid").st_ino
     except OSError:
         pidns = None
-    return {"host": socket.gethostname(), "pidns": pidns}
+    return {"host": socket.gethostname(), "boot": _read("/proc/sys/kernel/random/boot_id"), "pidns": pidns}
+
+
+def owner_record() -> dict[str, object]:
+    pid = os.getpid()
+    return {"pid": pid, "start": start_ticks(pid), **_where()}
 
 
 def make_private_dir(parent: str, user: str) -> Path:
-    path = Path(tempfile.mkdtemp(prefix=_prefix(user), dir=parent))  # 0700, random name
-    me = psutil.Process()
-    (path / OWNER_FILE).write_text(json.dumps({"pid": me.pid, "create_time": me.create_time(), **_where()}))
+    """A new 0700 directory with a random name in parent, its owner record
+    written before any other job can read a partial one."""
+    problem = parent_problem(parent)
+    if problem is not None:
+        raise UnsafeParent(f"{parent}: {problem}: {SAFE_PARENT_FIX}")
+    path = Path(tempfile.mkdtemp(prefix=f"tiering-{user}-{os.getpid()}-", dir=parent))  # 0700, random name
+    try:
+        tmp = path / f".{OWNER_FILE}.tmp"
+        tmp.write_text(json.dumps(owner_record()))
+        tmp.rename(path / OWNER_FILE)
+    except OSError:
+        remove_tree(path)
+        raise
     return path
 
 
@@ -57,20 +163,23 @@ def _owner_alive(path: Path) -> bool:
     directory of another host or PID namespace counts as alive."""
     try:
         owner = json.loads((path / OWNER_FILE).read_text())
-        here = _where()
-        if any(k in owner and owner[k] != here[k] for k in here):
-            return True
-        proc = psutil.Process(int(owner["pid"]))
-        return abs(proc.create_time() - float(owner["create_time"])) < 1.0
-    except (OSError, ValueError, KeyError, TypeError, psutil.Error):
-        pass
-    # no readable owner file: trust the pid in the name for a minute
-    try:
-        pid = int(path.name.split("-")[-2])
-        young = time.time() - path.stat().st_mtime < 60
-        return young and psutil.pid_exists(pid)
-    except (ValueError, IndexError, OSError):
-        return False
+        pid = int(owner["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        # no readable owner record: being written, or lost; wait before judging
+        try:
+            return time.time() - path.stat().st_mtime < YOUNG_SECONDS
+        except OSError:
+            return False
+    here = _where()
+    if owner.get("host", here["host"]) != here["host"]:
+        return True
+    if owner.get("boot") and here["boot"] and owner["boot"] != here["boot"]:
+        return False                     # made before this machine last booted
+    if owner.get("pidns", here["pidns"]) != here["pidns"]:
+        return True
+    if owner.get("start") is None:       # a record without a start time: the pid alone
+        return psutil.pid_exists(pid)
+    return start_ticks(pid) == owner["start"]
 
 
 def sweep_leftovers(parents: list[str], user: str) -> list[Path]:
@@ -83,9 +192,10 @@ def sweep_leftovers(parents: list[str], user: str) -> list[Path]:
             continue
         for p in candidates:
             try:
-                if not p.is_dir() or p.is_symlink() or p.stat().st_uid != os.getuid():
-                    continue
+                st = p.lstat()
             except OSError:
+                continue
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
                 continue
             if not _owner_alive(p):
                 remove_tree(p)
@@ -93,5 +203,17 @@ def sweep_leftovers(parents: list[str], user: str) -> list[Path]:
     return removed
 
 
+def remove_tree(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def index_parent() -> str:
-    return "/dev/shm" if os.access("/dev/shm", os.W_OK | os.X_OK) else tempfile.gettempdir()
+    """Where the index's private directory goes: /dev/shm, else the temporary
+    directory, whichever is writable and safe (the first writable one when
+    neither is safe: make_private_dir then says why)."""
+    candidates = [p for p in dict.fromkeys(["/dev/shm", tempfile.gettempdir(), "/tmp"])
+                  if os.access(p, os.W_OK | os.X_OK)]
+    for p in candidates:
+        if parent_problem(p) is None:
+            return p
+    return candidates[0] if candidates else tempfile.gettempdir()

@@ -29,10 +29,18 @@ in which a directory
 was modified less than `RACY_SECONDS` before the scan began (mtimes have coarse
 granularity, and clocks of PFS clients and servers differ), or which met an
 unreadable directory, is not saved. A cache that cannot be read or parsed is
-ignored with a log line, and replaced.
+ignored with a log line, and replaced; so is one with an entry that is not a
+plain relative path below its root (an absolute path, an empty, "." or ".."
+component).
+
+Only the user's own cache is trusted: when the cache directory or a cache file
+does not belong to the user or is writable by group or others (or the file is
+a symlink), it is refused with a log line and the scan runs without writing
+there (NOTE [tier directories] in docs/design.md).
 """
 from __future__ import annotations
 
+import errno
 import gzip
 import hashlib
 import json
@@ -50,7 +58,7 @@ from .model import RootScan
 log = logging.getLogger("tiering")
 
 CACHE_FORMAT = "tiering-catalog"
-CACHE_VERSION = 2         # 2: files carry dev and ino
+CACHE_VERSION = 3         # 2: files carry dev and ino; 3: and link (the catalogued path was a symlink)
 RACY_SECONDS = 10         # directories modified this shortly before a scan make it unsaveable
 
 
@@ -70,7 +78,7 @@ def _encode(root: str, p: RootScan) -> bytes:
         "scanned_ns": p.scanned_ns, "dir_links": p.links,
         "files": {"rel": [f[0] for f in p.files], "size": [f[1] for f in p.files],
                   "mtime_ns": [f[2] for f in p.files], "dev": [f[3] for f in p.files],
-                  "ino": [f[4] for f in p.files]},
+                  "ino": [f[4] for f in p.files], "link": [f[5] for f in p.files]},
         "dirs": {"rel": [d[0] for d in p.dirs], "ino": [d[1] for d in p.dirs],
                  "dev": [d[2] for d in p.dirs], "mtime_ns": [d[3] for d in p.dirs]},
         "aliases": {"rel": [a[0] for a in p.aliases], "target": [a[1] for a in p.aliases]},
@@ -94,6 +102,72 @@ def _columns(table: Any, types: dict[str, type]) -> list[tuple[Any, ...]]:
     return list(zip(*cols))
 
 
+class CacheRefused(Exception):
+    """The cache is not the user's own: not read, not written."""
+
+
+def _foreign(st: os.stat_result) -> str | None:
+    if st.st_uid != os.getuid():
+        return f"belongs to uid {st.st_uid}"
+    if st.st_mode & 0o022:
+        return f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
+
+
+def cache_dir_problem(cache_dir: Path) -> str | None:
+    """Why the cache directory is not the user's own, or None (also when it does not exist yet)."""
+    try:
+        st = os.stat(cache_dir)
+    except (FileNotFoundError, NotADirectoryError):
+        return None                 # made when it is written (or that fails, with a log line)
+    except OSError as e:
+        return f"{cache_dir}: {e.strerror}"
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{cache_dir} is not a directory"
+    why = _foreign(st)
+    return f"{cache_dir} {why}" if why else None
+
+
+def _read_own(path: Path) -> bytes:
+    """The bytes of a cache file the user owns and no one else can write;
+    CacheRefused otherwise (a symlink too)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise CacheRefused(f"{path} is a symlink") from None
+        raise
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        why = "is not a regular file" if not stat.S_ISREG(st.st_mode) else _foreign(st)
+        if why:
+            raise CacheRefused(f"{path} {why}")
+        with gzip.GzipFile(fileobj=f, mode="rb") as gz:
+            return gz.read()
+
+
+def _check_rel(rel: str, what: str) -> None:
+    """A plain relative path below the root: no absolute path, no empty, "."
+    or ".." component (a cache that says otherwise is not used)."""
+    if not rel or rel.startswith("/") or "\0" in rel or any(c in ("", ".", "..") for c in rel.split("/")):
+        raise ValueError(f"{what} {rel!r} is not a relative path below the root")
+
+
+def _check_paths(p: RootScan) -> None:
+    if not p.dirs or p.dirs[0][0] != "":
+        raise ValueError("the root directory is missing")
+    for rel, *_ in p.files:
+        _check_rel(rel, "file")
+    for rel, *_ in p.dirs[1:]:
+        _check_rel(rel, "directory")
+    for rel, target in p.aliases:
+        _check_rel(rel, "alias")
+        if target:                                  # "" is the root itself
+            _check_rel(target, "alias target")
+    for rel in p.skipped:
+        _check_rel(rel, "skipped entry")
+
+
 def _decode(data: bytes, root: str) -> RootScan:
     doc = json.loads(data)
     if not isinstance(doc, dict) or doc.get("format") != CACHE_FORMAT:
@@ -106,12 +180,12 @@ def _decode(data: bytes, root: str) -> RootScan:
     if not isinstance(skipped, list) or not all(isinstance(s, str) for s in skipped):
         raise ValueError("skipped is not a list of paths")
     p = RootScan(
-        files=_columns(doc["files"], {"rel": str, "size": int, "mtime_ns": int, "dev": int, "ino": int}),
+        files=_columns(doc["files"], {"rel": str, "size": int, "mtime_ns": int, "dev": int, "ino": int,
+                                      "link": bool}),
         dirs=_columns(doc["dirs"], {"rel": str, "ino": int, "dev": int, "mtime_ns": int}),
         aliases=_columns(doc["aliases"], {"rel": str, "target": str}),
         skipped=skipped, links=bool(doc["dir_links"]), scanned_ns=int(doc["scanned_ns"]))
-    if not p.dirs or p.dirs[0][0] != "":
-        raise ValueError("the root directory is missing")
+    _check_paths(p)
     return p
 
 
@@ -162,16 +236,17 @@ def _rederive_devices(root: str, p: RootScan, mapping: dict[int, int], pool: Thr
         if ident is None:
             return False
         found[k] = ident
-    p.files = [(rel, size, mt, *found[k]) if k in found else (rel, size, mt, mapping[dev], ino)
-               for k, (rel, size, mt, dev, ino) in enumerate(p.files)]
+    p.files = [(rel, size, mt, *found[k], link) if k in found else (rel, size, mt, mapping[dev], ino, link)
+               for k, (rel, size, mt, dev, ino, link) in enumerate(p.files)]
     return True
 
 
 def load_cache(cache_dir: Path, root: str, pool: ThreadPoolExecutor) -> RootScan | None:
+    """The cached catalog of root if it is still valid, else None; raises
+    CacheRefused when the cache file is not the user's own."""
     path = cache_file(cache_dir, root)
     try:
-        with gzip.open(path, "rb") as f:
-            data = f.read()
+        data = _read_own(path)
     except (FileNotFoundError, NotADirectoryError):
         return None
     except (OSError, EOFError) as e:
@@ -211,6 +286,10 @@ def save_cache(cache_dir: Path, root: str, p: RootScan) -> None:
     tmp = None
     try:
         cache_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        problem = cache_dir_problem(cache_dir)
+        if problem is not None:
+            log.warning("not writing the catalog cache of %s: %s", root, problem)
+            return
         _sweep_temporaries(cache_dir)
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json.gz", dir=cache_dir)
         with os.fdopen(fd, "wb") as f:

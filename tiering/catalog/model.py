@@ -22,6 +22,7 @@ class CatalogFile:
     mtime_ns: int
     dev: int = 0     # identity (st_dev, st_ino; symlinks followed), 0: unknown
     ino: int = 0
+    link: bool = False   # the catalogued path itself was a symlink (copies follow it; others are opened O_NOFOLLOW)
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,8 @@ class Catalog:
 @dataclass
 class RootScan:
     """One root, before root ids are assigned (also what the cache holds)."""
-    files: list[tuple[str, int, int, int, int]] = field(default_factory=list)  # rel, size, mtime_ns, dev, ino
+    # rel, size, mtime_ns, dev, ino, link
+    files: list[tuple[str, int, int, int, int, bool]] = field(default_factory=list)
     dirs: list[tuple[str, int, int, int]] = field(default_factory=list)    # rel, ino, dev, mtime_ns
     aliases: list[tuple[str, str]] = field(default_factory=list)           # rel, target rel
     skipped: list[str] = field(default_factory=list)

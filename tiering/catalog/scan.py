@@ -23,6 +23,7 @@ samples when their names match.
 """
 from __future__ import annotations
 
+import logging
 import os
 import queue
 import stat
@@ -32,9 +33,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from .cache import load_cache, save_cache
+from .cache import CacheRefused, cache_dir_problem, load_cache, save_cache
 from .model import Catalog, CatalogDir, CatalogFile, DirAlias, RootScan, ScanError
 from .roots import join
+
+log = logging.getLogger("tiering")
 
 STAT_BATCH = 64           # entries stat'ed by one task
 
@@ -131,7 +134,7 @@ def _walk_root(root: str, pool: ThreadPoolExecutor) -> RootScan:
                 else:
                     add_dir(rel, s)
             elif stat.S_ISREG(s.st_mode):
-                res.files.append((rel, s.st_size, s.st_mtime_ns, s.st_dev, s.st_ino))
+                res.files.append((rel, s.st_size, s.st_mtime_ns, s.st_dev, s.st_ino, is_link))
             else:
                 res.skipped.append(rel)
 
@@ -164,25 +167,38 @@ def _walk_root(root: str, pool: ThreadPoolExecutor) -> RootScan:
     return res
 
 
+def _cached(cache_dir: Path, root: str, pool: ThreadPoolExecutor) -> tuple[RootScan | None, bool]:
+    """The root's valid cached catalog or None, and whether a fresh one may be written there."""
+    try:
+        return load_cache(cache_dir, root, pool), True
+    except CacheRefused as e:
+        log.warning("not using the catalog cache: %s; scanning without it", e)
+        return None, False
+
+
 def scan(dirs: list[str], threads: int = 16, cache_dir: Path | None = None) -> Catalog:
     """The catalog of the data roots `dirs`; with cache_dir, each root's
     catalog is reused from there when the root has not changed (module doc)."""
     roots = normalise_roots(dirs)
+    cache = Path(cache_dir) if cache_dir is not None else None
+    if cache is not None and (problem := cache_dir_problem(cache)) is not None:
+        log.warning("not using the catalog cache: %s; scanning without it", problem)
+        cache = None
     parts: list[RootScan] = []
     cached = 0
     with ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="tiering-scan") as pool:
         for r in roots:
-            part = load_cache(Path(cache_dir), r, pool) if cache_dir is not None else None
+            part, writable = _cached(cache, r, pool) if cache is not None else (None, False)
             if part is not None:
                 cached += 1
             else:
                 part = _walk_root(r, pool)
-                if cache_dir is not None:
-                    save_cache(Path(cache_dir), r, part)
+                if cache is not None and writable:
+                    save_cache(cache, r, part)
             parts.append(part)
-    cat = Catalog(list(roots), [], [], from_cache=cache_dir is not None and cached == len(roots))
+    cat = Catalog(list(roots), [], [], from_cache=cache is not None and cached == len(roots))
     for i, p in enumerate(parts):
-        cat.files.extend(CatalogFile(i, rel, size, mt, dev, ino) for rel, size, mt, dev, ino in p.files)
+        cat.files.extend(CatalogFile(i, rel, size, mt, dev, ino, link) for rel, size, mt, dev, ino, link in p.files)
         cat.dirs.extend(CatalogDir(i, rel, ino, dev, mt) for rel, ino, dev, mt in p.dirs)
         cat.aliases.extend(DirAlias(i, rel, target) for rel, target in p.aliases)
         cat.skipped.extend((i, rel) for rel in p.skipped)

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from ..catalog import Catalog, CatalogFile
 from .api import NOT_PLACED, Policy, allocation
 from .index import Event, SharedIndex, lib
-from .tiers import SourceChanged, TierState, copy_file, unlink_quietly
+from .tiers import SourceChanged, TierState, copy_file
 
 log = logging.getLogger("tiering")
 
@@ -262,7 +262,7 @@ class Daemon:
         f = self.files[i]
         self.index.cas_state(self.slots[i], tier + 1, lib.TIERING_STATE_NONE)
         t = self.tiers[tier]
-        unlink_quietly(t.copy_path(f))
+        t.remove_copy(f)
         t.used -= self._allocated.pop(i, allocation(f.size))
         t.files -= 1
         t.placed_bytes -= f.size
@@ -324,7 +324,7 @@ class Daemon:
                 if not published:
                     t.used -= reserved
                     if allocated is not None:
-                        unlink_quietly(t.copy_path(f))
+                        t.remove_copy(f)
         self._landed.put((i, tier, published))
 
     # -- reporting -------------------------------------------------------------

@@ -1,29 +1,223 @@
 """One local tier while the job runs, and how a file is copied onto it.
 
-A copy is written under the tier's staging directory, checked (bytes copied,
-source size and mtime unchanged since the scan) and renamed to its final
-name; only then may the daemon publish it (NOTE [publish after rename] in
-docs/design.md).  A partial or rejected copy is removed.
+A copy is written under the tier's staging directory, checked (the source is
+the regular file the scan saw: same size and mtime, not grown while it was
+read) and renamed to its final name; only then may the daemon publish it
+(NOTE [publish after rename] in docs/design.md).  A partial or rejected copy
+is removed.
+
+Nothing inside a tier is reached by a path: the tier's directory is opened
+once, and the staging file, the directories below data/ and the rename into
+place all work relative to directory fds, created with O_EXCL / O_NOFOLLOW
+(NOTE [tier directories]).  The fds of the directories below data/ are kept
+in a bounded cache, so a copy costs no per-file mkdir of its parents.
 """
 from __future__ import annotations
 
 import errno
+import logging
 import os
-import shutil
+import posixpath
+import resource
+import stat
 import threading
-from collections.abc import Callable
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..catalog import CatalogFile
 
+log = logging.getLogger("tiering")
+
 CHUNK = 8 << 20
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+STAGING_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class SourceChanged(Exception):
+    """The source is not what the catalog recorded: nothing to publish."""
+
+
+def dir_fd_budget() -> int:
+    """Directory fds a tier keeps open: a quarter of the fd limit, at most 1024."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        soft = 1 << 20
+    return max(16, min(1024, soft // 4))
+
+
+def open_dir(name: str, parent_fd: int, create: bool) -> int:
+    """The fd of directory `name` in parent_fd (made 0700 first when `create`,
+    whatever the umask: the shim checks the tier root's mode); a symlink in
+    its place is refused (ELOOP / ENOTDIR)."""
+    made = False
+    if create:
+        try:
+            os.mkdir(name, 0o700, dir_fd=parent_fd)
+            made = True
+        except FileExistsError:
+            pass
+    fd = os.open(name, DIR_FLAGS, dir_fd=parent_fd)
+    if made:
+        os.fchmod(fd, 0o700)
+    return fd
+
+
+class DirFds:
+    """Fds of the directories below one directory (its own fd is key ""),
+    keyed by "/"-separated relative path.  At most `limit` stay open: the
+    least recently used ones no thread is using are closed first."""
+
+    def __init__(self, top_fd: int, limit: int):
+        self.top_fd = top_fd
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._open: OrderedDict[str, list[int]] = OrderedDict()   # key -> [fd, users]
+
+    @contextmanager
+    def get(self, key: str, create: bool) -> Iterator[int]:
+        """The fd of directory `key` (made with its parents when `create`),
+        valid inside the with block."""
+        fd = self._acquire(key, create)
+        try:
+            yield fd
+        finally:
+            self._release(key)
+
+    def _acquire(self, key: str, create: bool) -> int:
+        if key == "":
+            return self.top_fd
+        with self._lock:
+            entry = self._open.get(key)
+            if entry is not None:
+                entry[1] += 1
+                self._open.move_to_end(key)
+                return entry[0]
+        parent, _, name = key.rpartition("/")
+        with self.get(parent, create) as parent_fd:
+            fd = open_dir(name, parent_fd, create)
+        with self._lock:
+            entry = self._open.get(key)
+            if entry is not None:   # another thread opened it meanwhile
+                os.close(fd)
+                entry[1] += 1
+                return entry[0]
+            self._open[key] = [fd, 1]
+            self._trim()
+        return fd
+
+    def _release(self, key: str) -> None:
+        if key == "":
+            return
+        with self._lock:
+            self._open[key][1] -= 1
+            self._trim()
+
+    def _trim(self) -> None:
+        """Under the lock: close the oldest unused fds beyond the limit."""
+        excess = len(self._open) - self.limit
+        if excess <= 0:
+            return
+        victims = []
+        for key, (_, users) in self._open.items():
+            if users == 0:
+                victims.append(key)
+                if len(victims) == excess:
+                    break
+        for key in victims:
+            os.close(self._open.pop(key)[0])
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def close(self) -> None:
+        with self._lock:
+            for fd, _ in self._open.values():
+                os.close(fd)
+            self._open.clear()
+            os.close(self.top_fd)
+
+
+class TierDirs:
+    """A tier's private directory, reached only through fds opened here once
+    (NOTE [tier directories]): root/staging for copies being written,
+    root/data/<root id>/<relative path> for finished ones."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.root_fd = os.open(root, DIR_FLAGS)
+        try:
+            st = os.fstat(self.root_fd)
+            if st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) & 0o077:
+                raise OSError(errno.EPERM, f"{root} is not a private (0700) directory of this user")
+            self.data = DirFds(open_dir("data", self.root_fd, True), dir_fd_budget())
+            self.staging_fd = open_dir("staging", self.root_fd, True)
+        except BaseException:
+            os.close(self.root_fd)
+            raise
+        self._lock = threading.Lock()
+        self._retired: list[int] = []   # replaced staging fds: a copy may still hold one
+
+    def create_staging(self, name: str) -> tuple[int, int]:
+        """A new staging file `name` (O_EXCL, never through a symlink) and the
+        fd of the directory it is in.  A staging directory that has gone
+        missing is made again."""
+        for _ in range(3):
+            dir_fd = self.staging_fd
+            try:
+                return os.open(name, STAGING_FLAGS, 0o600, dir_fd=dir_fd), dir_fd
+            except FileExistsError:
+                unlink_at(name, dir_fd)       # left by an earlier copy of this thread
+            except FileNotFoundError:
+                self._remake_staging(dir_fd)
+        return os.open(name, STAGING_FLAGS, 0o600, dir_fd=self.staging_fd), self.staging_fd
+
+    def _remake_staging(self, missing_fd: int) -> None:
+        with self._lock:
+            if self.staging_fd != missing_fd:
+                return                         # another copy made it again already
+            fd = open_dir("staging", self.root_fd, True)
+            self._retired.append(self.staging_fd)
+            self.staging_fd = fd
+        log.warning("the staging directory of %s had vanished; made it again", self.root)
+
+    @staticmethod
+    def key(f: CatalogFile) -> tuple[str, str]:
+        """(directory below data/, name) of a file's copy."""
+        parent, name = posixpath.split(f.rel)
+        return (f"{f.root}/{parent}" if parent else str(f.root)), name
+
+    def publish(self, name: str, staging_fd: int, f: CatalogFile) -> None:
+        """Renames staging file `name` to the file's final name."""
+        key, leaf = self.key(f)
+        with self.data.get(key, create=True) as dir_fd:
+            os.rename(name, leaf, src_dir_fd=staging_fd, dst_dir_fd=dir_fd)
+
+    def remove_copy(self, f: CatalogFile) -> None:
+        key, leaf = self.key(f)
+        try:
+            with self.data.get(key, create=False) as dir_fd:
+                unlink_at(leaf, dir_fd)
+        except OSError:
+            pass  # its directory was never made: no copy
+
+    def close(self) -> None:
+        if self.root_fd < 0:
+            return
+        self.data.close()
+        for fd in [self.staging_fd, *self._retired, self.root_fd]:
+            os.close(fd)
+        self._retired.clear()
+        self.root_fd = -1
 
 
 @dataclass
 class TierState:
-    """One local tier while the job runs."""
+    """One local tier while the job runs; its directory is opened at once."""
 
     name: str
     kind: str
@@ -35,6 +229,11 @@ class TierState:
     placed_bytes: int = 0  # logical bytes of published copies
     failures: int = 0
     pool: ThreadPoolExecutor | None = None
+    dirs: TierDirs = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.dirs = TierDirs(self.root)
+        weakref.finalize(self, self.dirs.close)
 
     @property
     def data(self) -> Path:
@@ -49,62 +248,96 @@ class TierState:
 
     def copy_path(self, f: CatalogFile) -> Path:
         """Where a file's copy lives: <data>/<data-root id>/<relative path>
-        (the shim builds the same path)."""
+        (the shim builds the same path; the daemon reaches it through dirs)."""
         return self.data / str(f.root) / f.rel
 
+    def remove_copy(self, f: CatalogFile) -> None:
+        self.dirs.remove_copy(f)
 
-class SourceChanged(Exception):
-    """The source is not what the catalog recorded: nothing to publish."""
+
+def open_source(src: str, f: CatalogFile) -> int:
+    """Opens the source for reading if it is still the regular file of the
+    catalog (same size and mtime).  The path is opened O_NOFOLLOW unless the
+    scan saw a symlink there, and O_NONBLOCK so that a fifo put in its place
+    cannot block; anything else raises SourceChanged."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if f.link else os.O_NOFOLLOW)
+    try:
+        fd = os.open(src, flags)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENXIO):   # now a symlink, or a socket
+            raise SourceChanged(f"{src} is no longer the regular file the scan saw") from None
+        raise
+    try:
+        check_source(os.fstat(fd), f, src)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def check_source(st: os.stat_result, f: CatalogFile, src: str) -> None:
+    if not stat.S_ISREG(st.st_mode):
+        raise SourceChanged(f"{src} is no longer a regular file")
+    if st.st_size != f.size or st.st_mtime_ns != f.mtime_ns:
+        raise SourceChanged(f"{src} changed since the scan")
 
 
 def copy_file(src: str, f: CatalogFile, tier: TierState, stop: threading.Event,
               on_read: Callable[[int], None]) -> int | None:
     """Copies one file into the tier under its final name; returns the bytes
-    it takes there, or None when `stop` was set halfway.  Raises
-    SourceChanged when the source's size or mtime is not the catalog's, and
-    OSError when the copy fails; nothing is left behind in either case."""
-    dst = tier.copy_path(f)
-    tmp = tier.staging / f"{threading.get_ident()}-{os.getpid()}.part"
+    it takes there, or None when `stop` was set halfway.  Reads at most the
+    catalogued size + 1 byte (the extra byte detects growth).  Raises
+    SourceChanged when the source is not the catalog's regular file (a
+    symlink, fifo or directory in its place, another size or mtime, growth
+    while it was read), and OSError when the copy fails; nothing is left
+    behind in either case."""
+    fd_in = open_source(src, f)
+    name = f"{threading.get_ident()}-{os.getpid()}.part"
+    staging_fd = -1
+    placed = False
     try:
-        fd_in = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
+        fd_out, staging_fd = tier.dirs.create_staging(name)
         try:
-            fd_out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-            try:
-                copied = _transfer(fd_in, fd_out, f.size, stop, on_read)
-                os.fchmod(fd_out, 0o400)   # a copy is never written through
-                st_out = os.fstat(fd_out)
-            finally:
-                os.close(fd_out)
-            st_in = os.fstat(fd_in)
+            copied = _transfer(fd_in, fd_out, f.size + 1, stop, on_read)
+            os.fchmod(fd_out, 0o400)   # a copy is never written through
+            st_out = os.fstat(fd_out)
         finally:
-            os.close(fd_in)
+            os.close(fd_out)
         if copied < 0:  # stopped halfway
             return None
-        if copied != f.size or st_in.st_size != f.size or st_in.st_mtime_ns != f.mtime_ns:
-            raise SourceChanged(f"{src} changed since the scan")
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        os.rename(tmp, dst)
+        if copied != f.size:
+            raise SourceChanged(f"{src} {'grew' if copied > f.size else 'shrank'} while it was copied")
+        check_source(os.fstat(fd_in), f, src)
+        tier.dirs.publish(name, staging_fd, f)
+        placed = True
         return st_out.st_blocks * 512
     finally:
-        unlink_quietly(tmp)  # a partial or rejected copy; gone already after the rename
+        os.close(fd_in)
+        if staging_fd >= 0 and not placed:
+            unlink_at(name, staging_fd)  # a partial or rejected copy
 
 
-def _transfer(fd_in: int, fd_out: int, size: int, stop: threading.Event,
+def _transfer(fd_in: int, fd_out: int, limit: int, stop: threading.Event,
               on_read: Callable[[int], None]) -> int:
+    """Copies until end of file or `limit` bytes; -1 when `stop` was set first."""
     copied = 0
     use_sendfile = True
-    while not stop.is_set():
+    while copied < limit:
+        if stop.is_set():
+            return -1
+        want = min(CHUNK, limit - copied)
         n = 0
         if use_sendfile:
             try:
-                n = os.sendfile(fd_out, fd_in, copied, CHUNK)
+                n = os.sendfile(fd_out, fd_in, copied, want)
             except OSError as e:
                 if e.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
                     raise
                 use_sendfile = False
                 continue
         else:
-            data = os.pread(fd_in, CHUNK, copied)
+            data = os.pread(fd_in, want, copied)
             n = len(data)
             view = memoryview(data)
             while view:
@@ -113,17 +346,11 @@ def _transfer(fd_in: int, fd_out: int, size: int, stop: threading.Event,
             break
         copied += n
         on_read(n)
-    if stop.is_set() and copied < size:
-        return -1
     return copied
 
 
-def unlink_quietly(path: Path) -> None:
+def unlink_at(name: str, dir_fd: int) -> None:
     try:
-        path.unlink()
+        os.unlink(name, dir_fd=dir_fd)
     except OSError:
         pass
-
-
-def remove_tree(path: Path) -> None:
-    shutil.rmtree(path, ignore_errors=True)

@@ -36,8 +36,7 @@ def _load_text(text: str, source: str, env: Mapping[str, str] | None) -> Profile
     return build_profile(parse_yaml(text, source), source, env)
 
 
-def check_profile(path: str, env: Mapping[str, str] | None = None) -> Profile:
-    """Load and validate a profile file; raises ProfileError (what `tiering profile check` runs)."""
+def _read_file(path: str, env: Mapping[str, str] | None) -> Profile:
     file = Path(os.path.expanduser(str(path)))
     try:
         text = file.read_text(encoding="utf-8")
@@ -54,17 +53,25 @@ def check_profile(path: str, env: Mapping[str, str] | None = None) -> Profile:
     return _load_text(text, str(file), env)
 
 
+def _is_path(spec: str) -> bool:
+    return "/" in spec or spec.endswith((".yaml", ".yml"))
+
+
 def load_profile(spec: str | None = None, env: Mapping[str, str] | None = None) -> Profile:
     """Load a profile: None or "auto" -> the auto profile; a shipped name; or a path to a YAML file.
 
-    Anything containing "/" or ending in .yaml/.yml is a path.  ``env`` (default
-    os.environ) is used for ${VAR} expansion and the job id.
+    Anything containing "/" or ending in .yaml/.yml is a path; so is any other
+    name that is not shipped but names an existing file.  ``env`` (default
+    os.environ) is used for ${VAR} expansion and the job id.  Raises
+    ProfileError listing every problem of the profile.
     """
     name = "auto" if spec is None else str(spec).strip()
-    if "/" in name or name.endswith((".yaml", ".yml")):
-        return check_profile(name, env)
+    if _is_path(name):
+        return _read_file(name, env)
     shipped = list_profiles()
     if name not in shipped:
+        if os.path.isfile(name):
+            return _read_file(name, env)
         close = difflib.get_close_matches(name, shipped, n=1)
         hint = f"did you mean '{close[0]}'? " if close else ""
         raise ProfileError(
@@ -74,3 +81,9 @@ def load_profile(spec: str | None = None, env: Mapping[str, str] | None = None) 
         )
     entry = _shipped_dir() / f"{name}.yaml"
     return _load_text(entry.read_text(encoding="utf-8"), str(entry), env)
+
+
+def check_profile(spec: str, env: Mapping[str, str] | None = None) -> Profile:
+    """Load and validate a profile, a file or a shipped name as for `load_profile`
+    (what `tiering profile check` runs); raises ProfileError with every problem."""
+    return load_profile(spec, env)

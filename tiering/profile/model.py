@@ -2,7 +2,11 @@
 every capacity resolved to bytes on this node."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 MAX_TIERS = 4  # the shared index (shim/tiering.h) has room for at most 4 tier roots
 DEFAULT_TIER_THREADS = 4
@@ -11,12 +15,45 @@ TIER_KINDS = ("memory", "filesystem")
 
 
 class ProfileError(Exception):
-    """A profile cannot be used.  The message names the file, the key and the fix."""
+    """A profile cannot be used.  The message names the file, the key and the
+    fix; when a profile has several errors, it lists them all, one a line
+    (`errors` holds each, `key` is the first one's)."""
 
     def __init__(self, message: str, *, source: str | None = None, key: str | None = None):
         super().__init__(message)
         self.source = source
         self.key = key
+        self.errors: tuple[ProfileError, ...] = (self,)
+
+    @staticmethod
+    def combine(errors: list[ProfileError]) -> ProfileError:
+        """One error standing for all of `errors` (flattened, in order)."""
+        flat = tuple(e for err in errors for e in err.errors)
+        if len(flat) == 1:
+            return flat[0]
+        combined = ProfileError("\n".join(str(e) for e in flat), source=flat[0].source, key=flat[0].key)
+        combined.errors = flat
+        return combined
+
+
+class Errors:
+    """Collects the ProfileErrors of independent checks, so that one run
+    reports every problem of a profile."""
+
+    def __init__(self) -> None:
+        self.found: list[ProfileError] = []
+
+    def run(self, check: Callable[..., T], *args: Any) -> T | None:
+        """check(*args), or None when it raised a ProfileError (kept)."""
+        try:
+            return check(*args)
+        except ProfileError as e:
+            self.found.append(e)
+            return None
+
+    def raise_any(self) -> None:
+        if self.found:
+            raise ProfileError.combine(self.found)
 
 
 @dataclass(frozen=True)

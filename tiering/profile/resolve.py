@@ -4,12 +4,14 @@ local-only tiers."""
 from __future__ import annotations
 
 import difflib
+import logging
 import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..rundirs import SAFE_PARENT_FIX, parent_problem
 from ..units import human_bytes, parse_size
 from . import node
 from .expand import _ExpansionError, expand_vars
@@ -18,6 +20,7 @@ from .model import (
     DEFAULT_TIER_THREADS,
     MAX_TIERS,
     TIER_KINDS,
+    Errors,
     Pfs,
     Profile,
     ProfileError,
@@ -35,6 +38,8 @@ from .schema import (
     flag,
     positive_int,
 )
+
+log = logging.getLogger("tiering")
 
 _TIER_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -121,55 +126,70 @@ def _tier_path(raw: dict, name: str, optional: bool, local_only: bool, ctx: _Con
         raise _error(ctx.source, key, f"{path!r} is not an absolute path", fix)
     path = os.path.normpath(path)
     problem = node.usable_dir_problem(path)
+    fix = "create it or mark the tier optional: true"
+    if "$" in str(raw["path"]) and "${" not in str(raw["path"]):
+        fix += " (variables must be written ${VAR}, with braces)"
+    if problem is None and (unsafe := parent_problem(path)) is not None:
+        # NOTE [tier directories]: the tier's private directory must not be renamable by others
+        problem, fix = f"path {path} is not safe for a private directory: {unsafe}", SAFE_PARENT_FIX
+        if optional:
+            log.warning("tier '%s' dropped: %s; %s", name, problem, fix)
     if problem is None and local_only:
         problem = _non_local_problem(path, ctx)
+        fix = "point it at a node-local disk or mark the tier optional: true"
     if problem is None:
         return path
     if optional:
         ctx.notes.append(f"tier '{name}' dropped: {problem}")
         return None
-    if "(local_only)" in problem:
-        fix = "point it at a node-local disk or mark the tier optional: true"
-    else:
-        fix = "create it or mark the tier optional: true"
-        if "$" in str(raw["path"]) and "${" not in str(raw["path"]):
-            fix += " (variables must be written ${VAR}, with braces)"
     raise _error(ctx.source, key, problem, fix)
 
 
-def _tier_identity(raw: Any, index: int, source: str) -> tuple[str, str]:
-    """Check a tier's keys, name and kind; return (name, kind)."""
-    where = f"tiers[{index}]."
-    if not isinstance(raw, dict):
-        fix = "write each tier as '- name: ...' with kind, path and capacity"
-        raise _error(source, f"tiers[{index}]", f"expected a mapping, got {raw!r}", fix)
-    check_keys(raw, TIER_KEYS, TIER_REQUIRED, source, where)
-    name, kind = raw["name"], raw["kind"]
+def _tier_name(name: Any, source: str, key: str) -> str:
     if not isinstance(name, str) or not _TIER_NAME_RE.match(name):
         fix = "use letters, digits, '_', '-' or '.', e.g. ram or ssd"
-        raise _error(source, where + "name", f"bad tier name {name!r}", fix)
+        raise _error(source, key, f"bad tier name {name!r}", fix)
+    return name
+
+
+def _tier_kind(kind: Any, source: str, key: str) -> str:
     if kind not in TIER_KINDS:
         close = difflib.get_close_matches(str(kind), TIER_KINDS, n=1)
         hint = f"did you mean '{close[0]}'? " if close else ""
-        raise _error(source, where + "kind", f"unknown kind {kind!r}", f"{hint}kind is memory or filesystem")
-    return name, kind
+        raise _error(source, key, f"unknown kind {kind!r}", f"{hint}kind is memory or filesystem")
+    return str(kind)
+
+
+def _tier_capacity_spec(raw_capacity: Any, kind: str, ctx: _Context, key: str) -> str:
+    if isinstance(raw_capacity, str) and "${" in raw_capacity:  # e.g. ${RAM_TIER:-auto}
+        raw_capacity = _expand(raw_capacity, ctx, key)
+    return _capacity_spec(raw_capacity, kind, ctx.source, key)
 
 
 def _resolve_tier(raw: Any, index: int, ctx: _Context) -> Tier | None:
-    """Validate one tier and resolve it on this machine; None when an optional tier is dropped."""
+    """Validate one tier and resolve it on this machine; None when an optional
+    tier is dropped.  Raises one ProfileError with every problem of the tier."""
     src, where = ctx.source, f"tiers[{index}]."
-    name, kind = _tier_identity(raw, index, src)
-    threads = positive_int(raw.get("threads"), DEFAULT_TIER_THREADS, src, where + "threads")
-    optional = flag(raw.get("optional"), src, where + "optional")
-    local_only = flag(raw.get("local_only"), src, where + "local_only")
-    bw = bandwidth(raw.get("bandwidth"), src, where + "bandwidth")
-    raw_capacity = raw["capacity"]
-    if isinstance(raw_capacity, str) and "${" in raw_capacity:  # e.g. ${RAM_TIER:-auto}
-        raw_capacity = _expand(raw_capacity, ctx, where + "capacity")
+    if not isinstance(raw, dict):
+        fix = "write each tier as '- name: ...' with kind, path and capacity"
+        raise _error(src, f"tiers[{index}]", f"expected a mapping, got {raw!r}", fix)
+    errs = Errors()
+    errs.run(check_keys, raw, TIER_KEYS, TIER_REQUIRED, src, where)
+    name = errs.run(_tier_name, raw["name"], src, where + "name") if raw.get("name") is not None else None
+    kind = errs.run(_tier_kind, raw["kind"], src, where + "kind") if raw.get("kind") is not None else None
+    threads = errs.run(positive_int, raw.get("threads"), DEFAULT_TIER_THREADS, src, where + "threads")
+    optional = bool(errs.run(flag, raw.get("optional"), src, where + "optional"))
+    local_only = bool(errs.run(flag, raw.get("local_only"), src, where + "local_only"))
+    bw = errs.run(bandwidth, raw.get("bandwidth"), src, where + "bandwidth")
     # Syntax is checked before the path, so typos show up even where the tier is dropped.
-    spec = _capacity_spec(raw_capacity, kind, src, where + "capacity")
-
-    path = _tier_path(raw, name, optional, local_only, ctx, where + "path")
+    spec = None
+    if kind is not None and raw.get("capacity") is not None:
+        spec = errs.run(_tier_capacity_spec, raw["capacity"], kind, ctx, where + "capacity")
+    path = None
+    if raw.get("path") is not None:
+        path = errs.run(_tier_path, raw, name or f"tiers[{index}]", optional, local_only, ctx, where + "path")
+    errs.raise_any()
+    assert name is not None and kind is not None and spec is not None and threads is not None and bw is not None
     if path is None:
         return None
     capacity = _resolve_capacity(spec, kind, path, optional, name, ctx, where + "capacity")
@@ -211,36 +231,58 @@ def _non_local_problem(path: str, ctx: _Context) -> str | None:
     return None
 
 
-def build_profile(data: dict[str, Any], source: str, env: Mapping[str, str]) -> Profile:
-    check_keys(data, TOP_KEYS, TOP_REQUIRED, source, "")
-    name = data["name"]
+def _check_name(name: Any, source: str) -> None:
     if not isinstance(name, str) or not name.strip():
         raise _error(source, "name", f"expected a profile name, got {name!r}", "e.g. name: mycluster")
-    description = data.get("description") or ""
-    if not isinstance(description, str):
+
+
+def _check_description(description: Any, source: str) -> None:
+    if description is not None and not isinstance(description, str):
         raise _error(source, "description", "expected one line of text", "quote it")
 
-    raw_tiers = data["tiers"]
+
+def _check_tier_list(raw_tiers: Any, source: str) -> list[Any]:
     if not isinstance(raw_tiers, list) or not raw_tiers:
         fix = "write each tier as '- name: ram' with kind, path and capacity"
         raise _error(source, "tiers", "expected a non-empty list of tiers, fastest first", fix)
+    return raw_tiers
+
+
+def _check_tier_names(raw_tiers: list[Any], source: str) -> None:
+    found = []
     if len(raw_tiers) > MAX_TIERS:
         problem = f"{len(raw_tiers)} tiers given, the shared index holds at most {MAX_TIERS}"
-        raise _error(source, "tiers", problem, f"keep the {MAX_TIERS} fastest tiers")
+        found.append(_error(source, "tiers", problem, f"keep the {MAX_TIERS} fastest tiers"))
     seen: dict[str, int] = {}
     for i, raw in enumerate(raw_tiers):
         tier_name = raw.get("name") if isinstance(raw, dict) else None
         if isinstance(tier_name, str) and tier_name in seen:
             problem = f"duplicate tier name {tier_name!r} (also tiers[{seen[tier_name]}])"
-            raise _error(source, f"tiers[{i}].name", problem, "give each tier its own name")
+            found.append(_error(source, f"tiers[{i}].name", problem, "give each tier its own name"))
         if isinstance(tier_name, str):
-            seen[tier_name] = i
+            seen.setdefault(tier_name, i)
+    if found:
+        raise ProfileError.combine(found)
 
+
+def build_profile(data: dict[str, Any], source: str, env: Mapping[str, str]) -> Profile:
+    """The profile resolved on this node; one ProfileError lists every problem."""
+    errs = Errors()
+    errs.run(check_keys, data, TOP_KEYS, TOP_REQUIRED, source, "")
+    if data.get("name") is not None:
+        errs.run(_check_name, data["name"], source)
+    errs.run(_check_description, data.get("description"), source)
     ctx = _Context(source=source, env=env, notes=[], kept=[])
-    for i, raw in enumerate(raw_tiers):
-        tier = _resolve_tier(raw, i, ctx)
-        if tier is not None:
-            ctx.kept.append((tier, os.stat(tier.path).st_dev))
+    raw_tiers = errs.run(_check_tier_list, data["tiers"], source) if data.get("tiers") is not None else None
+    if raw_tiers is not None:
+        errs.run(_check_tier_names, raw_tiers, source)
+        for i, raw in enumerate(raw_tiers):
+            tier = errs.run(_resolve_tier, raw, i, ctx)
+            if tier is not None:
+                ctx.kept.append((tier, os.stat(tier.path).st_dev))
+    pfs = errs.run(_build_pfs, data.get("pfs"), source)
+    errs.raise_any()
+    assert pfs is not None
     if not ctx.kept:
         raise ProfileError(
             f"{source}: tiers: no tier is usable on this machine ({'; '.join(ctx.notes)}); "
@@ -254,12 +296,17 @@ def build_profile(data: dict[str, Any], source: str, env: Mapping[str, str]) -> 
                     f"tiers '{a.name}' and '{b.name}' share one file system; "
                     "each fits what is free, together they may not"
                 )
-
-    pfs = _build_pfs(data.get("pfs"), source)
     return Profile(
-        name=name, source=source, description=description.strip(),
+        name=data["name"], source=source, description=(data.get("description") or "").strip(),
         tiers=tuple(t for t, _ in ctx.kept), pfs=pfs, notes=tuple(ctx.notes),
     )
+
+
+def _latency(latency: Any, source: str) -> float | None:
+    if latency is not None and (isinstance(latency, bool) or not isinstance(latency, (int, float)) or latency < 0):
+        problem = f"must be a number of milliseconds >= 0, got {latency!r}"
+        raise _error(source, "pfs.latency_ms", problem, "e.g. latency_ms: 1.0, or leave it out")
+    return None if latency is None else float(latency)
 
 
 def _build_pfs(raw: Any, source: str) -> Pfs:
@@ -267,15 +314,11 @@ def _build_pfs(raw: Any, source: str) -> Pfs:
         raw = {}
     if not isinstance(raw, dict):
         raise _error(source, "pfs", f"expected a mapping, got {raw!r}", f"keys are {', '.join(PFS_KEYS)}")
-    check_keys(raw, PFS_KEYS, (), source, "pfs.")
-    latency = raw.get("latency_ms")
-    if latency is not None and (isinstance(latency, bool) or not isinstance(latency, (int, float)) or latency < 0):
-        problem = f"must be a number of milliseconds >= 0, got {latency!r}"
-        raise _error(source, "pfs.latency_ms", problem, "e.g. latency_ms: 1.0, or leave it out")
-    return Pfs(
-        read_threads=positive_int(
-            raw.get("read_threads"), DEFAULT_PFS_READ_THREADS, source, "pfs.read_threads"
-        ),
-        bandwidth=bandwidth(raw.get("bandwidth"), source, "pfs.bandwidth"),
-        latency_ms=None if latency is None else float(latency),
-    )
+    errs = Errors()
+    errs.run(check_keys, raw, PFS_KEYS, (), source, "pfs.")
+    latency = errs.run(_latency, raw.get("latency_ms"), source)
+    threads = errs.run(positive_int, raw.get("read_threads"), DEFAULT_PFS_READ_THREADS, source, "pfs.read_threads")
+    bw = errs.run(bandwidth, raw.get("bandwidth"), source, "pfs.bandwidth")
+    errs.raise_any()
+    assert threads is not None and bw is not None
+    return Pfs(read_threads=threads, bandwidth=bw, latency_ms=latency)

@@ -78,15 +78,19 @@ def parse_yaml(text: str, source: str) -> dict[str, Any]:
 def check_keys(
     data: Mapping, allowed: tuple[str, ...], required: tuple[str, ...], source: str, where: str
 ) -> None:
+    """Every unknown key and every missing required key, in one error."""
+    found = []
     for key in data:
         if key not in allowed:
             close = difflib.get_close_matches(str(key), allowed, n=1)
             fix = f"did you mean '{close[0]}'?" if close else f"valid keys are {', '.join(allowed)}"
-            raise _error(source, f"{where}{key}", "unknown key", fix)
+            found.append(_error(source, f"{where}{key}", "unknown key", fix))
     for key in required:
         if key not in data or data[key] is None:
             fix = f"add '{key}:' ({', '.join(required)} are required)"
-            raise _error(source, f"{where}{key}", "required key is missing", fix)
+            found.append(_error(source, f"{where}{key}", "required key is missing", fix))
+    if found:
+        raise ProfileError.combine(found)
 
 
 def positive_int(value: Any, default: int, source: str, key: str) -> int:

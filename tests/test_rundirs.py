@@ -1,0 +1,199 @@
+"""Private directories: which parents are safe to make them in (NOTE [tier
+directories]), the owner records, and the sweep of dead jobs' leftovers."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import dataset, sweep_with_boot_time_off, tier_run
+from tiering import rundirs
+from tiering.rundirs import UnsafeParent, make_private_dir, parent_problem, start_ticks, sweep_leftovers
+
+OTHER_UID = 54321          # a user that is not us (the tests run as root: they chown and setuid)
+
+
+def as_other_user(fn) -> int:  # type: ignore[no-untyped-def]
+    """Runs fn() in a child process that has become another user; its exit status."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.setgid(OTHER_UID)
+            os.setuid(OTHER_UID)
+            fn()
+            code = 0
+        except BaseException:
+            code = 1
+        finally:
+            os._exit(code)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+def mkdir(path: Path, mode: int) -> Path:
+    path.mkdir()
+    os.chmod(path, mode)
+    return path
+
+
+@pytest.fixture
+def base(tmp_path: Path) -> Path:
+    """A directory whose ancestors are all safe (pytest's tmp_path)."""
+    assert parent_problem(str(tmp_path)) is None
+    return tmp_path
+
+
+# -- which parents are safe ------------------------------------------------------
+
+def test_a_private_or_sticky_parent_is_safe(base):
+    assert parent_problem(str(mkdir(base / "private", 0o700))) is None
+    assert parent_problem(str(mkdir(base / "sticky", 0o1777))) is None
+    assert parent_problem(str(mkdir(base / "shared-readable", 0o755))) is None
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o770, 0o757])
+def test_a_parent_others_can_write_without_the_sticky_bit_is_refused(base, mode):
+    hostile = mkdir(base / "hostile", mode)
+    problem = parent_problem(str(hostile))
+    assert problem == f"{hostile} is writable by other users and has no sticky bit (mode {mode:04o})"
+    # an ancestor counts as much as the parent itself
+    inner = mkdir(hostile / "mine", 0o700)
+    assert parent_problem(str(inner)) == problem
+    with pytest.raises(UnsafeParent, match="use a sticky directory such as /tmp"):
+        make_private_dir(str(inner), "u")
+    assert list(inner.iterdir()) == []
+
+
+def test_a_parent_of_another_user_is_refused(base):
+    theirs = mkdir(base / "theirs", 0o755)
+    os.chown(theirs, OTHER_UID, OTHER_UID)
+    assert parent_problem(str(theirs / ".")) == f"{theirs} belongs to uid {OTHER_UID}"
+    assert parent_problem(str(theirs)) == f"{theirs} belongs to uid {OTHER_UID}"
+
+
+def test_symlinks_on_the_way_are_followed_and_must_be_trusted(base):
+    hostile = mkdir(base / "hostile", 0o777)
+    mine = mkdir(base / "mine", 0o700)
+    (base / "to-hostile").symlink_to(hostile / ".." / "hostile")
+    assert "hostile is writable by other users" in parent_problem(str(base / "to-hostile"))
+    (base / "to-mine").symlink_to("mine")
+    assert parent_problem(str(base / "to-mine")) is None
+    (base / "their-link").symlink_to(mine)
+    os.lchown(base / "their-link", OTHER_UID, OTHER_UID)
+    assert parent_problem(str(base / "their-link")) == f"{base / 'their-link'} is a symlink that belongs to uid {OTHER_UID}"
+    (base / "loop").symlink_to("loop")
+    assert "too many symlinks" in parent_problem(str(base / "loop"))
+    assert "No such file" in parent_problem(str(base / "missing" / "x"))
+
+
+def test_why_a_hostile_parent_is_refused(base):
+    """The attack: another user renames a live private directory away and
+    plants a look-alike.  Possible in a parent others can write to without the
+    sticky bit, impossible with it."""
+    for mode, possible in ((0o777, True), (0o1777, False)):
+        parent = mkdir(base / f"parent-{mode:o}", mode)
+        live = parent / "tiering-u-1-live"
+        live.mkdir(mode=0o700)
+
+        fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)   # the other user may not search tmp_path
+
+        def swap(fd: int = fd, name: str = live.name) -> None:
+            os.rename(name, "moved-away", src_dir_fd=fd, dst_dir_fd=fd)
+            os.mkdir(name, dir_fd=fd)
+
+        try:
+            assert (as_other_user(swap) == 0) is possible
+        finally:
+            os.close(fd)
+        assert (parent / "moved-away").exists() is possible and live.exists()
+        assert (parent_problem(str(parent)) is None) is not possible
+
+
+# -- owner records and the sweep -------------------------------------------------
+
+def test_owner_record_has_the_exact_start_time(base):
+    d = make_private_dir(str(base), "u")
+    assert d.name.startswith(f"tiering-u-{os.getpid()}-") and (d.stat().st_mode & 0o777) == 0o700
+    owner = json.loads((d / "owner.json").read_text())
+    assert owner["pid"] == os.getpid() and owner["start"] == start_ticks(os.getpid()) is not None
+    assert owner["host"] == socket.gethostname()
+    assert sorted(p.name for p in d.iterdir()) == ["owner.json"]
+
+
+def test_a_live_job_survives_a_sweep_that_sees_boot_time_one_second_off(base):
+    """Another tier-run of the same user sweeps while this job runs, and its
+    clock puts the boot (and so every process's start) one second later:
+    /proc/stat's btime is recomputed from the wall clock at every read, so an
+    NTP step moves it.  Start times in clock ticks do not move."""
+    live = make_private_dir(str(base), "u")
+    assert sweep_with_boot_time_off(base, "u") == [] and live.exists()
+
+
+def write_owner(d: Path, **record: object) -> Path:
+    d.mkdir(mode=0o700)
+    (d / "owner.json").write_text(json.dumps(record))
+    return d
+
+
+def test_the_sweep_removes_dead_jobs_only(base):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(dead.stdout)
+    me = rundirs.owner_record()
+    here = {k: me[k] for k in ("host", "boot", "pidns")}
+    keep = [
+        make_private_dir(str(base), "u"),                                            # this process
+        write_owner(base / "tiering-u-1-other-host", **{**me, "host": "elsewhere", "pid": dead_pid}),
+        write_owner(base / "tiering-u-1-other-pidns", **{**me, "pidns": -1, "pid": dead_pid}),
+        write_owner(base / "tiering-u-1-old-record", pid=os.getpid(), create_time=1.0),  # no start: the pid alone
+        mkdir(base / "tiering-u-1-being-made", 0o700),                               # no record yet, young
+    ]
+    gone = [
+        write_owner(base / "tiering-u-1-dead", pid=dead_pid, start=1, **here),
+        write_owner(base / "tiering-u-1-reused-pid", **{**me, "start": int(me["start"]) - 1}),  # type: ignore[call-overload]
+        write_owner(base / "tiering-u-1-last-boot", **{**me, "boot": "another-boot"}),
+        write_owner(base / "tiering-u-1-old-dead", pid=dead_pid, create_time=1.0),
+        mkdir(base / "tiering-u-1-lost-record", 0o700),
+    ]
+    hour_ago = time.time() - 3600
+    os.utime(gone[-1], (hour_ago, hour_ago))
+    (base / "tiering-u-1-partial").mkdir(mode=0o700)
+    (base / "tiering-u-1-partial" / "owner.json").write_text('{"pid": ')          # being written: young
+    keep.append(base / "tiering-u-1-partial")
+    (base / "tiering-u-1-a-file").write_text("not a directory")
+    removed = sweep_leftovers([str(base), str(base)], "u")
+    assert sorted(removed) == sorted(gone)
+    assert all(d.exists() for d in keep) and not any(d.exists() for d in gone)
+    assert (base / "tiering-u-1-a-file").exists()
+
+
+def test_the_index_goes_to_the_first_safe_writable_parent(base, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(base))
+    monkeypatch.setattr(tempfile, "tempdir", None)         # gettempdir() reads TMPDIR again
+    real = rundirs.parent_problem
+    monkeypatch.setattr(rundirs, "parent_problem", lambda p: "unsafe" if p == "/dev/shm" else real(p))
+    assert rundirs.index_parent() == str(base)
+    monkeypatch.setattr(rundirs, "parent_problem", lambda p: "unsafe")
+    assert rundirs.index_parent() == "/dev/shm"            # none is safe: make_private_dir says why
+    with pytest.raises(UnsafeParent, match="^/dev/shm: unsafe: another user could rename"):
+        make_private_dir(rundirs.index_parent(), "u")
+
+
+def test_tier_run_refuses_a_hostile_tier_parent_before_the_command_runs(base):
+    data = base / "pfs"
+    dataset(data, n=2)
+    hostile = mkdir(base / "shared", 0o777)
+    prof = base / "p.yaml"
+    prof.write_text(f"name: t\ntiers:\n  - {{name: ssd, kind: filesystem, path: {hostile}, capacity: 1MiB}}\n")
+    ran = base / "ran"
+    r = tier_run(["--profile", str(prof), "--data", str(data), "--", "touch", str(ran)])
+    assert r.returncode == 2 and not ran.exists()
+    assert f"tiers[0].path: path {hostile} is not safe for a private directory" in r.stderr
+    assert "use a sticky directory such as /tmp" in r.stderr
+    assert list(hostile.iterdir()) == []
