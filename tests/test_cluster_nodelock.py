@@ -180,7 +180,7 @@ def test_a_node_directory_not_private_to_the_user_is_refused(tmp_path, how):
         os.chmod(path, 0o755 if how == "mode" else 0o700)
         if how == "owner":
             os.chown(path, 65534, 65534)
-    with pytest.raises(nodelock.NodeLockError, match="is not a private directory of this user"):
+    with pytest.raises(nodelock.NodeLockError, match="is not a private directory of this user.*remove it"):
         nodelock.join(key, nodelock.spawn_detached(["false"]), timeout=5, parent=str(tmp_path))
 
 

@@ -23,7 +23,6 @@ import fcntl
 import hashlib
 import json
 import os
-import stat
 import subprocess
 import threading
 import time
@@ -35,6 +34,7 @@ from typing import Any
 import psutil
 
 from ..rundirs import index_parent
+from .files import NotPrivate, ensure_private_dir, write_private
 
 POLL = 0.05
 SERVICE_FILE = "service.json"
@@ -66,13 +66,9 @@ def node_dir(key: NodeKey, parent: str | None = None) -> Path:
 
 def _private_dir(path: Path) -> None:
     try:
-        path.mkdir(mode=0o700)
-    except FileExistsError:
-        pass
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) != 0o700:
-        raise NodeLockError(f"{path} is not a private directory of this user (owner uid {st.st_uid}, mode "
-                            f"{stat.S_IMODE(st.st_mode):o}); remove it or set TMPDIR/--rendezvous elsewhere")
+        ensure_private_dir(path)
+    except NotPrivate as e:
+        raise NodeLockError(f"{e}: tiering makes this directory for the job; remove it") from None
 
 
 class _Flock:
@@ -135,10 +131,7 @@ def _read_record(directory: Path, name: str = SERVICE_FILE) -> dict[str, Any] | 
 
 
 def _write_record(directory: Path, rec: dict[str, Any], name: str = SERVICE_FILE) -> None:
-    tmp = directory / f".{name}.{os.getpid()}"
-    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600), "w") as f:
-        json.dump(rec, f)
-    os.rename(tmp, directory / name)
+    write_private(directory / name, json.dumps(rec).encode())
 
 
 def _alive(rec: dict[str, Any] | None) -> bool:
