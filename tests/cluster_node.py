@@ -14,11 +14,13 @@ import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tiering.cluster import nodelock  # noqa: E402
+from tiering.cluster.peer import FileKey, PeerClient, PeerServer, PeerUnavailable, Published  # noqa: E402
 from tiering.placement.tiers import remove_tree  # noqa: E402
 from tiering.rundirs import make_private_dir  # noqa: E402
 
@@ -62,6 +64,53 @@ def member(args: argparse.Namespace) -> int:
     return 0
 
 
+def _secret(path: str) -> bytes:
+    return bytes.fromhex(Path(path).read_text().strip())
+
+
+def _directory_lookup(root_dir: Path):
+    """Serves every regular file under root_dir as data root 0, identity from its stat."""
+    def lookup(root: int, rel: str) -> Published | None:
+        p = root_dir / rel
+        if root != 0 or not p.is_file():
+            return None
+        st = p.stat()
+        return Published(str(p), st.st_size, st.st_mtime_ns)
+    return lookup
+
+
+def serve(args: argparse.Namespace) -> int:
+    """A peer server: prints its address, serves until stdin closes, prints its counters."""
+    server = PeerServer(args.host, _secret(args.secret_file), _directory_lookup(Path(args.dir)))
+    print(json.dumps({"address": server.start()}), flush=True)
+    sys.stdin.read()
+    server.stop(0)
+    print(json.dumps(server.counters.snapshot()), flush=True)
+    return 0
+
+
+def fetch(args: argparse.Namespace) -> int:
+    """Fetches files (stat'ed under --src for their identity) into --dest-dir; one JSON line of results."""
+    secret = None if args.no_secret else _secret(args.secret_file)
+    client = PeerClient(args.address, secret)
+    results, t0 = [], time.perf_counter()
+    for _ in range(args.repeat):
+        for rel in args.rel:
+            st = os.stat(Path(args.src) / rel) if (Path(args.src) / rel).exists() else None
+            key = FileKey(0, rel, st.st_size if st else 1, st.st_mtime_ns if st else 0)
+            dest = Path(args.dest_dir) / (rel.replace("/", "_") + ".part")
+            try:
+                results.append({"ok": client.fetch(key, dest, timeout=args.timeout)})
+            except PeerUnavailable as e:
+                results.append({"reason": e.reason, "message": str(e)})
+            if args.discard:
+                dest.unlink(missing_ok=True)
+    seconds = time.perf_counter() - t0
+    client.close()
+    print(json.dumps({"results": results, "seconds": seconds}), flush=True)
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -75,8 +124,22 @@ def main() -> int:
     m.add_argument("--tier-parent", required=True)
     m.add_argument("--log", required=True)
     m.add_argument("--fail", action="store_true")
+    v = sub.add_parser("serve")
+    v.add_argument("--host", required=True)
+    v.add_argument("--secret-file", required=True)
+    v.add_argument("--dir", required=True)
+    f = sub.add_parser("fetch")
+    f.add_argument("--address", required=True)
+    f.add_argument("--secret-file")
+    f.add_argument("--no-secret", action="store_true")
+    f.add_argument("--src", required=True)
+    f.add_argument("--dest-dir", required=True)
+    f.add_argument("--timeout", type=float, default=60)
+    f.add_argument("--repeat", type=int, default=1)
+    f.add_argument("--discard", action="store_true")
+    f.add_argument("rel", nargs="+")
     args = p.parse_args()
-    return {"service": service, "member": member}[args.cmd](args)
+    return {"service": service, "member": member, "serve": serve, "fetch": fetch}[args.cmd](args)
 
 
 if __name__ == "__main__":
