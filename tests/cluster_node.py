@@ -15,6 +15,7 @@ import signal
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -93,18 +94,26 @@ def fetch(args: argparse.Namespace) -> int:
     """Fetches files (stat'ed under --src for their identity) into --dest-dir; one JSON line of results."""
     secret = None if args.no_secret else _secret(args.secret_file)
     client = PeerClient(args.address, secret)
-    results, t0 = [], time.perf_counter()
-    for _ in range(args.repeat):
-        for rel in args.rel:
-            st = os.stat(Path(args.src) / rel) if (Path(args.src) / rel).exists() else None
-            key = FileKey(0, rel, st.st_size if st else 1, st.st_mtime_ns if st else 0)
-            dest = Path(args.dest_dir) / (rel.replace("/", "_") + ".part")
-            try:
-                results.append({"ok": client.fetch(key, dest, timeout=args.timeout)})
-            except PeerUnavailable as e:
-                results.append({"reason": e.reason, "message": str(e)})
+
+    def one(rel: str) -> dict:
+        st = os.stat(Path(args.src) / rel) if (Path(args.src) / rel).exists() else None
+        key = FileKey(0, rel, st.st_size if st else 1, st.st_mtime_ns if st else 0)
+        tag = "" if args.threads == 1 else f".{threading.get_ident()}"
+        dest = Path(args.dest_dir) / (rel.replace("/", "_") + tag + ".part")
+        try:
+            return {"ok": client.fetch(key, dest, timeout=args.timeout)}
+        except PeerUnavailable as e:
+            return {"reason": e.reason, "message": str(e)}
+        finally:
             if args.discard:
                 dest.unlink(missing_ok=True)
+
+    if args.warmup:
+        one(args.rel[0])    # connects the channel
+    t0 = time.perf_counter()
+    todo = [rel for _ in range(args.repeat) for rel in args.rel]
+    with ThreadPoolExecutor(args.threads) as pool:
+        results = list(pool.map(one, todo))
     seconds = time.perf_counter() - t0
     client.close()
     print(json.dumps({"results": results, "seconds": seconds}), flush=True)
@@ -137,6 +146,8 @@ def main() -> int:
     f.add_argument("--timeout", type=float, default=60)
     f.add_argument("--repeat", type=int, default=1)
     f.add_argument("--discard", action="store_true")
+    f.add_argument("--warmup", action="store_true")
+    f.add_argument("--threads", type=int, default=1)
     f.add_argument("rel", nargs="+")
     args = p.parse_args()
     return {"service": service, "member": member, "serve": serve, "fetch": fetch}[args.cmd](args)

@@ -14,7 +14,8 @@ import pytest
 
 from tiering.catalog import CatalogFile
 from tiering.cluster.peer import (
-    METHOD,
+    FETCH,
+    GET,
     FileKey,
     Network,
     PeerClient,
@@ -96,23 +97,28 @@ def test_calls_without_the_secret_are_refused_and_counted(served):
         assert e.value.reason == "refused"
         assert not (tmp / "x.part").exists()
     # a token for another request does not open this one
+    # a token for another request, or for the other method, does not open this one
     channel = grpc.insecure_channel(server.address)
-    call = channel.unary_stream(METHOD)
-    with pytest.raises(grpc.RpcError) as rpc:
-        list(call(key("small.bin").encode(), timeout=30,
-                  metadata=[("tiering-auth", auth_token(SECRET, key("empty.bin").encode()))]))
+    for method, token in ((GET, auth_token(SECRET, GET, key("empty.bin").encode())),
+                          (GET, auth_token(SECRET, FETCH, key("small.bin").encode()))):
+        with pytest.raises(grpc.RpcError) as rpc:
+            channel.unary_unary(method)(key("small.bin").encode(), timeout=30, metadata=[("tiering-auth", token)])
+        assert rpc.value.code() == grpc.StatusCode.UNAUTHENTICATED
     channel.close()
-    assert rpc.value.code() == grpc.StatusCode.UNAUTHENTICATED
-    assert server.counters.snapshot() == {"refused": 3}
+    assert server.counters.snapshot() == {"refused": 4}
 
 
 def test_a_malformed_request_is_an_error_not_a_crash(served):
     server, client, _, tmp = served
     channel = grpc.insecure_channel(server.address)
     with pytest.raises(grpc.RpcError) as rpc:
-        list(channel.unary_stream(METHOD)(b"{nonsense", timeout=30, metadata=[("tiering-auth", auth_token(SECRET, b"{nonsense"))]))
-    channel.close()
+        list(channel.unary_stream(FETCH)(b"{nonsense", timeout=30, metadata=[("tiering-auth", auth_token(SECRET, FETCH, b"{nonsense"))]))
     assert rpc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    big = key("odd/multi.bin").encode()     # Get serves one chunk at most
+    with pytest.raises(grpc.RpcError) as rpc:
+        channel.unary_unary(GET)(big, timeout=30, metadata=[("tiering-auth", auth_token(SECRET, GET, big))])
+    assert rpc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    channel.close()
     assert client.fetch(key("small.bin"), tmp / "ok.part", timeout=30) == SIZES["small.bin"]
 
 

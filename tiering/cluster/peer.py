@@ -2,8 +2,11 @@
 nodes of the job over gRPC; a node fetches a copy from a peer instead of the
 PFS, and falls back to the PFS on any failure.
 
-NOTE [peer protocol] in docs/design.md.  One method, ``/tiering.Peer/Fetch``,
-unary request, streamed response, raw bytes (no generated code):
+NOTE [peer protocol] in docs/design.md.  Two methods, raw bytes (no
+generated code): ``/tiering.Peer/Fetch`` streams a file in chunks (1 MiB);
+``/tiering.Peer/Get`` answers a file of at most one chunk in one message
+(a streamed call costs about three times as much CPU per call in grpcio,
+and most training samples are small).
 
 - request: JSON {"root", "rel", "size", "mtime_ns"}: the file by data-root id
   and relative path, with the catalog's identity of the source;
@@ -11,9 +14,9 @@ unary request, streamed response, raw bytes (no generated code):
   job's secret (the secret itself never crosses the network), compared in
   constant time; a call without it or with a wrong one ends UNAUTHENTICATED
   and is counted;
-- response: the copy's bytes in chunks (1 MiB), then status OK; NOT_FOUND at
-  once when the copy is not published here or its source's identity differs
-  from the request's; DATA_LOSS when the copy is shorter than catalogued.
+- response: the copy's bytes, then status OK; NOT_FOUND at once when the
+  copy is not published here or its source's identity differs from the
+  request's; DATA_LOSS when the copy is shorter than catalogued.
 
 The client writes the stream into a staging file under a deadline and keeps
 it only when the stream ended OK with exactly the expected size; it raises
@@ -40,7 +43,8 @@ import psutil
 from ..catalog import CatalogFile
 from ..placement.tiers import TierState, unlink_quietly
 
-METHOD = "/tiering.Peer/Fetch"
+FETCH = "/tiering.Peer/Fetch"    # streamed, any size
+GET = "/tiering.Peer/Get"        # one message, at most one chunk
 AUTH_KEY = "tiering-auth"
 CHUNK = 1 << 20
 
@@ -95,8 +99,8 @@ class Published:
 Lookup = Callable[[int, str], "Published | None"]   # (data-root id, relative path) -> published copy
 
 
-def auth_token(secret: bytes, request: bytes) -> str:
-    return hmac.new(secret, METHOD.encode() + b"\0" + request, hashlib.sha256).hexdigest()
+def auth_token(secret: bytes, method: str, request: bytes) -> str:
+    return hmac.new(secret, method.encode() + b"\0" + request, hashlib.sha256).hexdigest()
 
 
 @dataclass
@@ -147,7 +151,8 @@ class PeerServer:
     def start(self) -> str:
         """Listens; returns host:port (the port the system chose for port 0)."""
         handler = grpc.method_handlers_generic_handler("tiering.Peer", {
-            "Fetch": grpc.unary_stream_rpc_method_handler(self._fetch)})
+            "Fetch": grpc.unary_stream_rpc_method_handler(self._fetch),
+            "Get": grpc.unary_unary_rpc_method_handler(self._get)})
         server = grpc.server(ThreadPoolExecutor(self.workers, thread_name_prefix="peer"),
                              handlers=[handler], maximum_concurrent_rpcs=4 * self.workers,
                              options=[("grpc.so_reuseport", 0)])
@@ -173,10 +178,35 @@ class PeerServer:
             self._server = None
 
     def _fetch(self, request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
-        meta = dict(context.invocation_metadata())
-        token = meta.get(AUTH_KEY, "")
-        if not isinstance(token, str) or not hmac.compare_digest(token.encode(),
-                                                                 auth_token(self.secret, request).encode()):
+        fd, key = self._admit(FETCH, request, context)
+        try:
+            sent = 0
+            while sent < key.size:
+                data = self._read(fd, sent, min(self.chunk, key.size - sent), context)
+                sent += len(data)
+                yield data
+            self.counters.add("served")
+        finally:
+            os.close(fd)
+
+    def _get(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+        fd, key = self._admit(GET, request, context)
+        try:
+            if key.size > self.chunk:
+                self.counters.add("errors")
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Get serves files up to {self.chunk} bytes")
+            data = self._read(fd, 0, key.size, context) if key.size else b""
+            self.counters.add("served")
+            return data
+        finally:
+            os.close(fd)
+
+    def _admit(self, method: str, request: bytes, context: grpc.ServicerContext) -> tuple[int, FileKey]:
+        """The caller proves the job's secret; the file is published here with
+        the requested identity: an fd on the copy, else the call ends."""
+        token = dict(context.invocation_metadata()).get(AUTH_KEY, "")
+        if not isinstance(token, str) or not hmac.compare_digest(
+                token.encode(), auth_token(self.secret, method, request).encode()):
             self.counters.add("refused")
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "not a node of this job")
         try:
@@ -188,11 +218,7 @@ class PeerServer:
         if fd is None:
             self.counters.add("absent")
             context.abort(grpc.StatusCode.NOT_FOUND, "no published copy")
-            return          # abort raises; this line is for the type checker
-        try:
-            yield from self._stream(fd, key, context)
-        finally:
-            os.close(fd)
+        return fd, key   # type: ignore[return-value]   # abort raises
 
     def _open(self, key: FileKey) -> int | None:
         """An fd on the published copy when its source is the requested one;
@@ -213,17 +239,13 @@ class PeerServer:
             return None
         return fd
 
-    def _stream(self, fd: int, key: FileKey, context: grpc.ServicerContext) -> Iterator[bytes]:
-        sent = 0
-        while sent < key.size:
-            data = os.pread(fd, min(self.chunk, key.size - sent), sent)
-            if not data:
-                self.counters.add("errors")
-                context.abort(grpc.StatusCode.DATA_LOSS, "copy shorter than catalogued")
-            sent += len(data)
-            self.counters.add("bytes", len(data))
-            yield data
-        self.counters.add("served")
+    def _read(self, fd: int, offset: int, n: int, context: grpc.ServicerContext) -> bytes:
+        data = os.pread(fd, n, offset)
+        if len(data) < n:   # pread of a regular file returns less only at its end
+            self.counters.add("errors")
+            context.abort(grpc.StatusCode.DATA_LOSS, "copy shorter than catalogued")
+        self.counters.add("bytes", len(data))
+        return data
 
 
 # -- the client -----------------------------------------------------------------
@@ -235,30 +257,35 @@ _REASONS = {grpc.StatusCode.NOT_FOUND: "absent", grpc.StatusCode.UNAUTHENTICATED
 class PeerClient:
     """Fetches copies from one peer's service."""
 
-    def __init__(self, address: str, secret: bytes | None, counters: Counters | None = None):
+    def __init__(self, address: str, secret: bytes | None, counters: Counters | None = None,
+                 chunk: int = CHUNK):
         self.address = address
         self.secret = secret
+        self.chunk = chunk
         self.counters = counters or Counters()
         self._channel = grpc.insecure_channel(address, options=[
-            ("grpc.max_receive_message_length", 4 * CHUNK + (1 << 16)), ("grpc.enable_retries", 0)])
-        self._call = self._channel.unary_stream(METHOD)
+            ("grpc.max_receive_message_length", chunk + (1 << 16)), ("grpc.enable_retries", 0)])
+        self._stream = self._channel.unary_stream(FETCH)
+        self._get = self._channel.unary_unary(GET)
 
     def close(self) -> None:
         self._channel.close()
 
     def fetch(self, key: FileKey, dest: Path, timeout: float, stop: threading.Event | None = None) -> int:
         """Writes the peer's copy of key to dest (created, mode 0400) and returns
-        its size.  Raises PeerUnavailable, leaving no dest, unless the stream
+        its size.  Raises PeerUnavailable, leaving no dest, unless the call
         ended OK within ``timeout`` seconds with exactly key.size bytes; an
         OSError of the local write passes through (dest removed as well)."""
         request = key.encode()
-        metadata: list[tuple[str, str]] = []
-        if self.secret is not None:
-            metadata.append((AUTH_KEY, auth_token(self.secret, request)))
+        method = GET if key.size <= self.chunk else FETCH
+        metadata = [(AUTH_KEY, auth_token(self.secret, method, request))] if self.secret is not None else []
         done = False
         try:
-            call: Any = self._call(request, timeout=timeout, metadata=metadata)
-            got = self._receive(call, dest, key.size, stop)
+            if method == GET:
+                chunks: Any = [self._get(request, timeout=timeout, metadata=metadata)]
+            else:
+                chunks = self._stream(request, timeout=timeout, metadata=metadata)
+            got = _write(chunks, dest, key.size, stop)
             if got != key.size:
                 raise PeerUnavailable("error", f"{self.address} sent {got} bytes of {key.size}")
             done = True
@@ -278,26 +305,29 @@ class PeerClient:
         self.counters.add("bytes", key.size)
         return key.size
 
-    @staticmethod
-    def _receive(call: Any, dest: Path, size: int, stop: threading.Event | None) -> int:
-        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-        got = 0
-        try:
-            for chunk in call:
-                if stop is not None and stop.is_set():
-                    call.cancel()
-                    raise PeerUnavailable("stopped")
-                got += len(chunk)
-                if got > size:
-                    call.cancel()
-                    raise PeerUnavailable("error", f"more than the {size} bytes catalogued")
-                view = memoryview(chunk)
-                while view:
-                    view = view[os.write(fd, view):]
-            os.fchmod(fd, 0o400)   # a copy is never written through
-        finally:
-            os.close(fd)
-        return got
+
+def _write(chunks: Any, dest: Path, size: int, stop: threading.Event | None) -> int:
+    """Writes the chunks of a call to dest; cancels the call on stop or excess."""
+    fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    got = 0
+    try:
+        for chunk in chunks:
+            if stop is not None and stop.is_set():
+                if hasattr(chunks, "cancel"):
+                    chunks.cancel()
+                raise PeerUnavailable("stopped")
+            got += len(chunk)
+            if got > size:
+                if hasattr(chunks, "cancel"):
+                    chunks.cancel()
+                raise PeerUnavailable("error", f"more than the {size} bytes catalogued")
+            view = memoryview(chunk)
+            while view:
+                view = view[os.write(fd, view):]
+        os.fchmod(fd, 0o400)   # a copy is never written through
+    finally:
+        os.close(fd)
+    return got
 
 
 def fetch_copy(client: PeerClient, f: CatalogFile, tier: TierState, timeout: float,
