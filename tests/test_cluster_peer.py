@@ -108,6 +108,20 @@ def test_calls_without_the_secret_are_refused_and_counted(served):
     assert server.counters.snapshot() == {"refused": 4}
 
 
+def test_a_server_serves_only_once_it_knows_the_secret(tmp_path):
+    (tmp_path / "f").write_bytes(b"abc")
+    server = PeerServer("127.0.0.1", None, lambda r, p: Published(str(tmp_path / p), 3, 1))
+    client = PeerClient(server.start(), SECRET)
+    with pytest.raises(PeerUnavailable) as e:      # listening, address published, no secret yet
+        client.fetch(FileKey(0, "f", 3, 1), tmp_path / "x.part", timeout=30)
+    assert e.value.reason == "refused"
+    server.secret = SECRET                          # the rendezvous is done
+    assert client.fetch(FileKey(0, "f", 3, 1), tmp_path / "x.part", timeout=30) == 3
+    client.close()
+    server.stop(0)
+    assert server.counters.snapshot() == {"refused": 1, "served": 1, "bytes": 3}
+
+
 def test_a_malformed_request_is_an_error_not_a_crash(served):
     server, client, _, tmp = served
     channel = grpc.insecure_channel(server.address)

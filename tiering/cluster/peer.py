@@ -137,9 +137,11 @@ def interface_address(name: str) -> str:
 
 class PeerServer:
     """Serves this node's published copies to the job's other nodes; listens
-    on one address only, from start() to stop()."""
+    on one address only, from start() to stop().  Without a secret (None:
+    the address has to be published before the rendezvous gives the secret)
+    every call is refused."""
 
-    def __init__(self, host: str, secret: bytes, lookup: Lookup, port: int = 0, workers: int = 8,
+    def __init__(self, host: str, secret: bytes | None, lookup: Lookup, port: int = 0, workers: int = 8,
                  chunk: int = CHUNK):
         self.host, self.port = host, port
         self.secret, self.lookup, self.chunk = secret, lookup, chunk
@@ -205,8 +207,9 @@ class PeerServer:
         """The caller proves the job's secret; the file is published here with
         the requested identity: an fd on the copy, else the call ends."""
         token = dict(context.invocation_metadata()).get(AUTH_KEY, "")
-        if not isinstance(token, str) or not hmac.compare_digest(
-                token.encode(), auth_token(self.secret, method, request).encode()):
+        secret = self.secret
+        if secret is None or not isinstance(token, str) or not hmac.compare_digest(
+                token.encode(), auth_token(secret, method, request).encode()):
             self.counters.add("refused")
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "not a node of this job")
         try:
