@@ -58,7 +58,7 @@ def member(args: argparse.Namespace) -> int:
         print(json.dumps({"error": str(e)}), flush=True)
         return 1
     print(json.dumps({"started": m.started, "service_pid": m.service_pid, "info": m.info,
-                      "dir": str(m.directory)}), flush=True)
+                      "dir": str(m.directory), "alive": m.service_alive()}), flush=True)
     sys.stdin.readline()
     m.leave(wait_service=30)
     print(json.dumps({"left": True}), flush=True)

@@ -111,7 +111,7 @@ def test_an_absent_copy_is_answered_at_once(net, files, server):
 def _fetch_until_bytes_arrive(net, files, server, timeout: float) -> tuple[subprocess.Popen, Path]:
     """Starts fetching big.bin over a slowed link; returns once part of it has arrived."""
     src, data, secret, _, dest = files
-    net.node(0).limit("64mbit")               # 32 MiB take about 4 s, far more than HTTP/2 keeps in flight
+    net.node(0).limit("128mbit")              # 32 MiB take about 2 s, far more than HTTP/2 keeps in flight
     client = subprocess.Popen(fetch_argv(net.node(1), server.address, src, dest, secret, "big.bin", timeout=timeout),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     part = dest / "big.bin.part"
@@ -138,7 +138,7 @@ def test_a_peer_killed_mid_stream_leaves_no_partial_copy(net, files, server):
 
 
 def test_a_stopped_peer_is_given_up_at_the_deadline(net, files, server):
-    client, dest = _fetch_until_bytes_arrive(net, files, server, timeout=15)
+    client, dest = _fetch_until_bytes_arrive(net, files, server, timeout=8)
     os.kill(server.proc.pid, signal.SIGSTOP)
     result = _result(client)      # returns although the peer never answers again
     assert result["reason"] == "deadline", result

@@ -151,6 +151,26 @@ def test_a_stopped_service_withdraws_and_members_carry_on(workdir):
         m.leave()
 
 
+@pytest.mark.slow
+def test_a_member_joining_while_the_last_one_leaves_never_gets_a_withdrawn_service(workdir):
+    tmp, members = workdir
+    for _ in range(4):
+        first = Member(tmp)
+        members.append(first)
+        assert first.joined["alive"]
+        second = Member(tmp)                         # joins while the first leaves
+        members.append(second)
+        first.leave()
+        assert second.joined["alive"], second.joined  # attached to a service in force
+        tier = Path(second.joined["info"]["tier"])
+        assert (tier / "copy.bin").exists()
+        second.leave()
+        _wait_gone(second.joined["service_pid"])
+    starts = [line for line in _log(tmp) if line.startswith("start")]
+    stops = [line for line in _log(tmp) if line.startswith("stop")]
+    assert len(starts) == len(stops) and 4 <= len(starts) <= 8
+
+
 def test_other_jobs_get_their_own_service(workdir):
     tmp, members = workdir
     members += [Member(tmp, job="a"), Member(tmp, job="b")]
