@@ -80,7 +80,12 @@ class _Flock:
         while True:
             if create:
                 _private_dir(path.parent)
-            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW | (os.O_CREAT if create else 0), 0o600)
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW | (os.O_CREAT if create else 0), 0o600)
+            except FileNotFoundError:
+                if not create:
+                    raise
+                continue    # the directory was withdrawn just now: make it again
             if self._lock(fd, mode, deadline):
                 try:
                     same = os.stat(path, follow_symlinks=False).st_ino == os.fstat(fd).st_ino
@@ -217,7 +222,10 @@ def join(key: NodeKey, start: Starter, timeout: float | None = None, parent: str
     service starting up is alive)."""
     directory = node_dir(key, parent)
     deadline = None if timeout is None else time.monotonic() + timeout
-    elect = _Flock(directory / "elect.lock", fcntl.LOCK_EX, timeout, "waiting for this node's tiering service")
+    try:
+        elect = _Flock(directory / "elect.lock", fcntl.LOCK_EX, timeout, "waiting for this node's tiering service")
+    except TimeoutError as e:
+        raise NodeLockError(str(e)) from None
     try:
         started: int | None = None
         while True:
