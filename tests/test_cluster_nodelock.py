@@ -3,6 +3,7 @@ elect it, attach to it, and it outlives every member but the last, whoever
 exits or is killed first."""
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -210,3 +211,17 @@ def test_the_key_covers_user_job_and_data_roots():
     assert len({a.digest(), nodelock.NodeKey("v", "j", ("/a", "/b")).digest(),
                 nodelock.NodeKey("u", "k", ("/a", "/b")).digest(),
                 nodelock.NodeKey("u", "j", ("/a",)).digest()}) == 4
+
+
+def test_a_member_that_waits_too_long_for_the_groups_lock_gets_a_clear_error(tmp_path):
+    key = nodelock.NodeKey("tester", "job1", ("/pfs",))
+    path = nodelock.node_dir(key, str(tmp_path))
+    path.mkdir(mode=0o700)
+    os.chmod(path, 0o700)
+    fd = os.open(path / "elect.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)          # a member that hangs while holding it
+    try:
+        with pytest.raises(nodelock.NodeLockError, match="waiting for this node's tiering service: .* stayed locked"):
+            nodelock.join(key, nodelock.spawn_detached(["false"]), timeout=0.5, parent=str(tmp_path))
+    finally:
+        os.close(fd)
