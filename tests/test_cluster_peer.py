@@ -12,6 +12,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from helpers import private_dir
 from tiering.catalog import CatalogFile
 from tiering.cluster.peer import (
     FETCH,
@@ -168,9 +169,7 @@ def test_the_server_listens_on_its_address_only(served):
 
 def test_fetch_copy_puts_the_copy_in_place_on_the_tier(served):
     _, client, contents, tmp = served
-    root = tmp / "tier"
-    for sub in ("data", "staging"):
-        (root / sub).mkdir(parents=True)
+    root = private_dir(tmp / "tier")   # as tier-run makes it
     tier = TierState("ram", "memory", root, 1 << 30, 1)
     f = CatalogFile(0, "odd/multi.bin", SIZES["odd/multi.bin"], 1234)
     used = fetch_copy(client, f, tier, timeout=30)

@@ -41,12 +41,19 @@ import grpc
 import psutil
 
 from ..catalog import CatalogFile
-from ..placement.tiers import TierState, unlink_quietly
+from ..placement.tiers import TierState, unlink_at
 
 FETCH = "/tiering.Peer/Fetch"    # streamed, any size
 GET = "/tiering.Peer/Get"        # one message, at most one chunk
 AUTH_KEY = "tiering-auth"
 CHUNK = 1 << 20
+
+
+def unlink_quietly(path: Path) -> None:
+    try:
+        path.unlink()
+    except OSError:
+        pass
 
 
 class PeerError(Exception):
@@ -279,19 +286,33 @@ class PeerClient:
         its size.  Raises PeerUnavailable, leaving no dest, unless the call
         ended OK within ``timeout`` seconds with exactly key.size bytes; an
         OSError of the local write passes through (dest removed as well)."""
+        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        done = False
+        try:
+            got = self.fetch_into(key, fd, timeout, stop)
+            done = True
+            return got
+        finally:
+            os.close(fd)
+            if not done:
+                unlink_quietly(dest)
+
+    def fetch_into(self, key: FileKey, fd: int, timeout: float, stop: threading.Event | None = None) -> int:
+        """Writes the peer's copy of key into the empty file fd (made 0400) and
+        returns its size; raises PeerUnavailable (the caller removes the file)
+        unless the call ended OK within ``timeout`` seconds with exactly
+        key.size bytes."""
         request = key.encode()
         method = GET if key.size <= self.chunk else FETCH
         metadata = [(AUTH_KEY, auth_token(self.secret, method, request))] if self.secret is not None else []
-        done = False
         try:
             if method == GET:
                 chunks: Any = [self._get(request, timeout=timeout, metadata=metadata)]
             else:
                 chunks = self._stream(request, timeout=timeout, metadata=metadata)
-            got = _write(chunks, dest, key.size, stop)
+            got = _write(chunks, fd, key.size, stop)
             if got != key.size:
                 raise PeerUnavailable("error", f"{self.address} sent {got} bytes of {key.size}")
-            done = True
         except grpc.RpcError as e:
             code = e.code() if isinstance(e, grpc.Call) else None
             reason = _REASONS.get(code, "error") if code is not None else "error"
@@ -301,35 +322,28 @@ class PeerClient:
         except PeerUnavailable as e:
             self.counters.add(e.reason)
             raise
-        finally:
-            if not done:
-                unlink_quietly(dest)
         self.counters.add("fetched")
         self.counters.add("bytes", key.size)
         return key.size
 
 
-def _write(chunks: Any, dest: Path, size: int, stop: threading.Event | None) -> int:
-    """Writes the chunks of a call to dest; cancels the call on stop or excess."""
-    fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+def _write(chunks: Any, fd: int, size: int, stop: threading.Event | None) -> int:
+    """Writes the chunks of a call to fd; cancels the call on stop or excess."""
     got = 0
-    try:
-        for chunk in chunks:
-            if stop is not None and stop.is_set():
-                if hasattr(chunks, "cancel"):
-                    chunks.cancel()
-                raise PeerUnavailable("stopped")
-            got += len(chunk)
-            if got > size:
-                if hasattr(chunks, "cancel"):
-                    chunks.cancel()
-                raise PeerUnavailable("error", f"more than the {size} bytes catalogued")
-            view = memoryview(chunk)
-            while view:
-                view = view[os.write(fd, view):]
-        os.fchmod(fd, 0o400)   # a copy is never written through
-    finally:
-        os.close(fd)
+    for chunk in chunks:
+        if stop is not None and stop.is_set():
+            if hasattr(chunks, "cancel"):
+                chunks.cancel()
+            raise PeerUnavailable("stopped")
+        got += len(chunk)
+        if got > size:
+            if hasattr(chunks, "cancel"):
+                chunks.cancel()
+            raise PeerUnavailable("error", f"more than the {size} bytes catalogued")
+        view = memoryview(chunk)
+        while view:
+            view = view[os.write(fd, view):]
+    os.fchmod(fd, 0o400)   # a copy is never written through
     return got
 
 
@@ -338,15 +352,21 @@ def fetch_copy(client: PeerClient, f: CatalogFile, tier: TierState, timeout: flo
     """A peer's copy of f, put in place on the tier like placement.tiers.copy_file
     (staging name, checked, renamed; not yet published): returns the bytes it
     takes there.  Raises PeerUnavailable (read the PFS instead) or OSError."""
-    tmp = tier.staging / f"peer-{threading.get_ident()}-{os.getpid()}.part"
-    client.fetch(FileKey.of(f), tmp, timeout, stop)
+    name = f"peer-{threading.get_ident()}-{os.getpid()}.part"
+    fd, staging_fd = tier.dirs.create_staging(name)
+    placed = False
     try:
-        dst = tier.copy_path(f)
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        os.rename(tmp, dst)
-        return os.stat(dst).st_blocks * 512
+        try:
+            client.fetch_into(FileKey.of(f), fd, timeout, stop)
+            blocks = os.fstat(fd).st_blocks
+        finally:
+            os.close(fd)
+        tier.dirs.publish(name, staging_fd, f)
+        placed = True
+        return blocks * 512
     finally:
-        unlink_quietly(tmp)
+        if not placed:
+            unlink_at(name, staging_fd)
 
 
 # -- when a peer is worth asking --------------------------------------------------
