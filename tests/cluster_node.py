@@ -22,8 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tiering.cluster import nodelock  # noqa: E402
 from tiering.cluster.peer import FileKey, PeerClient, PeerServer, PeerUnavailable, Published  # noqa: E402
-from tiering.rundirs import remove_tree  # noqa: E402
-from tiering.rundirs import make_private_dir  # noqa: E402
+from tiering.rundirs import make_private_dir, remove_tree  # noqa: E402
 
 
 def _log(path: str, line: str) -> None:
