@@ -44,6 +44,25 @@ class ListFeed:
         return order
 
 
+HELLO_PREFIX = "hello-"   # hello-<pid>: the hook runs in that Python process (tiering/hook)
+
+
+class HookWatch:
+    """Whether the order hook started in COMMAND: its sitecustomize leaves a
+    file hello-<pid> in the order directory as soon as Python runs it, before
+    the first line of the training script (the HookFeed reads only *.json)."""
+
+    def __init__(self, order_dir: Path):
+        self.dir = order_dir
+
+    def started(self) -> int:
+        """Python processes of COMMAND in which the hook runs."""
+        try:
+            return sum(n.startswith(HELLO_PREFIX) for n in os.listdir(self.dir))
+        except OSError:
+            return 0
+
+
 @dataclass
 class _Loader:
     key: int

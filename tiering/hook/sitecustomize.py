@@ -331,7 +331,20 @@ def _chain():
         spec.loader.exec_module(module)
 
 
+def _hello():
+    """Tells tier-run that the hook runs in this interpreter (a file
+    hello-<pid>, before any line of the training script runs): without one
+    by COMMAND's first data-set open, tier-run says that the hook did not
+    start (python -I, -E or -S; PYTHONPATH replaced)."""
+    try:
+        with open(os.path.join(_ORDER_DIR, f"hello-{os.getpid()}"), "w") as f:
+            f.write(sys.executable + "\n")
+    except OSError as e:   # an order directory COMMAND cannot write: tier-run says so
+        _log(f"hello failed: {e!r}")
+
+
 if _ORDER_DIR:
+    _hello()
     if "torch.utils.data.dataloader" in sys.modules:
         _patch(sys.modules["torch.utils.data.dataloader"])
     else:
