@@ -265,8 +265,7 @@ def run(job: Job) -> int:
             proc = spawn(opts.command, exe, env, ignored)
         except CommandError as e:
             raise JobError(str(e), e.exit_code) from None
-        if job.daemon is not None:
-            job.daemon.start()  # after the fork: COMMAND never inherits a thread
+        _start_daemon(job)   # after the fork: COMMAND never inherits a thread
         exit_code = wait_forwarding(proc.pid, ignored, _ticker(job))
         proc.returncode = exit_code   # reaped here, not by Popen
         job.timings["command"] = time.monotonic() - t0
@@ -275,6 +274,18 @@ def run(job: Job) -> int:
     finally:
         _teardown(job, reporting=exit_code is not None)
         restore_signals(old_mask)
+
+
+def _start_daemon(job: Job) -> None:
+    """COMMAND runs already: a daemon that cannot start leaves it reading the PFS."""
+    if job.daemon is None:
+        return
+    try:
+        job.daemon.start()
+    except Exception as e:
+        log.warning("placement cannot start (%r): COMMAND reads everything from the PFS", e)
+        if job.index is not None:
+            job.index.set_disabled(True)
 
 
 def _ticker(job: Job) -> Callable[[], None]:

@@ -44,23 +44,19 @@ class ListFeed:
         return order
 
 
-HELLO_PREFIX = "hello-"   # hello-<pid>: the hook runs in that Python process (tiering/hook)
+HELLO = "hello"   # made by the first Python process of COMMAND that loads the hook (tiering/hook)
 
 
 class HookWatch:
-    """Whether the order hook started in COMMAND: its sitecustomize leaves a
-    file hello-<pid> in the order directory as soon as Python runs it, before
-    the first line of the training script (the HookFeed reads only *.json)."""
+    """Whether the order hook started in COMMAND: its sitecustomize makes the
+    file "hello" in the order directory as soon as Python runs it, before the
+    first line of the training script (the HookFeed reads only *.json)."""
 
     def __init__(self, order_dir: Path):
         self.dir = order_dir
 
-    def started(self) -> int:
-        """Python processes of COMMAND in which the hook runs."""
-        try:
-            return sum(n.startswith(HELLO_PREFIX) for n in os.listdir(self.dir))
-        except OSError:
-            return 0
+    def started(self) -> bool:
+        return os.path.isfile(self.dir / HELLO)
 
 
 @dataclass
