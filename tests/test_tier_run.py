@@ -355,6 +355,8 @@ def test_ignored_signals_stay_ignored_and_python_ignores_do_not_leak(tmp_path):
     assert ignored & (1 << (signal.SIGHUP - 1))            # nohup still holds for COMMAND
     assert not ignored & (1 << (signal.SIGPIPE - 1))       # Python's own SIG_IGN is not inherited
     assert not ignored & (1 << (signal.SIGXFSZ - 1))
+    blocked = int(next(ln for ln in r.stdout.splitlines() if ln.startswith("SigBlk:")).split()[1], 16)
+    assert blocked == 0                                     # tier-run's own blocked signals are not
 
 
 def test_disable_variable_turns_the_shim_off_under_tier_run(tmp_path):

@@ -291,11 +291,14 @@ def _start_daemon(job: Job) -> None:
 def _ticker(job: Job) -> Callable[[], None]:
     last = [time.monotonic()]
 
-    def tick() -> None:
-        _check_hook(job, command_done=False)
-        if job.opts.verbose and time.monotonic() - last[0] >= STATUS_EVERY:
-            last[0] = time.monotonic()
-            _print_status(job)
+    def tick() -> None:   # never ends the wait for COMMAND
+        try:
+            _check_hook(job, command_done=False)
+            if job.opts.verbose and time.monotonic() - last[0] >= STATUS_EVERY:
+                last[0] = time.monotonic()
+                _print_status(job)
+        except Exception:
+            log.debug("status failed", exc_info=True)
 
     return tick
 
