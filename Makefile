@@ -3,7 +3,11 @@ PY ?= python3
 PIP = $(PY) -m pip install -q --disable-pip-version-check
 DEMO_DIR ?= $(or $(TMPDIR),/tmp)/tiering-demo
 
-.PHONY: all build install test demo clean bench bench-quick bench-micro bench-deps
+# pytest unbuffered (-u), naming each test as it runs (-v): progress shows as
+# the tests go, also through a pipe (CI), never minutes of nothing
+PYTEST = $(PY) -u -m pytest -v
+
+.PHONY: all build install test reliability demo clean bench bench-quick bench-micro bench-deps
 
 all: build
 
@@ -18,8 +22,19 @@ install:
 	$(PIP) -e ".[test]"
 	$(MAKE) build
 
+# The whole suite, the slow tests too (the wheel installed in a fresh venv,
+# the simulator's published scenario): about 10 minutes on 2 cores.
 test: install bench-deps
-	$(PY) -m pytest -q
+	$(PYTEST) $(PYTEST_ARGS)
+
+# The fault and hostile-input tests (marker reliability) and, at the end,
+# the figures each recorded: faults survived, reads and bytes checked.
+reliability: install
+	$(PYTEST) -m reliability $(PYTEST_ARGS)
+
+# make print-VAR: the value of a variable (the tests run $(PYTEST) as make does)
+print-%:
+	@echo '$($*)'
 
 # A generated ImageFolder data set of real JPEG files, a tiny CNN trained on
 # it for 3 epochs under tier-run with the auto profile, then the summary.

@@ -1,11 +1,13 @@
 """Fixtures: a shim environment with an index over a small data set, the C
-test programs, and the check that tier-run leaves nothing behind.  Helpers
-the test modules import are in helpers.py."""
+test programs, the check that tier-run leaves nothing behind, and the
+figures of the reliability tests.  Helpers the test modules import are in
+helpers.py."""
 from __future__ import annotations
 
 import os
 import shutil
 import subprocess
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -51,8 +53,59 @@ def no_leftovers():
     assert left == [], "tier-run left directories in /dev/shm"
 
 
+# -- reliability: the fault and hostile-input tests and what they checked ----------
+
+@dataclass
+class Figures:
+    """What one reliability test checked, as it counted it (README, "Reliability")."""
+
+    faults: list[str] = field(default_factory=list)   # the faults the job survived
+    reads: int = 0          # reads whose bytes were compared with the source
+    bytes: int = 0          # bytes so compared
+
+    def survived(self, fault: str) -> None:
+        self.faults.append(fault)
+
+    def checked(self, reads: int, nbytes: int) -> None:
+        self.reads += reads
+        self.bytes += nbytes
+
+
+_FIGURES = pytest.StashKey[dict[str, Figures]]()
+
+
+@pytest.fixture
+def reliability(request: pytest.FixtureRequest) -> Figures:
+    """A test that takes this fixture is a reliability test (marker
+    `reliability`, `make reliability`); it records what it checked here."""
+    figures = Figures()
+    request.config.stash.setdefault(_FIGURES, {})[request.node.nodeid] = figures
+    return figures
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests that run the C test programs carry the cc marker."""
+    """Tests that run the C test programs carry the cc marker; tests that
+    record reliability figures carry the reliability marker."""
     for item in items:
-        if "cbin" in getattr(item, "fixturenames", ()):
+        names = getattr(item, "fixturenames", ())
+        if "cbin" in names:
             item.add_marker(pytest.mark.cc)
+        if "reliability" in names:
+            item.add_marker(pytest.mark.reliability)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    figures = config.stash.get(_FIGURES, {})
+    passed = {r.nodeid for r in terminalreporter.stats.get("passed", [])}
+    rows = [(nodeid, f) for nodeid, f in sorted(figures.items()) if nodeid in passed]
+    if not rows:
+        return
+    tw = terminalreporter
+    tw.section("reliability figures (recorded by the tests that passed)")
+    tw.write_line("| test | faults survived | reads checked | bytes checked |")
+    tw.write_line("|---|---|---:|---:|")
+    for nodeid, f in rows:
+        faults = "; ".join(f.faults) or "-"
+        tw.write_line(f"| `{nodeid.removeprefix('tests/')}` | {faults} | {f.reads:,} | {f.bytes:,} |")
+    tw.write_line(f"| **{len(rows)} tests** | {sum(len(f.faults) for _, f in rows)} faults | "
+                  f"{sum(f.reads for _, f in rows):,} | {sum(f.bytes for _, f in rows):,} |")

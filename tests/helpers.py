@@ -181,3 +181,54 @@ def sweep_with_boot_time_off(parent: Path, user: str, seconds: float = 1.0) -> l
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
+# -- waiting for events, with generous bounds (never a bare sleep) ------------------
+
+EVENT_TIMEOUT = 120.0   # seconds: far above what any event takes on a loaded 2-core machine
+
+
+def wait_for(predicate, what: str, timeout: float = EVENT_TIMEOUT, every: float = 0.02):
+    """Polls predicate until it returns something true; fails the test after timeout."""
+    import time
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(every)
+
+
+def read_until(pipe, end: bytes, timeout: float = EVENT_TIMEOUT) -> bytes:
+    """What a child writes to a binary pipe, up to and including `end`, or a
+    test failure after timeout (byte by byte: nothing is read past it)."""
+    import selectors
+    import time
+    fd = pipe.fileno()
+    buf = b""
+    deadline = time.monotonic() + timeout
+    with selectors.DefaultSelector() as sel:
+        sel.register(fd, selectors.EVENT_READ)
+        while not buf.endswith(end):
+            left = deadline - time.monotonic()
+            if left <= 0 or not sel.select(left):
+                raise AssertionError(f"no {end!r} from the child within {timeout:.0f} s (got {buf[-500:]!r})")
+            chunk = os.read(fd, 1)
+            if not chunk:
+                raise AssertionError(f"the child closed its output after {buf[-500:]!r}")
+            buf += chunk
+    return buf
+
+
+def read_line(pipe, timeout: float = EVENT_TIMEOUT) -> bytes:
+    """One line from a binary pipe of a child, or a test failure after timeout."""
+    return read_until(pipe, b"\n", timeout)
+
+
+def shm_copies(pid: int) -> int:
+    """Files in the RAM tier of the tier-run with this pid (its copies)."""
+    n = 0
+    for d in os.listdir("/dev/shm"):
+        if d.startswith(f"tiering-{USER}-{pid}-") and os.path.isdir(f"/dev/shm/{d}/data"):
+            n += sum(len(files) for _, _, files in os.walk(f"/dev/shm/{d}/data"))
+    return n

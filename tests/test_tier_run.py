@@ -11,7 +11,20 @@ from pathlib import Path
 
 import pytest
 
-from helpers import N_FILES, PYTHON, USER, dataset, digest, leftovers, make_data, profile, run_reader, tier_run
+from helpers import (
+    N_FILES,
+    PYTHON,
+    USER,
+    dataset,
+    digest,
+    leftovers,
+    make_data,
+    profile,
+    read_line,
+    run_reader,
+    tier_run,
+    wait_for,
+)
 
 pytestmark = pytest.mark.usefixtures("no_leftovers")
 
@@ -38,8 +51,11 @@ def test_epochs_after_the_first_are_served_from_the_tier(tmp_path, ctx):
     assert stats["pfs"]["opens_by_daemon"] == N_FILES
     assert stats["pfs"]["bytes_read_by_daemon"] == stats["bytes"]
     assert stats["pfs"]["opens"] == stats["opens"]["pfs"] + N_FILES
-    assert stats["pfs"]["bytes_avoided"] == sum(len(contents[f]) for e in ep for f in e["local_files"])
+    # the sizes of the files opened from the tier (what was read of them is not counted)
+    assert stats["opens"]["bytes_of_files_served"] == sum(len(contents[f]) for e in ep for f in e["local_files"])
+    assert "bytes_avoided" not in stats["pfs"]
     assert stats["exit_code"] == 0 and stats["policy"] == "first-touch"
+    assert stats["policy_requested"] == "first-touch" and stats["policy_reason"] is None
     assert stats["events_dropped"] == 0
     assert "from tiers" in r.stderr and "tier ram" in r.stderr
 
@@ -112,26 +128,27 @@ def test_off_places_nothing_but_counts(tmp_path):
     contents = dataset(data, n=50)
     stats, rd, _ = run_reader(tmp_path, data, profile(tmp_path), policy="off", reader_args=("--workers", "0"))
     assert stats["tiers"][0]["files"] == 0
-    assert stats["opens"] == {"total": 150, "pfs": 150, "by_tier": {"ram": 0}, "fallbacks": 0}
+    assert stats["opens"] == {"total": 150, "pfs": 150, "by_tier": {"ram": 0}, "fallbacks": 0, "bytes_of_files_served": 0}
     assert sum(e["local"] for e in rd["epochs"]) == 0
     assert rd["digest"] == digest(contents)
 
 
-def test_write_open_during_the_job_invalidates_the_copy(tmp_path):
+def test_write_open_during_the_job_invalidates_the_copy(tmp_path, reliability):
     data = tmp_path / "pfs"
-    dataset(data, n=5)
+    contents = dataset(data, n=5)
     target = data / "c0" / "f0000.bin"
     script = f"""
 import os, time, sys
 p = {str(target)!r}
 open(p, 'rb').read()
-for _ in range(200):                       # wait for the first-touch copy
+deadline = time.monotonic() + 120
+while True:                                # wait for the first-touch copy
     with open(p, 'rb') as f:
         if not os.readlink(f'/proc/self/fd/{{f.fileno()}}').startswith({str(data)!r}):
             break
+    if time.monotonic() > deadline:
+        sys.exit('never placed')
     time.sleep(0.02)
-else:
-    sys.exit('never placed')
 with open(p, 'r+b') as f:
     f.write(b'CHANGED')
 with open(p, 'rb') as f:
@@ -143,11 +160,17 @@ assert where == p, where
     r = tier_run(["--profile", str(profile(tmp_path)), "--data", str(data), "--stats-json", str(stats_file),
                   "--", PYTHON, "-c", script])
     assert r.returncode == 0, r.stderr
-    assert "none received: placed by first touch" in r.stderr   # a Python command without a DataLoader
+    # a Python command without a DataLoader: clairvoyant was chosen, first touch placed the files
+    why = "no order received: no DataLoader of COMMAND announced an epoch"
+    assert f"policy first-touch ({why})" in r.stderr
+    assert "did not start" not in r.stderr                       # the hook did start
     stats = json.loads(stats_file.read_text())
+    assert (stats["policy"], stats["policy_requested"], stats["policy_reason"]) == ("first-touch", "clairvoyant", why)
     assert stats["placement"]["write_opens"] == 1
     assert stats["placement"]["invalidated"] == 1
     assert stats["tiers"][0]["files"] == 0
+    reliability.survived("a data-set file written during the job (its copy is never served again)")
+    reliability.checked(reads=1, nbytes=len(contents["c0/f0000.bin"]))
 
 
 @pytest.mark.parametrize("umask", [0o000, 0o022])
@@ -188,28 +211,32 @@ def test_exit_status_is_the_commands(tmp_path):
     assert r.returncode == 128 + signal.SIGKILL
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
-def test_signals_reach_the_command_and_everything_is_cleaned_up(tmp_path, sig):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=["TERM", "INT", "HUP"])
+def test_signals_reach_the_command_and_everything_is_cleaned_up(tmp_path, sig, reliability):
     data = tmp_path / "pfs"
     dataset(data, n=20)
     script = ("import signal, sys, time, os\n"
               f"signal.signal({int(sig)}, lambda *a: sys.exit(42))\n"
               f"for f in sorted(os.listdir({str(data / 'c0')!r})): open(os.path.join({str(data / 'c0')!r}, f), 'rb').read()\n"
               "print('ready', flush=True)\n"
-              "time.sleep(60)\n")
+              "time.sleep(600)\n")   # until the signal comes
     p = subprocess.Popen([PYTHON, "-m", "tiering", "run", "--profile", str(profile(tmp_path)), "--data", str(data),
-                          "--", PYTHON, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert p.stdout is not None
-    assert p.stdout.readline().strip() == "ready"
-    mine = [d for d in leftovers() if f"-{p.pid}-" in d]
-    assert len(mine) == 2  # the index directory and the ram tier
-    p.send_signal(sig)
-    out, err = p.communicate(timeout=60)
+                          "--", PYTHON, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert read_line(p.stdout) == b"ready\n"
+        mine = [d for d in leftovers() if f"-{p.pid}-" in d]
+        assert len(mine) == 2  # the index directory and the ram tier
+        p.send_signal(sig)
+        out, err = p.communicate(timeout=300)
+    finally:
+        p.kill()
+        p.wait()
     assert p.returncode == 42, err
     assert not [d for d in leftovers() if f"-{p.pid}-" in d]
+    reliability.survived(f"{signal.Signals(sig).name} sent to tier-run (forwarded, all cleaned up)")
 
 
-def test_leftovers_of_dead_jobs_are_swept(tmp_path):
+def test_leftovers_of_dead_jobs_are_swept(tmp_path, reliability):
     data = tmp_path / "pfs"
     dataset(data, n=2)
     dead = subprocess.run([PYTHON, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
@@ -241,6 +268,8 @@ def test_leftovers_of_dead_jobs_are_swept(tmp_path):
         assert not stale.exists() and not old.exists()
         assert alive.exists()
         assert all(d.exists() for d in foreign)
+        reliability.survived("directories of 2 dead jobs swept, of a live one and of 2 other hosts or "
+                             "PID namespaces kept")
     finally:
         for d in (stale, old, alive, *foreign):
             shutil.rmtree(d, ignore_errors=True)
@@ -309,7 +338,7 @@ def test_console_scripts_are_installed():
     assert "auto" in r.stdout.split() and "frontera" in r.stdout.split()
 
 
-def test_two_data_roots_with_the_same_relative_paths_keep_their_own_bytes(tmp_path):
+def test_two_data_roots_with_the_same_relative_paths_keep_their_own_bytes(tmp_path, reliability):
     a, b = tmp_path / "a", tmp_path / "b"
     ca = make_data(a, {"x/same.bin": 3000, "only-a.bin": 10}, seed=1)
     cb = make_data(b, {"x/same.bin": 3000, "only-b.bin": 10}, seed=2)
@@ -319,7 +348,8 @@ import os, sys, time
 paths = [{str(a / 'x/same.bin')!r}, {str(b / 'x/same.bin')!r}]
 for p in paths:
     open(p, 'rb').read()
-for _ in range(200):              # until both first-touch copies are in place
+deadline = time.monotonic() + 120
+while time.monotonic() < deadline:   # until both first-touch copies are in place
     local = []
     for p in paths:
         with open(p, 'rb') as f:
@@ -338,6 +368,8 @@ print(all(local))
     lines = r.stdout.split()
     assert bytes.fromhex(lines[0]) == ca["x/same.bin"] and bytes.fromhex(lines[1]) == cb["x/same.bin"]
     assert lines[2] == "True"
+    reliability.survived("two data roots holding the same relative path")
+    reliability.checked(reads=2, nbytes=len(ca["x/same.bin"]) + len(cb["x/same.bin"]))
 
 
 def test_ignored_signals_stay_ignored_and_python_ignores_do_not_leak(tmp_path):
@@ -351,15 +383,20 @@ def test_ignored_signals_stay_ignored_and_python_ignores_do_not_leak(tmp_path):
     assert ignored & (1 << (signal.SIGHUP - 1))            # nohup still holds for COMMAND
     assert not ignored & (1 << (signal.SIGPIPE - 1))       # Python's own SIG_IGN is not inherited
     assert not ignored & (1 << (signal.SIGXFSZ - 1))
+    blocked = int(next(ln for ln in r.stdout.splitlines() if ln.startswith("SigBlk:")).split()[1], 16)
+    assert blocked == 0                                     # tier-run's own blocked signals are not
 
 
 def test_disable_variable_turns_the_shim_off_under_tier_run(tmp_path):
     data = tmp_path / "pfs"
     contents = dataset(data, n=20)
     stats = tmp_path / "s.json"
-    script = ("import os, time\n"
+    # stage copies everything at start: wait until its copies are all in the tier
+    script = ("import os, sys, time\n"
+              f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+              "from helpers import shm_copies, wait_for\n"
               f"fs = sorted(os.path.join(d, f) for d, _, n in os.walk({str(data)!r}) for f in n)\n"
-              "time.sleep(1.0)\n"
+              "wait_for(lambda: shm_copies(os.getppid()) == len(fs), 'the staged copies')\n"
               "local = 0\n"
               "for p in fs:\n"
               "    with open(p, 'rb') as f:\n"
@@ -374,29 +411,306 @@ def test_disable_variable_turns_the_shim_off_under_tier_run(tmp_path):
     assert s["tiers"][0]["files"] == len(contents) and s["opens"]["total"] == 0
 
 
-def test_a_hung_pfs_read_does_not_hold_tier_run_after_the_command(tmp_path):
+def test_a_hung_pfs_read_does_not_hold_tier_run_after_the_command(tmp_path, reliability):
     """Copies blocked in a PFS read (simulated: _transfer never returns) are
     abandoned after the stop timeout; tier-run cleans up, reports them and
     exits with COMMAND's status instead of waiting for their threads."""
     data = tmp_path / "pfs"
     dataset(data, n=6)
     stats = tmp_path / "stats.json"
+    hung = tmp_path / "hung"
     driver = (
         "import sys, threading\n"
         "import tiering.placement.daemon as d, tiering.placement.tiers as t\n"
         "d.STOP_TIMEOUT = 0.5\n"
-        "t._transfer = lambda *a: threading.Event().wait() or 0\n"
+        f"t._transfer = lambda *a: open({str(hung)!r}, 'w').close() or threading.Event().wait() or 0\n"
         "from tiering.cli import tier_run\n"
         "sys.argv = ['tier-run'] + sys.argv[1:]\n"
         "tier_run()\n")
+    # COMMAND exits once a copy hangs
+    command = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import os; "
+               f"from helpers import wait_for; wait_for(lambda: os.path.exists({str(hung)!r}), 'a hung copy'); "
+               "raise SystemExit(3)")
     p = subprocess.Popen([PYTHON, "-c", driver, "--profile", str(profile(tmp_path)), "--policy", "stage",
-                          "--data", str(data), "--stats-json", str(stats), "--", PYTHON, "-c",
-                          "import time; time.sleep(0.5); raise SystemExit(3)"],
+                          "--data", str(data), "--stats-json", str(stats), "--", PYTHON, "-c", command],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    out, err = p.communicate(timeout=60)
+    out, err = p.communicate(timeout=300)
     assert p.returncode == 3, err
     assert "still blocked reading the PFS" in err
     s = json.loads(stats.read_text())
     assert s["exit_code"] == 3 and s["placement"]["abandoned"] >= 1
     assert s["placement"]["copies"] == 0
     assert not [d for d in leftovers() if f"-{p.pid}-" in d]
+    reliability.survived(f"{s['placement']['abandoned']} copies hung in a PFS read at exit")
+
+
+# -- the order hook that cannot start -------------------------------------------------
+
+# reads every file under argv[1] once and prints helpers.digest() of what it read
+READ_ALL = ("import hashlib, os, sys\n"
+            "root, sums = sys.argv[1], {}\n"
+            "for d, _, names in sorted(os.walk(root)):\n"
+            "    for n in sorted(names):\n"
+            "        p = os.path.join(d, n)\n"
+            "        sums[os.path.relpath(p, root)] = hashlib.sha256(open(p, 'rb').read()).hexdigest()\n"
+            "h = hashlib.sha256()\n"
+            "for rel in sorted(sums):\n"
+            "    h.update(f'{rel}\\0{sums[rel]}\\n'.encode())\n"
+            "print(h.hexdigest())\n")
+
+
+@pytest.mark.parametrize("how", ["-I", "-E", "PYTHONPATH replaced", "order directory unusable"])
+def test_a_hook_that_cannot_start_is_reported_once(tmp_path, how, reliability):
+    data = tmp_path / "pfs"
+    contents = dataset(data, n=10)
+    script = tmp_path / "read_all.py"
+    script.write_text(READ_ALL)
+    stats = tmp_path / "s.json"
+    if how in ("-I", "-E"):
+        command = [PYTHON, how, str(script), str(data)]
+    else:   # a wrapper script spoils the hook before Python starts
+        spoil = ("PYTHONPATH=/nowhere; export PYTHONPATH" if how == "PYTHONPATH replaced" else
+                 'rm -r "$TIERING_ORDER_DIR" && : > "$TIERING_ORDER_DIR"')
+        command = ["sh", "-c", f'{spoil}; exec "$0" "$@"', PYTHON, str(script), str(data)]
+    hook = ["--hook"] if command[0] == "sh" else []    # sh is not Python: the hook is asked for
+    r = tier_run(["--profile", str(profile(tmp_path)), "--data", str(data), "--stats-json", str(stats), *hook,
+                  "--", *command])
+    assert r.returncode == 0, r.stderr
+    warnings = [ln for ln in r.stderr.splitlines() if ln.startswith("tiering: the order hook did not start")]
+    assert len(warnings) == 1, r.stderr                                # said once
+    assert "placement follows first touch" in warnings[0]              # what happens instead
+    assert "--sampler random --seed N" in warnings[0] and "--order-file" in warnings[0]   # how to fix it
+    if how in ("-I", "-E"):
+        assert f"Python runs with {how}" in warnings[0]
+    why = "no order received: the order hook did not start in COMMAND"
+    assert f"tiering: policy first-touch ({why})" in r.stderr
+    s = json.loads(stats.read_text())
+    assert (s["policy"], s["policy_requested"], s["policy_reason"]) == ("first-touch", "clairvoyant", why)
+    assert s["opens"]["total"] == 10
+    assert r.stdout.strip() == digest(contents)
+    reliability.survived(f"order hook unable to start ({how})")
+    reliability.checked(reads=len(contents), nbytes=sum(map(len, contents.values())))
+
+
+def test_a_hook_missing_from_the_installation_is_reported_once(tmp_path, reliability):
+    data = tmp_path / "pfs"
+    contents = dataset(data, n=4)
+    script = tmp_path / "read_all.py"
+    script.write_text(READ_ALL)
+    empty = tmp_path / "no-hook"
+    empty.mkdir()
+    driver = ("import sys\n"
+              "import tiering.job as job\n"
+              f"job.HOOK_DIR = __import__('pathlib').Path({str(empty)!r})\n"
+              "from tiering.cli import tier_run\n"
+              "sys.argv = ['tier-run'] + sys.argv[1:]\n"
+              "tier_run()\n")
+    stats = tmp_path / "s.json"
+    r = subprocess.run([PYTHON, "-c", driver, "--profile", str(profile(tmp_path)), "--data", str(data),
+                        "--stats-json", str(stats), "--", PYTHON, str(script), str(data)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count("the order hook is missing from this installation") == 2   # the warning, the policy line
+    warning = next(ln for ln in r.stderr.splitlines() if ln.startswith("tiering: the order hook is missing"))
+    assert "reinstall tiering" in warning and "--order-file" in warning and "first touch" in warning
+    s = json.loads(stats.read_text())
+    assert (s["policy"], s["policy_requested"]) == ("first-touch", "clairvoyant")
+    assert s["policy_reason"] == "no order received: the order hook is missing from this installation"
+    assert r.stdout.strip() == digest(contents)
+    reliability.survived("order hook missing from the installation")
+    reliability.checked(reads=len(contents), nbytes=sum(map(len, contents.values())))
+
+
+# -- COMMAND's exit status, whatever happens to the report ---------------------------------
+
+@pytest.mark.parametrize("where, message", [
+    ("missing/dir/s.json", "the directory {tmp}/missing/dir does not exist; create it first (mkdir -p {tmp}/missing/dir)"),
+    ("/sys/tiering-stats.json", "cannot create a file in /sys"),
+    (".", "is a directory"),
+], ids=["missing directory", "unwritable directory", "a directory"])
+def test_a_stats_json_that_cannot_be_written_stops_before_command(tmp_path, where, message, reliability):
+    data = tmp_path / "pfs"
+    dataset(data, n=2)
+    marker = tmp_path / "ran"
+    path = where if where.startswith("/") else str(tmp_path / where)
+    r = tier_run(["--profile", str(profile(tmp_path)), "--data", str(data), "--stats-json", path,
+                  "--", "touch", str(marker)])
+    assert r.returncode == 2, r.stderr
+    assert message.format(tmp=tmp_path) in r.stderr and "Traceback" not in r.stderr
+    assert not marker.exists()          # COMMAND never ran
+    reliability.survived(f"--stats-json {where!r} unusable: refused before COMMAND")
+
+
+def test_a_broken_pipe_on_stderr_keeps_the_commands_status(tmp_path, reliability):
+    """tier-run ... 2>&1 | head -1: the summary meets a closed pipe."""
+    data = tmp_path / "pfs"
+    dataset(data, n=2)
+    go = tmp_path / "go"
+    command = (f"import os, sys, time; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
+               "from helpers import wait_for; print('first', flush=True); "
+               f"wait_for(lambda: os.path.exists({str(go)!r}), 'the reader to go'); raise SystemExit(5)")
+    p = subprocess.Popen([PYTHON, "-m", "tiering", "run", "--profile", str(profile(tmp_path)), "--data", str(data),
+                          "-v", "--", PYTHON, "-c", command], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        while read_line(p.stdout) != b"first\n":   # -v: tier-run's log lines come first
+            pass
+        p.stdout.close()                  # head is done
+        go.touch()
+        assert p.wait(timeout=300) == 5
+    finally:
+        p.kill()
+        p.wait()
+    reliability.survived("tier-run's stderr a broken pipe")
+
+
+def test_a_closed_stderr_keeps_the_commands_status_and_stdout(tmp_path, reliability):
+    """tier-run ... 2>&-: nothing of tier-run's ends up on stdout."""
+    data = tmp_path / "pfs"
+    dataset(data, n=2)
+    r = subprocess.run([PYTHON, "-m", "tiering", "run", "--profile", str(profile(tmp_path)), "--data", str(data),
+                        "-v", "--", "sh", "-c", "echo out; echo err >&2; exit 6"],
+                       stdout=subprocess.PIPE, preexec_fn=lambda: os.close(2), timeout=300)
+    assert r.returncode == 6
+    assert r.stdout == b"out\n"           # COMMAND's stderr is closed too: its "err" went nowhere
+    reliability.survived("tier-run started with stderr closed")
+
+
+def test_a_full_device_for_the_json_keeps_the_commands_status(tmp_path, reliability):
+    data = tmp_path / "pfs"
+    dataset(data, n=2)
+    r = tier_run(["--profile", str(profile(tmp_path)), "--data", str(data), "--stats-json", "/dev/full",
+                  "--", "sh", "-c", "exit 4"])
+    assert r.returncode == 4, r.stderr
+    assert "cannot write --stats-json /dev/full: No space left on device" in r.stderr
+    assert "COMMAND exited 4" in r.stderr and "Traceback" not in r.stderr
+    reliability.survived("--stats-json on a full device")
+
+
+# -- tier-run killed, signals, how COMMAND starts -------------------------------------------
+
+def test_a_killed_tier_run_takes_command_down_and_the_next_run_sweeps(tmp_path, reliability):
+    data = tmp_path / "pfs"
+    dataset(data, n=5)
+    termed = tmp_path / "termed"
+    script = ("import signal, sys, time\n"
+              f"signal.signal(signal.SIGTERM, lambda *a: (open({str(termed)!r}, 'w').close(), sys.exit(9)))\n"
+              "print('ready', flush=True)\n"
+              "time.sleep(600)\n")
+    p = subprocess.Popen([PYTHON, "-m", "tiering", "run", "--profile", str(profile(tmp_path)), "--data", str(data),
+                          "--", PYTHON, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert read_line(p.stdout) == b"ready\n"
+        p.kill()                          # SIGKILL, as the OOM killer does
+        p.wait(timeout=300)
+    finally:
+        p.kill()
+        p.wait()
+    wait_for(termed.exists, "COMMAND to get SIGTERM from its dead parent")
+    left = [d for d in leftovers() if f"-{p.pid}-" in d]
+    assert len(left) == 2                 # the index and the ram tier of the dead job
+    r = tier_run(["--profile", str(profile(tmp_path)), "--data", str(data), "--", "true"])
+    assert r.returncode == 0, r.stderr
+    assert not [d for d in leftovers() if f"-{p.pid}-" in d]
+    reliability.survived("tier-run SIGKILLed (COMMAND got SIGTERM, the next run swept)")
+
+
+@pytest.mark.parametrize("order", [[], ["--sampler", "random", "--seed", "1", "--layout", "sorted"]],
+                         ids=["hook", "sampler"])
+def test_no_thread_of_tier_run_can_take_a_forwarded_signal(tmp_path, order):
+    """Every thread but the one in sigtimedwait blocks the forwarded signals,
+    those of libraries too (numpy's, torch's): none can die of SIGTERM or
+    raise KeyboardInterrupt instead of forwarding it."""
+    data = tmp_path / "pfs"
+    dataset(data, n=5)
+    forwarded = (1 << (signal.SIGINT - 1)) | (1 << (signal.SIGTERM - 1)) | (1 << (signal.SIGHUP - 1))
+    script = ("import glob, os\n"
+              "for t in glob.glob(f'/proc/{os.getppid()}/task/*'):\n"
+              "    if os.path.basename(t) != str(os.getppid()):\n"
+              "        print(next(ln.split()[1] for ln in open(t + '/status') if ln.startswith('SigBlk')))\n")
+    r = tier_run(["--profile", str(profile(tmp_path)), "--data", str(data), *order, "--", PYTHON, "-c", script])
+    assert r.returncode == 0, r.stderr
+    masks = [int(x, 16) for x in r.stdout.split()]
+    assert masks, "tier-run has its daemon thread"
+    assert all(m & forwarded == forwarded for m in masks), r.stdout
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["INT", "TERM"])
+def test_a_signal_during_set_up_stops_tier_run_before_command(tmp_path, sig, reliability):
+    """The scan is made to hang: the signal must still end tier-run, cleanly."""
+    data = tmp_path / "pfs"
+    dataset(data, n=2)
+    driver = ("import sys, threading\n"
+              "import tiering.job as job\n"
+              "real = job.catalog_mod.scan\n"
+              "def slow_scan(*a, **kw):\n"
+              "    print('scanning', flush=True)\n"
+              "    threading.Event().wait(600)\n"
+              "job.catalog_mod.scan = slow_scan\n"
+              "from tiering.cli import tier_run\n"
+              "sys.argv = ['tier-run'] + sys.argv[1:]\n"
+              "tier_run()\n")
+    marker = tmp_path / "ran"
+    p = subprocess.Popen([PYTHON, "-c", driver, "--profile", str(profile(tmp_path)), "--data", str(data),
+                          "--", "touch", str(marker)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert read_line(p.stdout) == b"scanning\n"
+        p.send_signal(sig)
+        out, err = p.communicate(timeout=300)
+    finally:
+        p.kill()
+        p.wait()
+    assert p.returncode == 128 + sig, err
+    name = signal.Signals(sig).name
+    assert f"tier-run: interrupted by {name} before COMMAND started".encode() in err and b"Traceback" not in err
+    assert not marker.exists()
+    reliability.survived(f"{signal.Signals(sig).name} while tier-run sets up")
+
+
+def test_a_script_without_shebang_runs_with_sh(tmp_path):
+    data = tmp_path / "pfs"
+    dataset(data, n=2)
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    script = bindir / "train-job"
+    script.write_text('echo "sh ran $0 with $#: $*"\nexit 3\n')
+    script.chmod(0o755)
+    for name in (str(script), "train-job"):     # by path, and found on PATH
+        r = tier_run(["--profile", str(profile(tmp_path)), "--data", str(data), "--", name, "a", "b c"],
+                     env=dict(os.environ, PATH=f"{bindir}{os.pathsep}{os.environ['PATH']}"))
+        assert r.returncode == 3, r.stderr
+        assert r.stdout == f"sh ran {script} with 2: a b c\n"
+
+
+# -- order files and error lists ------------------------------------------------------------
+
+def test_an_order_file_of_paths_needs_no_layout(tmp_path, reliability):
+    """The data set's files have no image extension: the default layout
+    (ImageFolder) finds no sample, but an order of paths names the files."""
+    data = tmp_path / "pfs"
+    contents = dataset(data, n=40)
+    rels = sorted(contents)
+    order = tmp_path / "order.txt"
+    order.write_text("\n".join(rels[::-1]) + "\n# epoch\n" + "\n".join(str(data / r) for r in rels) + "\n")
+    stats = tmp_path / "s.json"
+    r = tier_run(["--profile", str(profile(tmp_path)), "--data", str(data), "--order-file", str(order),
+                  "--stats-json", str(stats), "--", PYTHON, "-c", READ_ALL, str(data)])
+    assert r.returncode == 0, r.stderr
+    s = json.loads(stats.read_text())
+    assert s["policy"] == "clairvoyant" and s["order"]["epochs_known"] == 2
+    assert s["order"]["stream_length"] == 80
+    assert r.stdout.strip() == digest(contents)
+    reliability.checked(reads=len(contents), nbytes=sum(map(len, contents.values())))
+    mixed = tmp_path / "mixed.txt"
+    mixed.write_text(f"{rels[0]}\n3\n")
+    r = tier_run(["--profile", str(profile(tmp_path)), "--data", str(data), "--order-file", str(mixed), "--", "true"])
+    assert r.returncode == 2 and "mixes data-set indices and file paths" in r.stderr
+    reliability.survived("an order of files that are not ImageFolder samples")
+
+
+def test_errors_that_name_classes_name_a_few_and_count_the_rest(tmp_path):
+    data = tmp_path / "imagenet-like"
+    make_data(data, {f"n{k:08d}/x.bin": 3 for k in range(1000)})
+    r = tier_run(["--profile", str(profile(tmp_path)), "--data", str(data), "--sampler", "sequential", "--", "true"])
+    assert r.returncode == 2
+    assert "classes n00000000, n00000001, n00000002, n00000003, n00000004 and 995 more in" in r.stderr
+    assert "n00000999" not in r.stderr and len(r.stderr) < 2000

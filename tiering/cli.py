@@ -1,8 +1,9 @@
 """Command line: `tier-run` wraps a command; `tiering` holds the other tools."""
 from __future__ import annotations
 
-import logging
+import importlib
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -13,9 +14,9 @@ from . import __version__
 from .cliopts import apply_options as _apply
 from .cliopts import order_from as _order
 from .cliopts import order_options as _order_options
+from .console import flush_quietly, reserve_standard_fds, say, setup_logging
 from .job import POLICY_NAMES, Job, JobError, JobOptions, run
 from .profile import ProfileError, check_profile, format_profile, list_profiles, load_profile
-from .simulate.cli import simulate_cmd
 from .units import human_bytes
 
 RUN_HELP = """Run COMMAND with the data set under each --data DIR served from local tiers.
@@ -56,29 +57,32 @@ def _run_options(f):  # type: ignore[no-untyped-def]
 
 def _do_run(profile: str, data: tuple[str, ...], policy: str | None, hook: bool | None, window: int,
             stats_json: Path | None, keep: bool, verbose: int, command: tuple[str, ...], **kw: Any) -> None:
+    reserve_standard_fds()
     order = _order(kw)
-    logging.basicConfig(level=logging.WARNING if not verbose else logging.INFO if verbose == 1 else logging.DEBUG,
-                        format="tiering: %(message)s", stream=sys.stderr)
+    setup_logging(verbose)
     try:
         prof = load_profile(profile)
         job = Job(JobOptions(list(data), list(command), prof, policy=policy, order=order, hook=hook, window=window,
                              stats_json=stats_json, keep=keep, verbose=verbose))
         code = run(job)
     except ProfileError as e:
-        click.echo(f"tier-run: profile error: {e}", err=True)
-        sys.exit(2)
+        _leave(2, f"tier-run: profile error: {e}")
     except JobError as e:
-        click.echo(f"tier-run: {e}", err=True)
-        sys.exit(e.exit_code)
-    except KeyboardInterrupt:
-        click.echo("tier-run: interrupted before COMMAND started", err=True)
-        sys.exit(130)
+        _leave(e.exit_code, f"tier-run: {e}")
+    except KeyboardInterrupt as e:   # Interrupted: a signal during set-up
+        sig = getattr(e, "signum", signal.SIGINT)
+        _leave(128 + sig, f"tier-run: interrupted by {signal.Signals(sig).name} before COMMAND started")
+    flush_quietly()
     if job.daemon is not None and job.daemon.stuck:
         # copies blocked in a read of a hung PFS: the interpreter would wait
         # for their threads at exit; COMMAND is done and cleaned up, so leave
-        sys.stdout.flush()
-        sys.stderr.flush()
         os._exit(code)
+    sys.exit(code)
+
+
+def _leave(code: int, message: str) -> None:
+    say(message)
+    flush_quietly()
     sys.exit(code)
 
 
@@ -90,7 +94,25 @@ def tier_run(**kw):  # type: ignore[no-untyped-def]
     _do_run(**kw)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Tools(click.Group):
+    """Loads `tiering simulate` (numpy and the model) only when it is asked
+    for: tier-run itself imports no library that starts threads of its own
+    (NOTE [signals and COMMAND])."""
+
+    lazy = {"simulate": ("tiering.simulate.cli", "simulate_cmd")}
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted([*super().list_commands(ctx), *self.lazy])
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name in self.lazy:
+            module, attr = self.lazy[name]
+            cmd: click.Command = getattr(importlib.import_module(module), attr)
+            return cmd
+        return super().get_command(ctx, name)
+
+
+@click.group(cls=_Tools, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="tiering")
 def main() -> None:
     """tiering: transparent storage tiering for training jobs."""
@@ -180,8 +202,6 @@ def profile_check(file: str) -> None:
     click.echo(format_profile(p))
     click.echo(f"{file}: OK")
 
-
-main.add_command(simulate_cmd)
 
 if __name__ == "__main__":
     main()

@@ -7,29 +7,36 @@ fails) never stop the job: COMMAND then simply reads more from the PFS.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
-import shutil
-import signal
-import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from . import catalog as catalog_mod
-from .clairvoyant.feeds import HookFeed, ListFeed
-from .clairvoyant.options import OrderOptions, StreamError, is_python_command, list_feed
+from .clairvoyant.feeds import HookFeed, HookWatch, ListFeed
+from .clairvoyant.options import OrderOptions, StreamError, hook_blocker, is_python_command, list_feed
 from .clairvoyant.policy import Clairvoyant
 from .clairvoyant.samplers import OrderError
+from .command import (
+    CommandError,
+    SetupWatch,
+    block_signals,
+    ignored_at_start,
+    resolve_command,
+    restore_signals,
+    spawn,
+    wait_forwarding,
+)
+from .console import say
 from .placement.api import Policy
 from .placement.daemon import Daemon
 from .placement.index import Root, SharedIndex, library_path
 from .placement.policies import POLICIES as SIMPLE_POLICIES
 from .placement.tiers import TierState
 from .profile import Profile
-from .report import JobRecord, summary_text, to_json
+from .report import JobRecord, stats_path_problem, summary_text, to_json, write_stats
 from .rundirs import current_user, index_parent, make_private_dir, remove_tree, sweep_leftovers
 from .units import human_bytes
 
@@ -38,8 +45,10 @@ log = logging.getLogger("tiering")
 SHIM_NAME = "libtiershim.so"
 HOOK_DIR = Path(__file__).resolve().parent / "hook"
 POLICY_NAMES = sorted([*SIMPLE_POLICIES, Clairvoyant.name])
-FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
-             signal.SIGUSR1, signal.SIGUSR2)
+STATUS_EVERY = 5.0     # seconds between status lines with -v
+ORDER_HINT = ("to prefetch in the training's order, give the order explicitly: --sampler random --seed N "
+              "--epochs E (N: the seed of the DataLoader's generator; --sampler distributed for a "
+              "DistributedSampler) or --order-file FILE")
 
 
 class JobError(Exception):
@@ -75,8 +84,10 @@ class Job:
     index: SharedIndex | None = None
     daemon: Daemon | None = None
     catalog: catalog_mod.Catalog | None = None
-    policy: str = "first-touch"         # the one in force
+    policy: str = "first-touch"         # the one asked for (or chosen by default)
     hooked: bool = False                # the order hook is injected into COMMAND
+    hook_watch: HookWatch | None = None
+    no_order: str | None = None         # why no order can come (the hook is missing, did not start)
     timings: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -113,18 +124,6 @@ def child_environment(env: dict[str, str], index_path: Path | None, lib: Path,
     return out
 
 
-def resolve_command(command: list[str]) -> str:
-    if not command:
-        raise JobError("no COMMAND given; usage: tier-run --data DIR -- COMMAND [ARGS...]")
-    exe = shutil.which(command[0])
-    if exe is None:
-        if os.sep in command[0] and os.path.exists(command[0]):
-            raise JobError(f"COMMAND {command[0]!r} is not executable (chmod +x it, or run it "
-                           f"through its interpreter, e.g. `python {command[0]}`)", 126)
-        raise JobError(f"COMMAND {command[0]!r} not found on PATH; check the spelling or give its full path", 127)
-    return exe
-
-
 # -- set-up --------------------------------------------------------------------
 
 def setup(job: Job) -> None:
@@ -157,6 +156,7 @@ def setup(job: Job) -> None:
     if job.hooked:
         (job.run_dir / "orders").mkdir(mode=0o700)
         feed = HookFeed(job.run_dir / "orders", cat)
+        job.hook_watch = HookWatch(job.run_dir / "orders")
 
     def make_policy(d: Daemon) -> Policy:
         if job.policy == Clairvoyant.name:
@@ -172,6 +172,14 @@ def _choose_policy(job: Job) -> ListFeed | HookFeed | None:
     assert job.catalog is not None
     job.hooked = (opts.hook if opts.hook is not None else is_python_command(opts.command)) \
         and not opts.order.given and opts.policy in (None, "clairvoyant")
+    if job.hooked and not (HOOK_DIR / "sitecustomize.py").is_file():
+        job.hooked = False
+        job.policy = "clairvoyant"
+        job.no_order = "the order hook is missing from this installation"
+        log.warning("the order hook is missing from this installation of tiering (no %s): placement follows "
+                    "first touch (each file is copied to a tier when it is first read); reinstall tiering "
+                    "(pip install --force-reinstall tiering), or %s", HOOK_DIR / "sitecustomize.py", ORDER_HINT)
+        return None
     if opts.policy is not None and opts.policy != "clairvoyant" and opts.order.given:
         raise JobError(f"--policy {opts.policy} does not use an order; drop --sampler/--order-file "
                        "or use --policy clairvoyant")
@@ -187,6 +195,29 @@ def _choose_policy(job: Job) -> ListFeed | HookFeed | None:
                        "the order hook can take it from the DataLoader (--hook)")
     job.policy = "clairvoyant" if job.hooked else (opts.policy or "first-touch")
     return None
+
+
+def _check_hook(job: Job, command_done: bool) -> None:
+    """Says once, by COMMAND's first data-set open (a Python COMMAND) or its
+    exit, that the order hook did not start in it: no hello came."""
+    watch = job.hook_watch
+    if watch is None or job.no_order is not None or job.index is None:
+        return
+    # opens first: a process says hello before its first open, so a hello
+    # that is not there now was never said before that open
+    opened = job.index.counters()["opens"] > 0
+    if not (command_done or (opened and is_python_command(job.opts.command))):
+        return
+    job.hook_watch = None   # decided
+    if watch.started():
+        return
+    cause = hook_blocker(job.opts.command) or (
+        "no Python process of COMMAND loaded it: Python run with -I, -E or -S, PYTHONPATH replaced "
+        "before Python started, or the order directory not writable from COMMAND")
+    job.no_order = "the order hook did not start in COMMAND"
+    when = "by its first read of the data set" if opened and not command_done else "before it exited"
+    log.warning("the order hook did not start in COMMAND %s (%s): placement follows first touch (each file "
+                "is copied to a tier when it is first read); %s", when, cause, ORDER_HINT)
 
 
 def cleanup(job: Job) -> None:
@@ -208,86 +239,109 @@ def cleanup(job: Job) -> None:
 
 # -- running COMMAND -----------------------------------------------------------
 
-def _ignored() -> set[int]:
-    """Signals tier-run was started with set to ignore (nohup...): COMMAND
-    inherits that, and they are not forwarded."""
-    return {s for s in FORWARDED if signal.getsignal(s) == signal.SIG_IGN}
-
-
-def _wait(child: int, status_every: float, on_status: Any, ignored: set[int]) -> int:
-    """Waits for COMMAND, forwarding signals that were not also sent to it by
-    the terminal (those arrive from the kernel, si_pid 0) or by itself."""
-    watched = set(FORWARDED) | {signal.SIGCHLD}
-    last = time.monotonic()
-    while True:
-        info = signal.sigtimedwait(watched, 1.0)
-        if info is not None and info.si_signo != signal.SIGCHLD:
-            if info.si_pid not in (0, child) and info.si_signo not in ignored:
-                try:
-                    os.kill(child, info.si_signo)
-                except ProcessLookupError:
-                    pass
-            continue
-        pid, status = os.waitpid(child, os.WNOHANG)
-        if pid == child:
-            return os.waitstatus_to_exitcode(status)
-        if status_every and time.monotonic() - last >= status_every:
-            last = time.monotonic()
-            on_status()
-
-
 def run(job: Job) -> int:
-    """Runs the whole job; returns COMMAND's exit status (128+N for signal N)."""
+    """Runs the whole job; returns COMMAND's exit status (128+N for signal N).
+    Nothing after COMMAND started changes that: a report that cannot be
+    written is said on stderr (or dropped with it), NOTE [exit status]."""
     opts = job.opts
-    resolve_command(opts.command)
-    t_start = time.monotonic()
-    old_mask: set[int] | None = None
     try:
-        setup(job)
-        # from here on signals are taken with sigtimedwait and forwarded
-        ignored = _ignored()
-        old_mask = set(signal.pthread_sigmask(signal.SIG_BLOCK, set(FORWARDED) | {signal.SIGCHLD}))
-        if job.daemon is not None:
-            job.daemon.start()  # its threads inherit the blocked signal mask
+        exe = resolve_command(opts.command)
+    except CommandError as e:
+        raise JobError(str(e), e.exit_code) from None
+    if opts.stats_json is not None and (problem := stats_path_problem(opts.stats_json)):
+        raise JobError(problem)
+    t_start = time.monotonic()
+    ignored = ignored_at_start()
+    # before anything starts a thread (NOTE [signals and COMMAND])
+    old_mask = block_signals()
+    exit_code: int | None = None
+    try:
+        with SetupWatch(ignored):
+            setup(job)
         env = child_environment(dict(os.environ), job.index.path if job.index else None,
                                 library_path(), opts.verbose >= 2, job.order_dir)
         t0 = time.monotonic()
         try:
-            child = os.posix_spawnp(opts.command[0], opts.command, env,
-                                    setsigmask=set(),
-                                    # Python ignores SIGPIPE and SIGXFSZ; COMMAND gets the defaults
-                                    setsigdef=(set(FORWARDED) - ignored) | {signal.SIGCHLD, signal.SIGPIPE,
-                                                                            signal.SIGXFSZ})
-        except OSError as e:
-            raise JobError(f"cannot start COMMAND {opts.command[0]!r}: {e.strerror}",
-                           126 if e.errno in (13, 8) else 127) from None
-        exit_code = _wait(child, 5.0 if opts.verbose else 0.0, lambda: _print_status(job), ignored)
-        exit_code = exit_code if exit_code >= 0 else 128 - exit_code
+            proc = spawn(opts.command, exe, env, ignored)
+        except CommandError as e:
+            raise JobError(str(e), e.exit_code) from None
+        _start_daemon(job)   # after the fork: COMMAND never inherits a thread
+        exit_code = wait_forwarding(proc.pid, ignored, _ticker(job))
+        proc.returncode = exit_code   # reaped here, not by Popen
         job.timings["command"] = time.monotonic() - t0
+        _finish(job, exit_code, t_start)
+        return exit_code
+    finally:
+        _teardown(job, reporting=exit_code is not None)
+        restore_signals(old_mask)
+
+
+def _start_daemon(job: Job) -> None:
+    """COMMAND runs already: a daemon that cannot start leaves it reading the PFS."""
+    if job.daemon is None:
+        return
+    try:
+        job.daemon.start()
+    except Exception as e:
+        log.warning("placement cannot start (%r): COMMAND reads everything from the PFS", e)
+        if job.index is not None:
+            job.index.set_disabled(True)
+
+
+def _ticker(job: Job) -> Callable[[], None]:
+    last = [time.monotonic()]
+
+    def tick() -> None:   # never ends the wait for COMMAND
+        try:
+            _check_hook(job, command_done=False)
+            if job.opts.verbose and time.monotonic() - last[0] >= STATUS_EVERY:
+                last[0] = time.monotonic()
+                _print_status(job)
+        except Exception:
+            log.debug("status failed", exc_info=True)
+
+    return tick
+
+
+def _finish(job: Job, exit_code: int, t_start: float) -> None:
+    """Stops placing, then the summary and the JSON; a failure here is said,
+    never raised (COMMAND's status is the job's)."""
+    opts = job.opts
+    try:
+        _check_hook(job, command_done=True)
         if job.daemon is not None:
             job.daemon.stop()
         job.timings["total"] = time.monotonic() - t_start
         stats = to_json(_record(job, exit_code))
-        print(summary_text(stats), file=sys.stderr)
-        if opts.stats_json:
-            opts.stats_json.write_text(json.dumps(stats, indent=2) + "\n")
+        say(summary_text(stats))
+        if opts.stats_json and (problem := write_stats(opts.stats_json, stats)):
+            say(f"tier-run: {problem} (COMMAND exited {exit_code})")
         if opts.keep and job.run_dir:
-            print(f"tiering: --keep: index {job.run_dir}, tiers "
-                  + ", ".join(str(t.root) for t in job.tiers), file=sys.stderr)
-        return exit_code
-    finally:
+            say(f"tiering: --keep: index {job.run_dir}, tiers " + ", ".join(str(t.root) for t in job.tiers))
+    except Exception as e:   # a bug in reporting must not cost the job its status
+        log.debug("reporting failed", exc_info=True)
+        say(f"tier-run: the summary failed ({e!r}); COMMAND exited {exit_code}")
+
+
+def _teardown(job: Job, reporting: bool) -> None:
+    """Stops the daemon and removes what the job made.  After COMMAND ran
+    (reporting), a failure here is said, not raised."""
+    try:
         if job.daemon is not None and not job.daemon.stopping:
             job.daemon.stop()
         cleanup(job)
-        if old_mask is not None:
-            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+    except Exception as e:
+        if not reporting:
+            raise
+        log.debug("clean-up failed", exc_info=True)
+        say(f"tier-run: clean-up failed ({e!r}); the next tier-run removes what is left")
 
 
 def _record(job: Job, exit_code: int) -> JobRecord:
     cat, d = job.catalog, job.daemon
     assert cat is not None
     r = JobRecord(job.policy, exit_code, job.opts.command, job.opts.profile.name, cat.roots, len(cat.files),
-                  cat.total_bytes, seconds=job.timings)
+                  cat.total_bytes, seconds=job.timings, no_order=job.no_order)
     if job.index is not None:
         r.counters = job.index.counters()
     if d is not None:
@@ -301,5 +355,5 @@ def _print_status(job: Job) -> None:
     c = job.index.counters()
     placed = sum(t.files for t in job.tiers)
     placed_bytes = sum(t.placed_bytes for t in job.tiers)
-    print(f"tiering: {placed} files ({human_bytes(placed_bytes)}) placed; "
-          f"{c['opens']} opens, {c['opens'] - c['opens_pfs']} from tiers", file=sys.stderr)
+    say(f"tiering: {placed} files ({human_bytes(placed_bytes)}) placed; "
+        f"{c['opens']} opens, {c['opens'] - c['opens_pfs']} from tiers")

@@ -1,5 +1,6 @@
 """Sizes: the one parser and formatter of byte counts (profiles, command
-options, the data-set generator, reports).
+options, the data-set generator, reports); and `some_of`, which keeps a list
+of names in a message short.
 
 Decimal units (KB, MB, ...) are powers of 1000, binary ones (KiB, MiB, ...)
 powers of 1024, case-insensitive; a bare number is bytes; a lone K, M, G, T
@@ -10,7 +11,7 @@ from __future__ import annotations
 import difflib
 import re
 
-__all__ = ["human_bytes", "parse_size"]
+__all__ = ["human_bytes", "parse_size", "some_of"]
 
 _UNITS: dict[str, int] = {
     "b": 1,
@@ -83,3 +84,11 @@ def parse_size(text: str, *, free: int | None = None) -> int:
             raise ValueError(f"percentage {text!r} needs the free space it is a share of")
         return int(free * number / 100)
     return int(number * _UNITS.get(unit, 1))
+
+
+def some_of(names: list[str], shown: int = 5) -> str:
+    """A list of names for a message, at most `shown` of them and a count:
+    "a, b, c, d, e and 995 more" (ImageNet has 1,000 classes)."""
+    if len(names) <= shown:
+        return ", ".join(names)
+    return f"{', '.join(names[:shown])} and {len(names) - shown} more"

@@ -40,6 +40,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..units import some_of
 from .model import Catalog, CatalogError
 from .roots import RootMap, join
 
@@ -228,7 +229,7 @@ def _folder_samples(catalog: Catalog, layout: Layout) -> list[tuple[str, int]]:
             empty.append(cls)
     if empty and not layout.allow_empty:
         raise CatalogError(
-            f"Found no valid file for the classes {', '.join(empty)} in {where}. Supported "
+            f"Found no valid file for the classes {some_of(empty)} in {where}. Supported "
             f"extensions are: {', '.join(exts)} (compared with the lower-cased file name). "
             "torchvision raises FileNotFoundError here; remove the empty class folders or use "
             "allow_empty")

@@ -44,6 +44,21 @@ class ListFeed:
         return order
 
 
+HELLO = "hello"   # made by the first Python process of COMMAND that loads the hook (tiering/hook)
+
+
+class HookWatch:
+    """Whether the order hook started in COMMAND: its sitecustomize makes the
+    file "hello" in the order directory as soon as Python runs it, before the
+    first line of the training script (the HookFeed reads only *.json)."""
+
+    def __init__(self, order_dir: Path):
+        self.dir = order_dir
+
+    def started(self) -> bool:
+        return os.path.isfile(self.dir / HELLO)
+
+
 @dataclass
 class _Loader:
     key: int

@@ -61,6 +61,37 @@ def is_python_command(command: list[str]) -> bool:
     return first.startswith(b"#!") and b"python" in first
 
 
+_BLOCKERS = {"I": "-I, whose isolated mode ignores PYTHONPATH",
+             "E": "-E, which ignores PYTHONPATH",
+             "S": "-S, which skips the site module that loads sitecustomize"}
+
+
+def hook_blocker(command: list[str]) -> str | None:
+    """The option of a `python ...` COMMAND that keeps the order hook from
+    starting (-I, -E, -S), described; None when there is none."""
+    if command and os.path.basename(command[0]) == "env":
+        return hook_blocker(command[1:])
+    if not command or not re.match(r"^(python[0-9.]*|pypy[0-9.]*)$", os.path.basename(command[0])):
+        return None
+    args = iter(command[1:])
+    for arg in args:
+        if arg in ("-", "--") or not arg.startswith("-"):
+            return None
+        if arg.startswith("--"):     # --check-hash-based-pycs MODE and the like
+            next(args, None)
+            continue
+        for k, ch in enumerate(arg[1:], start=2):
+            if ch in _BLOCKERS:
+                return f"Python runs with {_BLOCKERS[ch]}"
+            if ch in "cm":           # -c CODE, -m MODULE: the interpreter's options end here
+                return None
+            if ch in "WX":           # -W ARG, -X OPT: the rest, or the next argument, is the value
+                if k == len(arg):
+                    next(args, None)
+                break
+    return None
+
+
 def _layout(opts: OrderOptions) -> Layout:
     if opts.layout == "manifest" and opts.manifest is None:
         raise StreamError("--layout manifest needs the manifest file: --layout manifest FILE")
@@ -90,26 +121,10 @@ def _specs(opts: OrderOptions, env: Mapping[str, str]) -> list[SamplerSpec]:
 def epochs_from_options(opts: OrderOptions, catalog: Catalog,
                         env: Mapping[str, str] = os.environ) -> Iterator[list[int]]:
     """Catalog file ids, epoch by epoch, as the options describe them."""
-    mapping = dataset_order(catalog, _layout(opts))
     if opts.order_file is not None:
-        # numbers are data-set indices; paths name files, turned into their index
-        paths = PathIndex(catalog)
-        index_of = {cid: k for k, cid in enumerate(mapping)}
-
-        def resolve(token: str) -> int:
-            cid = paths.id_of(token if os.path.isabs(token) else os.path.join(catalog.roots[0], token))
-            if cid not in index_of:
-                raise StreamError(f"{opts.order_file}: {token} is not a sample of the data set "
-                                  f"(--layout {opts.layout}) under the --data directories")
-            return index_of[cid]
-
-        for k, order in enumerate(read_order_file(opts.order_file, resolve)):
-            bad = next((i for i in order if not 0 <= i < len(mapping)), None)
-            if bad is not None:
-                raise StreamError(f"{opts.order_file}: epoch {k + 1} names index {bad}, but the data set "
-                                  f"has {len(mapping)} samples (indices 0..{len(mapping) - 1})")
-            yield [mapping[i] for i in order]
+        yield from _order_file_epochs(opts, catalog)
         return
+    mapping = dataset_order(catalog, _layout(opts))
     specs = _specs(opts, env)
     n = len(mapping)
     if len(specs) == 1:
@@ -118,6 +133,52 @@ def epochs_from_options(opts: OrderOptions, catalog: Catalog,
     else:
         for e in range(opts.epochs):
             yield [mapping[i] for i in node_stream(specs, n, e)]
+
+
+class _PathEntry(Exception):
+    """An order file names a path: it is read as an order of files."""
+
+
+def _reject_path(token: str) -> int:
+    raise _PathEntry(token)
+
+
+def _order_file_epochs(opts: OrderOptions, catalog: Catalog) -> Iterator[list[int]]:
+    """An order file of data-set indices goes through the layout (index i ->
+    the file sample i reads); one of file paths names the files themselves
+    and needs no layout."""
+    assert opts.order_file is not None
+    try:
+        epochs = read_order_file(opts.order_file, _reject_path)
+    except _PathEntry:
+        yield from _path_epochs(opts.order_file, catalog)
+        return
+    mapping = dataset_order(catalog, _layout(opts))
+    for k, order in enumerate(epochs):
+        bad = next((i for i in order if not 0 <= i < len(mapping)), None)
+        if bad is not None:
+            raise StreamError(f"{opts.order_file}: epoch {k + 1} names index {bad}, but the data set "
+                              f"has {len(mapping)} samples (indices 0..{len(mapping) - 1})")
+        yield [mapping[i] for i in order]
+
+
+def _path_epochs(order_file: Path, catalog: Catalog) -> list[list[int]]:
+    paths = PathIndex(catalog)
+    named = 0
+
+    def resolve(token: str) -> int:
+        nonlocal named
+        cid = paths.id_of(token if os.path.isabs(token) else os.path.join(catalog.roots[0], token))
+        if cid < 0:
+            raise LookupError(f"not a file under the --data directories {', '.join(catalog.roots)}")
+        named += 1
+        return cid
+
+    epochs = read_order_file(order_file, resolve)
+    if named != sum(map(len, epochs)):
+        raise StreamError(f"{order_file}: mixes data-set indices and file paths; use one kind: paths "
+                          "(each names its file), or indices (mapped to files by --layout)")
+    return epochs
 
 
 def list_feed(opts: OrderOptions, catalog: Catalog, env: Mapping[str, str] = os.environ) -> ListFeed:

@@ -331,7 +331,22 @@ def _chain():
         spec.loader.exec_module(module)
 
 
+def _hello():
+    """Tells tier-run that the hook runs in COMMAND (a file "hello" made by
+    the first interpreter that loads it, before any line of the training
+    script runs): without it by COMMAND's first data-set open, tier-run says
+    that the hook did not start (python -I, -E or -S; PYTHONPATH replaced)."""
+    try:
+        with open(os.path.join(_ORDER_DIR, "hello"), "x") as f:
+            f.write(f"{os.getpid()} {sys.executable}\n")
+    except FileExistsError:
+        pass               # another process of COMMAND said it already
+    except OSError as e:   # an order directory COMMAND cannot write: tier-run says so
+        _log(f"hello failed: {e!r}")
+
+
 if _ORDER_DIR:
+    _hello()
     if "torch.utils.data.dataloader" in sys.modules:
         _patch(sys.modules["torch.utils.data.dataloader"])
     else:
