@@ -116,8 +116,8 @@ struct tiering_event {
 };
 
 struct tiering_counters {
-    /* opens of catalogued files = opens_pfs + the sum of opens_tier */
-    uint64_t opens_pfs;              /* served from the PFS                 */
+    /* opens of catalogued files: the sum of entry.opens (NOTE [open
+       counters]); those served from the PFS: that sum less opens_tier's */
     uint64_t opens_tier[4];          /* served from tier k                  */
     uint64_t bytes_tier;             /* sizes of the files served from tiers */
     uint64_t fallbacks;              /* copy vanished between lookup and open */
@@ -155,7 +155,7 @@ struct tiering_header {
     struct tiering_root roots[16];
     struct tiering_root tiers[4];  /* physical prefixes, fastest first */
     struct tiering_counters counters;
-    uint64_t pad[6];
+    uint64_t pad[7];
     uint64_t ring_head;      /* atomic; next position a producer takes (= events
                                 posted), on a cache line of its own */
     uint64_t pad2[7];

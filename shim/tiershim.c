@@ -962,7 +962,6 @@ static void opened(int fd, int64_t slot, int tier)
         count(&idx->counters.bytes_tier, entries[slot].size);
         post(TIERING_EV_OPEN_TIER, (uint32_t)slot, (uint16_t)tier);
     } else {
-        count(&idx->counters.opens_pfs, 1);
         post(TIERING_EV_OPEN_PFS, (uint32_t)slot, 0);
     }
     track(fd, fd_book_value(slot, tier));

@@ -399,9 +399,10 @@ class SharedIndex:
     def counters(self) -> dict[str, Any]:
         c = self.header.counters
         tiers = [int(c.opens_tier[i]) for i in range(self.header.ntiers)]
+        opens = int(self.opens.sum(dtype=np.uint64))   # NOTE [open counters]
         return {
-            "opens": int(c.opens_pfs) + sum(tiers),
-            "opens_pfs": int(c.opens_pfs),
+            "opens": opens,
+            "opens_pfs": max(0, opens - sum(tiers)),  # read after the tiers: never behind them
             "opens_tier": tiers,
             "bytes_tier": int(c.bytes_tier),
             "fallbacks": int(c.fallbacks),
