@@ -5,6 +5,8 @@
  *   micro open PATH [--iterations N] [--warmup N] [--batches B] [--cwd DIR]
  *                   [--expect TARGET] [--label L]
  *   micro read PATH [--chunk BYTES] [--passes P] [--expect TARGET] [--label L]
+ *   micro stat PATH [--iterations N] [--warmup N] [--batches B] [--cwd DIR]
+ *                   [--expect TARGET] [--label L]
  *
  * open: chdir(DIR) first when --cwd is given (PATH may then be relative),
  *   then opens PATH once and checks through /proc/self/fd that the
@@ -13,6 +15,8 @@
  *   batches of N/B, with clock_gettime(CLOCK_MONOTONIC).
  * read: the same check, then P passes of open + read(CHUNK) to EOF + close
  *   after one warm-up pass; MB/s (10^6 bytes) per pass.
+ * stat: the same check, then times N stat(PATH) calls as open times its
+ *   open+close pairs.
  *
  * Prints one line of JSON: the median, minimum and maximum over the batches
  * (passes), every batch's value and the target the descriptor pointed at.
@@ -27,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -120,36 +125,47 @@ static void print_values(const char *key, const double *v, int n)
     putchar(']');
 }
 
-static int bench_open(const char *path, const char *label, const char *cwd, const char *target,
-                      long iterations, long warmup, int batches)
+/* One timed call: open+close, or stat; 0 on success. */
+static inline int one_call(int stat_mode, const char *path)
 {
+    if (stat_mode) {
+        struct stat st;
+        return stat(path, &st);
+    }
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (__builtin_expect(fd < 0, 0))
+        return -1;
+    close(fd);
+    return 0;
+}
+
+static int bench_calls(const char *mode, const char *path, const char *label, const char *cwd,
+                       const char *target, long iterations, long warmup, int batches)
+{
+    int stat_mode = strcmp(mode, "stat") == 0;
     long per = iterations / batches;
     if (per < 1)
         per = 1;
     for (long i = 0; i < warmup; i++) {
-        int fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (fd < 0) {
-            fprintf(stderr, "micro: open %s: %s\n", path, strerror(errno));
+        if (one_call(stat_mode, path) != 0) {
+            fprintf(stderr, "micro: %s %s: %s\n", mode, path, strerror(errno));
             return 2;
         }
-        close(fd);
     }
     double ns[MAX_BATCHES];
     for (int b = 0; b < batches; b++) {
         uint64_t t0 = now_ns();
         for (long i = 0; i < per; i++) {
-            int fd = open(path, O_RDONLY | O_CLOEXEC);
-            if (__builtin_expect(fd < 0, 0)) {
-                fprintf(stderr, "micro: open %s: %s\n", path, strerror(errno));
+            if (__builtin_expect(one_call(stat_mode, path) != 0, 0)) {
+                fprintf(stderr, "micro: %s %s: %s\n", mode, path, strerror(errno));
                 return 2;
             }
-            close(fd);
         }
         ns[b] = (double)(now_ns() - t0) / (double)per;
     }
     double med, lo, hi;
     stats(ns, batches, &med, &lo, &hi);
-    print_head("open", label, path, cwd, target);
+    print_head(mode, label, path, cwd, target);
     printf(", \"iterations\": %ld, \"warmup\": %ld, \"batches\": %d, \"ns\": %.2f, "
            "\"ns_min\": %.2f, \"ns_max\": %.2f",
            per * batches, warmup, batches, med, lo, hi);
@@ -221,7 +237,9 @@ static void usage(void)
     fprintf(stderr,
             "usage: micro open PATH [--iterations N] [--warmup N] [--batches B] [--cwd DIR]\n"
             "                       [--expect TARGET] [--label L]\n"
-            "       micro read PATH [--chunk BYTES] [--passes P] [--expect TARGET] [--label L]\n");
+            "       micro read PATH [--chunk BYTES] [--passes P] [--expect TARGET] [--label L]\n"
+            "       micro stat PATH [--iterations N] [--warmup N] [--batches B] [--cwd DIR]\n"
+            "                       [--expect TARGET] [--label L]\n");
     exit(2);
 }
 
@@ -265,8 +283,8 @@ int main(int argc, char **argv)
     }
     char target[PATH_MAX];
     verify(path, expect, target, sizeof target);
-    if (strcmp(mode, "open") == 0)
-        return bench_open(path, label, cwd, target, iterations, warmup, batches);
+    if (strcmp(mode, "open") == 0 || strcmp(mode, "stat") == 0)
+        return bench_calls(mode, path, label, cwd, target, iterations, warmup, batches);
     if (strcmp(mode, "read") == 0)
         return bench_read(path, label, target, (size_t)chunk, passes);
     usage();

@@ -11,14 +11,17 @@
  *
  * File layout: the header, the entry table (nslots entries, open addressing
  * on the path fingerprint), the identity table (nslots uint32 words, open
- * addressing on the file's device and inode), the event ring.
+ * addressing on the file's device and inode), the file records (nfiles, one
+ * per catalogued path, in the order the catalog gave them; an entry names
+ * its record), the event ring.
  *
  * Concurrency rules:
- *  - The header, the root and tier tables, the identity table and every
- *    entry field but state are written once, before the command starts, and
- *    never change.
- *  - Afterwards only entry.state, the counters and the ring change, with
- *    atomic operations (__atomic builtins in C, tiering_* helpers from Python).
+ *  - The header, the root and tier tables, the identity table, the file
+ *    records and every entry field but state and opens are written once,
+ *    before the command starts, and never change.
+ *  - Afterwards only entry.state, entry.opens, the counters and the ring
+ *    change, with atomic operations (__atomic builtins in C, tiering_*
+ *    helpers from Python).
  */
 #ifndef TIERING_H
 #define TIERING_H
@@ -27,7 +30,7 @@
 
 /* BEGIN CDEF */
 #define TIERING_MAGIC 0x5845444e49524954
-#define TIERING_VERSION 4
+#define TIERING_VERSION 5
 #define TIERING_MAX_ROOTS 16
 #define TIERING_MAX_TIERS 4
 #define TIERING_PATH_MAX 512
@@ -40,6 +43,16 @@
 
 /* root.flags (informational: the shim resolves ".." only into real paths) */
 #define TIERING_ROOT_HAS_DIR_LINKS 1
+
+/* file.flags */
+#define TIERING_FILE_STAT 1     /* the stat fields are this job's own scan of
+                                   the path: stat, fstatat, statx and
+                                   access(F_OK) are answered from them (NOTE
+                                   [stat from the index], docs/design.md) */
+#define TIERING_FILE_NO_LINK 2  /* the catalogued path itself is not a symlink:
+                                   an O_NOFOLLOW open may be served from a
+                                   tier and an lstat from the index (unset:
+                                   a symlink, or not known) */
 
 /* event.kind */
 #define TIERING_EV_OPEN_PFS 1
@@ -58,19 +71,38 @@ struct tiering_root {
     char path[512];
 };
 
+/* One slot of the path table: what an open needs, in 40 bytes. */
 struct tiering_entry {
     uint64_t fp_lo;      /* 128-bit fingerprint of the path relative to its */
     uint64_t fp_hi;      /* root; (0, 0) marks an empty slot                */
     uint32_t state;      /* atomic, see TIERING_STATE_*                     */
     uint32_t root;       /* data-root id                                    */
     uint64_t size;       /* bytes, from the scan                            */
-    int64_t mtime_ns;    /* PFS mtime, from the scan                        */
-    uint64_t ino;        /* the file's identity at the scan: st_ino (0:     */
-    uint32_t dev;        /* unknown) and st_dev (its low 32 bits: all of it */
-                         /* on Linux, whose device numbers are 32 bits)     */
-    uint32_t next_alias; /* next slot of a file with the same identity (a   */
-                         /* hard link, a symlink): a ring, itself when alone */
-                         /* (NOTE [alias invalidation], docs/design.md)      */
+    uint32_t file;       /* the path's record in the file records           */
+    uint32_t opens;      /* successful read-only opens of this path, from a */
+                         /* tier or the PFS (relaxed atomic add; wraps at   */
+                         /* 2^32): NOTE [open counters], docs/design.md     */
+};
+
+/* What the scan's stat of one catalogued path (symlinks followed) saw, and
+ * the ring of the paths of the same file; 72 bytes, one per path. */
+struct tiering_file {
+    uint64_t ino;        /* st_ino (0: unknown identity)                    */
+    int64_t mtime_ns;    /* st_mtim, st_atim, st_ctim in ns since the epoch */
+    int64_t atime_ns;
+    int64_t ctime_ns;
+    int64_t blocks;      /* st_blocks                                       */
+    uint32_t dev;        /* st_dev (32 bits: all of it on Linux)            */
+    uint32_t mode;       /* st_mode                                         */
+    uint32_t uid;
+    uint32_t gid;
+    uint32_t nlink;
+    uint32_t blksize;
+    uint32_t next_alias; /* slot of the next entry of a file with the same  */
+                         /* identity (a hard link, a symlink): a ring,      */
+                         /* its own slot when alone (NOTE [alias            */
+                         /* invalidation], docs/design.md)                  */
+    uint32_t flags;      /* TIERING_FILE_*                                  */
 };
 
 struct tiering_event {
@@ -80,12 +112,12 @@ struct tiering_event {
     uint32_t pid;
     uint16_t kind;   /* TIERING_EV_* */
     uint16_t tier;   /* tier index for TIERING_EV_OPEN_TIER */
-    uint32_t reserved;
+    uint32_t tag;    /* the posting thread's tag (tiering_set_tag), 0: none */
 };
 
 struct tiering_counters {
-    /* opens of catalogued files = opens_pfs + the sum of opens_tier */
-    uint64_t opens_pfs;              /* served from the PFS                 */
+    /* opens of catalogued files: the sum of entry.opens (NOTE [open
+       counters]); those served from the PFS: that sum less opens_tier's */
     uint64_t opens_tier[4];          /* served from tier k                  */
     uint64_t bytes_tier;             /* sizes of the files served from tiers */
     uint64_t fallbacks;              /* copy vanished between lookup and open */
@@ -111,7 +143,15 @@ struct tiering_header {
     uint32_t nroots;
     uint32_t ntiers;
     uint32_t daemon_pid;
-    uint32_t disabled;       /* atomic; non-zero: the shim redirects nothing */
+    uint32_t disabled;       /* atomic; non-zero: the shim redirects nothing
+                                and answers no stat */
+    uint64_t files_offset;   /* nfiles struct tiering_file */
+    uint64_t nfiles;
+    uint32_t file_size;      /* sizeof(struct tiering_file) */
+    uint32_t scan_uid;       /* the credentials the scan ran with: a stat is */
+    uint32_t scan_gid;       /* answered only to a process with the same     */
+    uint32_t reserved;       /* (NOTE [stat from the index])                 */
+    uint64_t scan_groups;    /* tiering_groups_hash of its supplementary groups */
     struct tiering_root roots[16];
     struct tiering_root tiers[4];  /* physical prefixes, fastest first */
     struct tiering_counters counters;
@@ -124,12 +164,15 @@ struct tiering_header {
 /* Helpers exported by libtiershim.so for the daemon (loaded with dlopen). */
 void tiering_fingerprint(uint32_t root, const char *rel, size_t len, uint64_t out[2]);
 int64_t tiering_index_fill(void *base, const char *blob, uint64_t blob_len,
-                           const uint32_t *roots, const uint64_t *sizes,
-                           const int64_t *mtimes, const uint32_t *devs,
-                           const uint64_t *inos, uint64_t n, uint64_t *slots);
+                           const uint32_t *roots, const uint64_t *sizes, uint64_t n,
+                           uint64_t *slots);
 int tiering_state_cas(void *base, uint64_t slot, uint32_t expected, uint32_t desired);
 uint64_t tiering_ring_drain(void *base, uint64_t *tail, struct tiering_event *out,
                             uint64_t max, int force, uint64_t *dropped);
+uint64_t tiering_groups_hash(const uint32_t *groups, uint64_t n);
+/* The calling thread's tag, posted with each of its events (NOTE [open tags]). */
+void tiering_set_tag(uint32_t tag);
+uint32_t tiering_get_tag(void);
 /* END CDEF */
 
 /* C-only checks that the literal array sizes above match the constants. */
@@ -140,13 +183,20 @@ _Static_assert(sizeof(((struct tiering_header *)0)->tiers) ==
                TIERING_MAX_TIERS * sizeof(struct tiering_root), "tiers size");
 _Static_assert(sizeof(((struct tiering_counters *)0)->opens_tier) ==
                TIERING_MAX_TIERS * sizeof(uint64_t), "opens_tier size");
-_Static_assert(sizeof(struct tiering_entry) == 56, "entry size");
+_Static_assert(sizeof(struct tiering_entry) == 40, "entry size");
+_Static_assert(sizeof(struct tiering_file) == 72, "file record size");
 _Static_assert(sizeof(struct tiering_event) == 24, "event size");
+_Static_assert(offsetof(struct tiering_header, ring_head) % 64 == 0, "ring_head on a cache line of its own");
 
 static inline struct tiering_entry *tiering_entries(void *base)
 {
     return (struct tiering_entry *)((char *)base +
                                     ((struct tiering_header *)base)->entries_offset);
+}
+
+static inline struct tiering_file *tiering_files(void *base)
+{
+    return (struct tiering_file *)((char *)base + ((struct tiering_header *)base)->files_offset);
 }
 
 static inline uint32_t *tiering_idents(void *base)

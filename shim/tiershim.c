@@ -2,8 +2,9 @@
  * libtiershim.so - LD_PRELOAD interposer of tiering.
  *
  * Redirects read-only opens of catalogued data-set files to the copy that the
- * placement daemon published in a local tier, and posts open/close events to
- * the shared ring.  Everything else passes straight to libc.
+ * placement daemon published in a local tier, answers stat and access(F_OK)
+ * of catalogued paths from what the scan recorded, and posts open/close
+ * events to the shared ring.  Everything else passes straight to libc.
  *
  * Rules (docs/design.md): never block, never allocate or lock on the hot
  * path, keep no fd of our own open, fall back to the original path with errno
@@ -23,8 +24,10 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 #include <dirent.h>
+#include <grp.h>
 
 #include "tiering.h"
 
@@ -37,10 +40,13 @@
 #define CLOSE_RANGE_CLOEXEC (1U << 2)
 #endif
 
-/* Flags with which a read-only open is still served from a tier copy.
- * Anything else (O_DIRECTORY, O_NOFOLLOW, O_PATH, O_DIRECT, O_TMPFILE, sync
- * flags...) could behave differently on the copy, so it goes to the PFS. */
-#define REDIRECT_DENY (O_DIRECTORY | O_NOFOLLOW | O_PATH | O_DIRECT | O_TMPFILE | \
+/* Flags with which a read-only open is never served from a tier copy: they
+ * could behave differently on the copy (O_DIRECTORY, O_PATH, O_DIRECT, sync
+ * flags, O_NOATIME, which fails on a file of another user), so the open
+ * goes to the PFS.  O_NONBLOCK, O_NOCTTY and O_CLOEXEC change nothing for a
+ * regular file; O_NOFOLLOW is served unless the catalogued path itself is a
+ * symlink (route()). */
+#define REDIRECT_DENY (O_DIRECTORY | O_PATH | O_DIRECT | O_TMPFILE | O_NOATIME | \
                        O_CREAT | O_EXCL | O_TRUNC | O_APPEND | O_SYNC | O_DSYNC | O_ASYNC)
 
 /* ---- real functions ---------------------------------------------------- */
@@ -70,7 +76,50 @@
     X(dup2, int, (int, int))                                   \
     X(dup3, int, (int, int, int))                              \
     X(fcntl, int, (int, int, ...))                             \
-    X(fcntl64, int, (int, int, ...))
+    X(fcntl64, int, (int, int, ...))                           \
+    METADATA(X)                                                \
+    CREDENTIALS(X)
+
+/* NOTE [stat from the index]: the stat family and access, answered from the
+ * index for catalogued paths (and for descriptors opened on a tier copy). */
+#define METADATA(X)                                                        \
+    X(stat, int, (const char *, struct stat *))                            \
+    X(stat64, int, (const char *, struct stat64 *))                        \
+    X(lstat, int, (const char *, struct stat *))                           \
+    X(lstat64, int, (const char *, struct stat64 *))                       \
+    X(fstat, int, (int, struct stat *))                                    \
+    X(fstat64, int, (int, struct stat64 *))                                \
+    X(fstatat, int, (int, const char *, struct stat *, int))               \
+    X(fstatat64, int, (int, const char *, struct stat64 *, int))           \
+    X(__xstat, int, (int, const char *, struct stat *))                    \
+    X(__xstat64, int, (int, const char *, struct stat64 *))                \
+    X(__lxstat, int, (int, const char *, struct stat *))                   \
+    X(__lxstat64, int, (int, const char *, struct stat64 *))               \
+    X(__fxstat, int, (int, int, struct stat *))                            \
+    X(__fxstat64, int, (int, int, struct stat64 *))                        \
+    X(__fxstatat, int, (int, int, const char *, struct stat *, int))       \
+    X(__fxstatat64, int, (int, int, const char *, struct stat64 *, int))   \
+    X(statx, int, (int, const char *, int, unsigned int, struct statx *))  \
+    X(access, int, (const char *, int))                                    \
+    X(faccessat, int, (int, const char *, int, int))                       \
+    X(euidaccess, int, (const char *, int))                                \
+    X(eaccess, int, (const char *, int))
+
+/* Calls that change the process's credentials: afterwards it may no longer
+ * reach what the scan reached, so it answers no stat from the index. */
+#define CREDENTIALS(X)                                      \
+    X(setuid, int, (uid_t))                                 \
+    X(setgid, int, (gid_t))                                 \
+    X(seteuid, int, (uid_t))                                \
+    X(setegid, int, (gid_t))                                \
+    X(setreuid, int, (uid_t, uid_t))                        \
+    X(setregid, int, (gid_t, gid_t))                        \
+    X(setresuid, int, (uid_t, uid_t, uid_t))                \
+    X(setresgid, int, (gid_t, gid_t, gid_t))                \
+    X(setgroups, int, (size_t, const gid_t *))              \
+    X(initgroups, int, (const char *, gid_t))               \
+    X(setfsuid, int, (uid_t))                               \
+    X(setfsgid, int, (gid_t))
 
 #define POINTER_TYPE(name, ret, params) typedef ret(*name##_fn) params;
 INTERPOSED(POINTER_TYPE)
@@ -89,17 +138,26 @@ enum which {
 
 static struct tiering_header *idx;     /* NULL: pass everything through */
 static struct tiering_entry *entries;
+static struct tiering_file *files;
 static uint32_t *idents;
 static struct tiering_event *ring;
 static uint32_t redirect_tiers;        /* 0 when a tier root failed its check */
-static uint64_t slot_mask, ring_mask;
+static uint64_t slot_mask, ring_mask, nfiles;
 static uint32_t my_pid;
 static int debug;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static volatile int ready;
 static __thread int in_init __attribute__((tls_model("initial-exec")));
-/* slot + 1 of the catalogued file each fd was opened on, 0 for none */
-static uint32_t fd_slot[MAX_TRACKED_FDS];
+/* NOTE [open tags]: the calling thread's tag, posted with its events */
+static __thread uint32_t thread_tag __attribute__((tls_model("initial-exec")));
+/* What each fd was opened on: slot + 1 of the catalogued file in the low 32
+ * bits (0: none), tier + 1 above them when a tier copy was opened (0: the
+ * PFS); see fd_book_value(). */
+static uint64_t fd_book[MAX_TRACKED_FDS];
+/* The process has the scan's credentials (NOTE [stat from the index]):
+ * its real and effective ids and its groups are the scanner's; cleared for
+ * good by a call that changes them. */
+static int scanners_ids;
 
 static void logmsg(const char *fmt, ...)
 {
@@ -169,33 +227,39 @@ EXPORT void tiering_fingerprint(uint32_t root, const char *s, size_t len, uint64
  * the same file is there already, into that entry's ring of aliases. */
 static void link_identity(void *base, uint64_t s)
 {
-    struct tiering_entry *tab = tiering_entries(base), *e = &tab[s];
+    struct tiering_entry *tab = tiering_entries(base);
+    struct tiering_file *recs = tiering_files(base), *f = &recs[tab[s].file];
     uint32_t *ids = tiering_idents(base);
     uint64_t mask = ((struct tiering_header *)base)->nslots - 1;
-    for (uint64_t k = tiering_identity_hash(e->dev, e->ino) & mask;; k = (k + 1) & mask) {
+    for (uint64_t k = tiering_identity_hash(f->dev, f->ino) & mask;; k = (k + 1) & mask) {
         if (!ids[k]) {
             ids[k] = (uint32_t)s + 1;
             return;
         }
-        struct tiering_entry *first = &tab[ids[k] - 1];
-        if (first->ino == e->ino && first->dev == e->dev) {
-            e->next_alias = first->next_alias;
+        struct tiering_file *first = &recs[tab[ids[k] - 1].file];
+        if (first->ino == f->ino && first->dev == f->dev) {
+            f->next_alias = first->next_alias;
             first->next_alias = (uint32_t)s;
             return;
         }
     }
 }
 
+/* Fills the entry table from n paths (NUL-terminated in blob) with their
+ * data-root ids and sizes; path i gets file record i, which the caller has
+ * written already (its identity links the entries of one file).  slots[i]
+ * is where path i went.  Returns n, -1 when the table is too small or the
+ * blob too short, -2 - i when path i is there twice. */
 EXPORT int64_t tiering_index_fill(void *base, const char *blob, uint64_t blob_len,
-                                  const uint32_t *roots, const uint64_t *sizes,
-                                  const int64_t *mtimes, const uint32_t *devs,
-                                  const uint64_t *inos, uint64_t n, uint64_t *slots)
+                                  const uint32_t *roots, const uint64_t *sizes, uint64_t n,
+                                  uint64_t *slots)
 {
     struct tiering_header *h = base;
     struct tiering_entry *tab = tiering_entries(base);
+    struct tiering_file *recs = tiering_files(base);
     uint64_t mask = h->nslots - 1, off = 0;
-    if (n >= h->nslots)
-        return -1; /* the tables need an empty slot */
+    if (n >= h->nslots || n > h->nfiles)
+        return -1; /* the tables need an empty slot, and a record per path */
     for (uint64_t i = 0; i < n; i++) {
         const char *rel = blob + off;
         size_t len = strnlen(rel, blob_len - off);
@@ -218,17 +282,31 @@ EXPORT int64_t tiering_index_fill(void *base, const char *blob, uint64_t blob_le
         e->state = TIERING_STATE_NONE;
         e->root = roots[i];
         e->size = sizes[i];
-        e->mtime_ns = mtimes[i];
-        e->ino = inos[i];
-        e->dev = devs[i];
-        e->next_alias = (uint32_t)s;
-        if (e->ino)
+        e->file = (uint32_t)i;
+        e->opens = 0;
+        recs[i].next_alias = (uint32_t)s;
+        if (recs[i].ino)
             link_identity(base, s);
         slots[i] = s;
         h->nentries++;
     }
     return (int64_t)n;
 }
+
+/* FNV-1a over a sorted list of group ids without repeats: the same set of
+ * supplementary groups hashes the same in the daemon and in the shim. */
+EXPORT uint64_t tiering_groups_hash(const uint32_t *groups, uint64_t n)
+{
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (uint64_t i = 0; i < n; i++) {
+        h ^= groups[i];
+        h *= 0x100000001b3ULL;
+    }
+    return h;
+}
+
+EXPORT void tiering_set_tag(uint32_t tag) { thread_tag = tag; }
+EXPORT uint32_t tiering_get_tag(void) { return thread_tag; }
 
 EXPORT int tiering_state_cas(void *base, uint64_t slot, uint32_t expected, uint32_t desired)
 {
@@ -282,29 +360,37 @@ static void post(uint16_t kind, uint32_t slot, uint16_t tier)
     ev->pid = my_pid;
     ev->kind = kind;
     ev->tier = tier;
+    ev->tag = thread_tag;
     __atomic_store_n(&ev->seq, pos + 1, __ATOMIC_RELEASE);
 }
 
 static inline void count(uint64_t *c, uint64_t v) { __atomic_fetch_add(c, v, __ATOMIC_RELAXED); }
 
-static inline void track(int fd, uint32_t slot_plus_one)
+/* The fd book's word for an fd opened on the file of slot, from tier
+ * (-1: from the PFS). */
+static inline uint64_t fd_book_value(int64_t slot, int tier)
 {
-    if (fd >= 0 && fd < MAX_TRACKED_FDS)
-        __atomic_store_n(&fd_slot[fd], slot_plus_one, __ATOMIC_RELAXED);
+    return (uint64_t)(tier + 1) << 32 | (uint64_t)(slot + 1);
 }
 
-static inline uint32_t tracked(int fd)
+static inline void track(int fd, uint64_t value)
 {
-    return (fd >= 0 && fd < MAX_TRACKED_FDS) ? __atomic_load_n(&fd_slot[fd], __ATOMIC_RELAXED) : 0;
+    if (fd >= 0 && fd < MAX_TRACKED_FDS)
+        __atomic_store_n(&fd_book[fd], value, __ATOMIC_RELAXED);
+}
+
+static inline uint64_t tracked(int fd)
+{
+    return (fd >= 0 && fd < MAX_TRACKED_FDS) ? __atomic_load_n(&fd_book[fd], __ATOMIC_RELAXED) : 0;
 }
 
 /* fd is about to be closed (or replaced): forget it and post a close event */
 static inline void untrack(int fd)
 {
-    if (idx && fd >= 0 && fd < MAX_TRACKED_FDS && __atomic_load_n(&fd_slot[fd], __ATOMIC_RELAXED)) {
-        uint32_t s = __atomic_exchange_n(&fd_slot[fd], 0, __ATOMIC_RELAXED);
-        if (s)
-            post(TIERING_EV_CLOSE, s - 1, 0);
+    if (idx && fd >= 0 && fd < MAX_TRACKED_FDS && __atomic_load_n(&fd_book[fd], __ATOMIC_RELAXED)) {
+        uint64_t v = __atomic_exchange_n(&fd_book[fd], 0, __ATOMIC_RELAXED);
+        if ((uint32_t)v)
+            post(TIERING_EV_CLOSE, (uint32_t)v - 1, 0);
     }
 }
 
@@ -348,6 +434,34 @@ static const char *tier_root_flaw(const struct tiering_root *t)
     return NULL;
 }
 
+/* NOTE [stat from the index]: a stat is answered from the index only to a
+ * process with the credentials of the scan (the same user, group and
+ * supplementary groups reach the same paths), real and effective alike:
+ * access() walks the path with the real ids, the rest with the effective
+ * ones.  (A process started with real ids other than its effective ones
+ * runs in secure mode, where the loader ignores LD_PRELOAD.) */
+static void same_credentials(const struct tiering_header *h)
+{
+    gid_t list[1024];
+    uint32_t sorted[1024];
+    int n = (int)syscall(SYS_getgroups, 1024, list);
+    uint64_t k = 0;
+    for (int i = 0; i < n; i++) { /* insertion sort, repeats dropped */
+        uint64_t j = k;
+        while (j > 0 && sorted[j - 1] > (uint32_t)list[i])
+            j--;
+        if (j > 0 && sorted[j - 1] == (uint32_t)list[i])
+            continue;
+        memmove(&sorted[j + 1], &sorted[j], (k - j) * sizeof *sorted);
+        sorted[j] = (uint32_t)list[i];
+        k++;
+    }
+    scanners_ids = n >= 0 && tiering_groups_hash(sorted, k) == h->scan_groups && geteuid() == h->scan_uid &&
+                   getuid() == h->scan_uid && getegid() == h->scan_gid && getgid() == h->scan_gid;
+    if (!scanners_ids)
+        logmsg("credentials differ from the scan's: stat of catalogued paths goes to the PFS");
+}
+
 static void map_index(const char *path)
 {
     int fd = (int)syscall(SYS_openat, AT_FDCWD, path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
@@ -388,8 +502,10 @@ static void map_index(const char *path)
                h->nevents && !(h->nevents & (h->nevents - 1)) && h->nroots <= TIERING_MAX_ROOTS &&
                h->ntiers <= TIERING_MAX_TIERS &&
                h->entries_offset >= sizeof *h &&
+               h->file_size == sizeof(struct tiering_file) && h->nfiles <= h->nslots &&
                h->entries_offset + h->nslots * sizeof(struct tiering_entry) <= h->idents_offset &&
-               h->idents_offset + h->nslots * sizeof(uint32_t) <= h->ring_offset &&
+               h->idents_offset + h->nslots * sizeof(uint32_t) <= h->files_offset &&
+               h->files_offset + h->nfiles * sizeof(struct tiering_file) <= h->ring_offset &&
                h->ring_offset + h->nevents * sizeof(struct tiering_event) <= h->total_size;
     for (uint32_t i = 0; good && i < h->nroots; i++)
         good = valid_prefix(&h->roots[i]);
@@ -411,9 +527,12 @@ static void map_index(const char *path)
     }
     entries = tiering_entries(base);
     idents = tiering_idents(base);
+    files = tiering_files(base);
     ring = tiering_ring(base);
     slot_mask = h->nslots - 1;
     ring_mask = h->nevents - 1;
+    nfiles = h->nfiles;
+    same_credentials(h);
     __atomic_store_n(&idx, h, __ATOMIC_RELEASE);
     logmsg("index %s: %llu entries, %u roots, %u tiers", path,
            (unsigned long long)h->nentries, h->nroots, h->ntiers);
@@ -595,13 +714,17 @@ static int64_t lookup(int atfd, const char *path, int root, size_t rl, char *abs
     abs_path[1] = '\0';
     if (path[0] != '/') {
         char base[PATH_MAX];
+        int saved = errno; /* a failure here leaves the call to the kernel, errno untouched */
         if (atfd == AT_FDCWD) {
-            if (!getcwd(base, sizeof base))
+            if (!getcwd(base, sizeof base)) {
+                errno = saved;
                 return -1;
+            }
         } else {
             char fd_link[32];
             snprintf(fd_link, sizeof fd_link, "/proc/self/fd/%d", atfd);
             ssize_t n = readlink(fd_link, base, sizeof base - 1);
+            errno = saved;
             if (n <= 0 || base[0] != '/')
                 return -1;
             base[n] = '\0';
@@ -668,6 +791,13 @@ static int tier_path(uint32_t tier, uint32_t root, const char *rel, size_t rel_l
     return 0;
 }
 
+/* The file record of the entry in slot, NULL if it names none. */
+static inline const struct tiering_file *record(int64_t slot)
+{
+    uint32_t f = entries[slot].file;
+    return f < nfiles ? &files[f] : NULL;
+}
+
 /* ---- write opens: NOTE [alias invalidation] ------------------------------- */
 
 /* The entry of a regular file with the identity st, or -1. */
@@ -681,14 +811,18 @@ static int64_t by_identity(const struct stat *st)
         uint32_t v = idents[s];
         if (!v)
             return -1;
-        const struct tiering_entry *e = &entries[(v - 1) & slot_mask];
-        if (e->ino == (uint64_t)st->st_ino && e->dev == dev)
+        const struct tiering_file *f = record((int64_t)((v - 1) & slot_mask));
+        if (f && f->ino == (uint64_t)st->st_ino && f->dev == dev)
             return (int64_t)((v - 1) & slot_mask);
     }
     return -1;
 }
 
-static inline uint64_t next_alias(uint64_t s) { return entries[s].next_alias & slot_mask; }
+static inline uint64_t next_alias(uint64_t s)
+{
+    const struct tiering_file *f = record((int64_t)s);
+    return f ? f->next_alias & slot_mask : s;
+}
 
 static int same_file(uint64_t a, uint64_t b)
 {
@@ -787,15 +921,24 @@ static __attribute__((noinline)) int open_write(enum which w, int atfd, const ch
 
 /* ---- read opens: NOTE [linearizable redirect] ---------------------------- */
 
+/* Is the catalogued path of slot known not to be a symlink itself? */
+static inline int not_a_link(int64_t slot)
+{
+    const struct tiering_file *f = record(slot);
+    return f && (f->flags & TIERING_FILE_NO_LINK);
+}
+
 /* Decides where a catalogued read-only open goes: fills phys and returns
  * the tier, or returns -1 for the original path. */
-static int route(int64_t slot, int redirectable, const char *rel, size_t rel_len, char *phys)
+static int route(int64_t slot, int flags, const char *rel, size_t rel_len, char *phys)
 {
     struct tiering_entry *e = &entries[slot];
     uint32_t st = __atomic_load_n(&e->state, __ATOMIC_ACQUIRE);
-    if (!redirectable || st == TIERING_STATE_NONE || st > redirect_tiers ||
+    if ((flags & REDIRECT_DENY) || st == TIERING_STATE_NONE || st > redirect_tiers ||
         __atomic_load_n(&idx->disabled, __ATOMIC_RELAXED))
         return -1;
+    if ((flags & O_NOFOLLOW) && !not_a_link(slot))
+        return -1; /* the PFS fails it with ELOOP */
     if (tier_path(st - 1, e->root, rel, rel_len, phys) < 0)
         return -1;
     return (int)st - 1;
@@ -813,15 +956,15 @@ static inline int still_valid(int64_t slot)
 static void opened(int fd, int64_t slot, int tier)
 {
     untrack(fd); /* a stale slot: its file was closed behind our back */
+    __atomic_fetch_add(&entries[slot].opens, 1, __ATOMIC_RELAXED); /* NOTE [open counters] */
     if (tier >= 0) {
         count(&idx->counters.opens_tier[tier], 1);
         count(&idx->counters.bytes_tier, entries[slot].size);
         post(TIERING_EV_OPEN_TIER, (uint32_t)slot, (uint16_t)tier);
     } else {
-        count(&idx->counters.opens_pfs, 1);
         post(TIERING_EV_OPEN_PFS, (uint32_t)slot, 0);
     }
-    track(fd, (uint32_t)slot + 1);
+    track(fd, fd_book_value(slot, tier));
 }
 
 /* The catalogued part of a read-only open: everything below a data root,
@@ -839,7 +982,7 @@ static __attribute__((noinline)) int open_read(enum which w, int atfd, const cha
         untrack(fd); /* a stale slot: its file was closed behind our back */
         return fd;
     }
-    int tier = route(slot, !(flags & REDIRECT_DENY), rel, rel_len, phys);
+    int tier = route(slot, flags, rel, rel_len, phys);
     if (tier >= 0) {
         int saved = errno;
         int fd = call_real(w, AT_FDCWD, phys, flags, mode);
@@ -984,7 +1127,7 @@ static __attribute__((noinline)) FILE *fopen_read(int is64, const char *path, co
             untrack(fileno(f));
         return f;
     }
-    int tier = route(slot, 1, rel, rel_len, phys);
+    int tier = route(slot, O_RDONLY, rel, rel_len, phys);
     if (tier >= 0) {
         int saved = errno;
         FILE *f = call_fopen(is64, phys, mode, stream);
@@ -1085,7 +1228,7 @@ EXPORT int close_range(unsigned int first, unsigned int last, int flags)
 }
 
 /* newfd, a copy of oldfd, now tracks what oldfd tracked (s) */
-static inline void duplicated(int newfd, uint32_t s)
+static inline void duplicated(int newfd, uint64_t s)
 {
     if (idx && newfd >= 0 && !in_vfork_child()) {
         untrack(newfd); /* a stale slot, or dup2's target that it closed */
@@ -1096,7 +1239,7 @@ static inline void duplicated(int newfd, uint32_t s)
 EXPORT int dup(int fd)
 {
     ensure_init();
-    uint32_t s = tracked(fd);
+    uint64_t s = tracked(fd);
     int nfd = real.dup ? real.dup(fd) : (int)syscall(SYS_dup, fd);
     duplicated(nfd, s);
     return nfd;
@@ -1105,7 +1248,7 @@ EXPORT int dup(int fd)
 static int dup_to(int oldfd, int newfd, int flags, int use3)
 {
     ensure_init();
-    uint32_t s = tracked(oldfd);
+    uint64_t s = tracked(oldfd);
     int r;
     if (use3)
         r = real.dup3 ? real.dup3(oldfd, newfd, flags) : (int)syscall(SYS_dup3, oldfd, newfd, flags);
@@ -1127,7 +1270,7 @@ EXPORT int dup3(int oldfd, int newfd, int flags) { return dup_to(oldfd, newfd, f
  * on the ABIs glibc supports, so it is forwarded as a pointer-sized value. */
 static int do_fcntl(fcntl_fn f, int fd, int cmd, void *arg)
 {
-    uint32_t s = tracked(fd);
+    uint64_t s = tracked(fd);
     int r = f ? f(fd, cmd, arg) : (int)syscall(SYS_fcntl, fd, cmd, arg);
     if (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC)
         duplicated(r, s);
@@ -1153,3 +1296,312 @@ EXPORT int fcntl64(int fd, int cmd, ...)
     ensure_init();
     return do_fcntl(real.fcntl64 ? real.fcntl64 : real.fcntl, fd, cmd, arg);
 }
+
+/* ---- stat and access: NOTE [stat from the index] ----------------------------- */
+
+/* The version argument of the __xstat family whose struct stat is the one
+ * glibc's stat fills; any other passes through. */
+#if defined(__x86_64__)
+#define STAT_VER 1
+#elif defined(__aarch64__)
+#define STAT_VER 0
+#else
+#define STAT_VER -1
+#endif
+
+_Static_assert(sizeof(struct stat) == sizeof(struct stat64), "struct stat is struct stat64");
+
+/* Flags with which a stat of a path may be answered from the index
+ * (AT_EMPTY_PATH matters only with an empty path: a descriptor's stat). */
+#define STAT_FLAGS (AT_SYMLINK_NOFOLLOW | AT_NO_AUTOMOUNT | AT_EMPTY_PATH)
+#define STATX_FLAGS (STAT_FLAGS | AT_STATX_DONT_SYNC)
+#define ACCESS_FLAGS (AT_EACCESS | AT_SYMLINK_NOFOLLOW)
+
+enum stat_which {
+    SW_STAT, SW_STAT64, SW_LSTAT, SW_LSTAT64, SW_FSTATAT, SW_FSTATAT64, SW_XSTAT, SW_XSTAT64,
+    SW_LXSTAT, SW_LXSTAT64, SW_FXSTATAT, SW_FXSTATAT64, SW_FSTAT, SW_FSTAT64, SW_FXSTAT, SW_FXSTAT64
+};
+
+/* libc's function w; a descriptor's stat has path NULL and the fd in atfd */
+static int real_stat(enum stat_which w, int ver, int atfd, const char *path, struct stat *st, int flags)
+{
+    struct stat64 *st64 = (struct stat64 *)st;
+    switch (w) {
+    case SW_STAT: if (real.stat) return real.stat(path, st); break;
+    case SW_STAT64: if (real.stat64) return real.stat64(path, st64); break;
+    case SW_LSTAT: if (real.lstat) return real.lstat(path, st); break;
+    case SW_LSTAT64: if (real.lstat64) return real.lstat64(path, st64); break;
+    case SW_FSTATAT: if (real.fstatat) return real.fstatat(atfd, path, st, flags); break;
+    case SW_FSTATAT64: if (real.fstatat64) return real.fstatat64(atfd, path, st64, flags); break;
+    case SW_XSTAT: if (real.__xstat) return real.__xstat(ver, path, st); break;
+    case SW_XSTAT64: if (real.__xstat64) return real.__xstat64(ver, path, st64); break;
+    case SW_LXSTAT: if (real.__lxstat) return real.__lxstat(ver, path, st); break;
+    case SW_LXSTAT64: if (real.__lxstat64) return real.__lxstat64(ver, path, st64); break;
+    case SW_FXSTATAT: if (real.__fxstatat) return real.__fxstatat(ver, atfd, path, st, flags); break;
+    case SW_FXSTATAT64: if (real.__fxstatat64) return real.__fxstatat64(ver, atfd, path, st64, flags); break;
+    case SW_FSTAT: if (real.fstat) return real.fstat(atfd, st); break;
+    case SW_FSTAT64: if (real.fstat64) return real.fstat64(atfd, st64); break;
+    case SW_FXSTAT: if (real.__fxstat) return real.__fxstat(ver, atfd, st); break;
+    case SW_FXSTAT64: if (real.__fxstat64) return real.__fxstat64(ver, atfd, st64); break;
+    }
+    if (ver != STAT_VER) {
+        errno = EINVAL;
+        return -1;
+    }
+    return path ? stat_at(atfd, path, st, flags) : stat_fd(atfd, st);
+}
+
+static inline struct timespec timespec_of(int64_t ns)
+{
+    struct timespec ts = {.tv_sec = ns / 1000000000, .tv_nsec = ns % 1000000000};
+    if (ts.tv_nsec < 0) { /* before 1970: the kernel's nanoseconds are never negative */
+        ts.tv_nsec += 1000000000;
+        ts.tv_sec--;
+    }
+    return ts;
+}
+
+/* struct stat as the kernel fills it for the file the scan saw */
+static void fill_stat(struct stat *st, const struct tiering_entry *e, const struct tiering_file *f)
+{
+    memset(st, 0, sizeof *st);
+    st->st_dev = f->dev;
+    st->st_ino = f->ino;
+    st->st_nlink = f->nlink;
+    st->st_mode = f->mode;
+    st->st_uid = f->uid;
+    st->st_gid = f->gid;
+    st->st_size = (off_t)e->size;
+    st->st_blksize = (blksize_t)f->blksize;
+    st->st_blocks = (blkcnt_t)f->blocks;
+    st->st_atim = timespec_of(f->atime_ns);
+    st->st_mtim = timespec_of(f->mtime_ns);
+    st->st_ctim = timespec_of(f->ctime_ns);
+}
+
+static inline struct statx_timestamp statx_time_of(int64_t ns)
+{
+    struct timespec ts = timespec_of(ns);
+    return (struct statx_timestamp){.tv_sec = ts.tv_sec, .tv_nsec = (uint32_t)ts.tv_nsec};
+}
+
+/* The basic fields of statx, and only those (stx_mask says so) */
+static void fill_statx(struct statx *sx, const struct tiering_entry *e, const struct tiering_file *f)
+{
+    memset(sx, 0, sizeof *sx);
+    sx->stx_mask = STATX_BASIC_STATS;
+    sx->stx_blksize = f->blksize;
+    sx->stx_nlink = f->nlink;
+    sx->stx_uid = f->uid;
+    sx->stx_gid = f->gid;
+    sx->stx_mode = (uint16_t)f->mode;
+    sx->stx_ino = f->ino;
+    sx->stx_size = e->size;
+    sx->stx_blocks = (uint64_t)f->blocks;
+    sx->stx_atime = statx_time_of(f->atime_ns);
+    sx->stx_ctime = statx_time_of(f->ctime_ns);
+    sx->stx_mtime = statx_time_of(f->mtime_ns);
+    sx->stx_dev_major = major(f->dev);
+    sx->stx_dev_minor = minor(f->dev);
+}
+
+/* The slot whose record answers a stat or access(F_OK) of path (relative
+ * to atfd; root as maybe_catalogued() found it), or -1 when the kernel
+ * must: another process's credentials than the scanner's, not catalogued,
+ * written during the job, recorded by an earlier scan, or, with nofollow, a
+ * path that is itself a symlink. */
+static __attribute__((noinline)) int64_t answering_slot(int atfd, const char *path, int root, size_t rl,
+                                                        int nofollow)
+{
+    if (!__atomic_load_n(&scanners_ids, __ATOMIC_RELAXED) ||
+        __atomic_load_n(&idx->disabled, __ATOMIC_RELAXED))
+        return -1;
+    char abs_path[PATH_MAX];
+    const char *rel;
+    size_t rel_len;
+    int64_t slot = lookup(atfd, path, root, rl, abs_path, &rel, &rel_len);
+    if (slot < 0 || __atomic_load_n(&entries[slot].state, __ATOMIC_SEQ_CST) == TIERING_STATE_INVALID)
+        return -1;
+    const struct tiering_file *f = record(slot);
+    if (!f || !(f->flags & TIERING_FILE_STAT) || (nofollow && !(f->flags & TIERING_FILE_NO_LINK)))
+        return -1;
+    return slot;
+}
+
+/* The slot of the catalogued file whose tier copy fd was opened on, when
+ * the kernel's stat of fd (is_reg, dev, size) still shows that copy and the
+ * scan's record of the file can stand for it; else -1. */
+static int64_t copy_on_fd(int fd, int is_reg, uint64_t dev, uint64_t size)
+{
+    uint64_t v = tracked(fd);
+    uint32_t tier = (uint32_t)(v >> 32), s = (uint32_t)v;
+    if (!tier || !s || tier > idx->ntiers || !is_reg || dev != idx->tiers[tier - 1].dev)
+        return -1;
+    int64_t slot = (int64_t)(s - 1);
+    const struct tiering_file *f = record(slot);
+    return f && (f->flags & TIERING_FILE_STAT) && entries[slot].size == size ? slot : -1;
+}
+
+static inline int do_stat(enum stat_which w, int ver, int atfd, const char *path, struct stat *st, int flags)
+{
+    ensure_init();
+    struct tiering_header *h = __atomic_load_n(&idx, __ATOMIC_ACQUIRE);
+    int root;
+    size_t rl;
+    if (maybe_catalogued(h, path, &root, &rl) && path[0] && ver == STAT_VER && !(flags & ~STAT_FLAGS)) {
+        int64_t slot = answering_slot(atfd, path, root, rl, flags & AT_SYMLINK_NOFOLLOW);
+        if (slot >= 0) {
+            fill_stat(st, &entries[slot], record(slot));
+            return 0;
+        }
+    }
+    int r = real_stat(w, ver, atfd, path, st, flags);
+    if (r == 0 && h && ver == STAT_VER && (!path || (!path[0] && (flags & AT_EMPTY_PATH)))) {
+        int64_t slot = copy_on_fd(atfd, S_ISREG(st->st_mode), (uint64_t)st->st_dev, (uint64_t)st->st_size);
+        if (slot >= 0)
+            fill_stat(st, &entries[slot], record(slot));
+    }
+    return r;
+}
+
+EXPORT int stat(const char *path, struct stat *st) { return do_stat(SW_STAT, STAT_VER, AT_FDCWD, path, st, 0); }
+EXPORT int stat64(const char *path, struct stat64 *st)
+{
+    return do_stat(SW_STAT64, STAT_VER, AT_FDCWD, path, (struct stat *)st, 0);
+}
+EXPORT int lstat(const char *path, struct stat *st)
+{
+    return do_stat(SW_LSTAT, STAT_VER, AT_FDCWD, path, st, AT_SYMLINK_NOFOLLOW);
+}
+EXPORT int lstat64(const char *path, struct stat64 *st)
+{
+    return do_stat(SW_LSTAT64, STAT_VER, AT_FDCWD, path, (struct stat *)st, AT_SYMLINK_NOFOLLOW);
+}
+EXPORT int fstatat(int atfd, const char *path, struct stat *st, int flags)
+{
+    return do_stat(SW_FSTATAT, STAT_VER, atfd, path, st, flags);
+}
+EXPORT int fstatat64(int atfd, const char *path, struct stat64 *st, int flags)
+{
+    return do_stat(SW_FSTATAT64, STAT_VER, atfd, path, (struct stat *)st, flags);
+}
+EXPORT int __xstat(int ver, const char *path, struct stat *st) { return do_stat(SW_XSTAT, ver, AT_FDCWD, path, st, 0); }
+EXPORT int __xstat64(int ver, const char *path, struct stat64 *st)
+{
+    return do_stat(SW_XSTAT64, ver, AT_FDCWD, path, (struct stat *)st, 0);
+}
+EXPORT int __lxstat(int ver, const char *path, struct stat *st)
+{
+    return do_stat(SW_LXSTAT, ver, AT_FDCWD, path, st, AT_SYMLINK_NOFOLLOW);
+}
+EXPORT int __lxstat64(int ver, const char *path, struct stat64 *st)
+{
+    return do_stat(SW_LXSTAT64, ver, AT_FDCWD, path, (struct stat *)st, AT_SYMLINK_NOFOLLOW);
+}
+EXPORT int __fxstatat(int ver, int atfd, const char *path, struct stat *st, int flags)
+{
+    return do_stat(SW_FXSTATAT, ver, atfd, path, st, flags);
+}
+EXPORT int __fxstatat64(int ver, int atfd, const char *path, struct stat64 *st, int flags)
+{
+    return do_stat(SW_FXSTATAT64, ver, atfd, path, (struct stat *)st, flags);
+}
+EXPORT int fstat(int fd, struct stat *st) { return do_stat(SW_FSTAT, STAT_VER, fd, NULL, st, 0); }
+EXPORT int fstat64(int fd, struct stat64 *st) { return do_stat(SW_FSTAT64, STAT_VER, fd, NULL, (struct stat *)st, 0); }
+EXPORT int __fxstat(int ver, int fd, struct stat *st) { return do_stat(SW_FXSTAT, ver, fd, NULL, st, 0); }
+EXPORT int __fxstat64(int ver, int fd, struct stat64 *st)
+{
+    return do_stat(SW_FXSTAT64, ver, fd, NULL, (struct stat *)st, 0);
+}
+
+/* statx: answered when the caller asks for no more than the basic fields
+ * (birth time, mount id, attributes and AT_STATX_FORCE_SYNC are the PFS's) */
+EXPORT int statx(int atfd, const char *path, int flags, unsigned int mask, struct statx *sx)
+{
+    ensure_init();
+    struct tiering_header *h = __atomic_load_n(&idx, __ATOMIC_ACQUIRE);
+    int root;
+    size_t rl;
+    if (!(mask & ~(unsigned int)STATX_BASIC_STATS) && !(flags & ~STATX_FLAGS) &&
+        maybe_catalogued(h, path, &root, &rl) && path[0]) {
+        int64_t slot = answering_slot(atfd, path, root, rl, flags & AT_SYMLINK_NOFOLLOW);
+        if (slot >= 0) {
+            fill_statx(sx, &entries[slot], record(slot));
+            return 0;
+        }
+    }
+    int r = real.statx ? real.statx(atfd, path, flags, mask, sx)
+                       : (int)syscall(SYS_statx, atfd, path, flags, mask, sx);
+    if (r == 0 && h && path && !path[0] && (flags & AT_EMPTY_PATH)) {
+        unsigned int need = STATX_TYPE | STATX_SIZE;
+        int64_t slot = copy_on_fd(atfd, (sx->stx_mask & need) == need && S_ISREG(sx->stx_mode),
+                                  (uint64_t)makedev(sx->stx_dev_major, sx->stx_dev_minor), sx->stx_size);
+        if (slot >= 0)
+            fill_statx(sx, &entries[slot], record(slot)); /* the copy's birth time is no answer */
+    }
+    return r;
+}
+
+enum access_which { AW_ACCESS, AW_FACCESSAT, AW_EUIDACCESS, AW_EACCESS };
+
+/* access(F_OK) of a catalogued path is a stat that the index answers; a
+ * permission (R_OK, W_OK, X_OK) is always the kernel's: ACLs, read-only
+ * mounts, root squash and server-side checks are not in the index. */
+static int do_access(enum access_which w, int atfd, const char *path, int mode, int flags)
+{
+    ensure_init();
+    struct tiering_header *h = __atomic_load_n(&idx, __ATOMIC_ACQUIRE);
+    int root;
+    size_t rl;
+    if (mode == F_OK && !(flags & ~ACCESS_FLAGS) && maybe_catalogued(h, path, &root, &rl) && path[0] &&
+        answering_slot(atfd, path, root, rl, flags & AT_SYMLINK_NOFOLLOW) >= 0)
+        return 0;
+    switch (w) {
+    case AW_ACCESS: if (real.access) return real.access(path, mode); break;
+    case AW_FACCESSAT: if (real.faccessat) return real.faccessat(atfd, path, mode, flags); break;
+    case AW_EUIDACCESS: if (real.euidaccess) return real.euidaccess(path, mode); break;
+    case AW_EACCESS: if (real.eaccess) return real.eaccess(path, mode); break;
+    }
+    return flags ? (int)syscall(SYS_faccessat2, atfd, path, mode, flags)
+                 : (int)syscall(SYS_faccessat, atfd, path, mode);
+}
+
+EXPORT int access(const char *path, int mode) { return do_access(AW_ACCESS, AT_FDCWD, path, mode, 0); }
+EXPORT int faccessat(int atfd, const char *path, int mode, int flags)
+{
+    return do_access(AW_FACCESSAT, atfd, path, mode, flags);
+}
+EXPORT int euidaccess(const char *path, int mode) { return do_access(AW_EUIDACCESS, AT_FDCWD, path, mode, AT_EACCESS); }
+EXPORT int eaccess(const char *path, int mode) { return do_access(AW_EACCESS, AT_FDCWD, path, mode, AT_EACCESS); }
+
+/* ---- credentials ------------------------------------------------------------- */
+
+/* The process is changing its credentials: from now on it may reach other
+ * paths than the scan did, so stats go to the kernel (not in a vfork child,
+ * which shares our memory and is about to exec). */
+static void credentials_change(void)
+{
+    ensure_init();
+    if (!in_vfork_child())
+        __atomic_store_n(&scanners_ids, 0, __ATOMIC_RELAXED);
+}
+
+static int without_libc(void)
+{
+    errno = ENOSYS; /* a system call would change one thread only: only libc can do it */
+    return -1;
+}
+
+#define CALL_REAL(name, ...) (credentials_change(), real.name ? real.name(__VA_ARGS__) : without_libc())
+EXPORT int setuid(uid_t u) { return CALL_REAL(setuid, u); }
+EXPORT int setgid(gid_t g) { return CALL_REAL(setgid, g); }
+EXPORT int seteuid(uid_t u) { return CALL_REAL(seteuid, u); }
+EXPORT int setegid(gid_t g) { return CALL_REAL(setegid, g); }
+EXPORT int setreuid(uid_t r, uid_t e) { return CALL_REAL(setreuid, r, e); }
+EXPORT int setregid(gid_t r, gid_t e) { return CALL_REAL(setregid, r, e); }
+EXPORT int setresuid(uid_t r, uid_t e, uid_t s) { return CALL_REAL(setresuid, r, e, s); }
+EXPORT int setresgid(gid_t r, gid_t e, gid_t s) { return CALL_REAL(setresgid, r, e, s); }
+EXPORT int setgroups(size_t n, const gid_t *list) { return CALL_REAL(setgroups, n, list); }
+EXPORT int initgroups(const char *user, gid_t g) { return CALL_REAL(initgroups, user, g); }
+EXPORT int setfsuid(uid_t u) { return CALL_REAL(setfsuid, u); }
+EXPORT int setfsgid(gid_t g) { return CALL_REAL(setfsgid, g); }

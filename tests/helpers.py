@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tiering.placement.index import Root, SharedIndex, lib
+from tiering.placement.index import FileStats, Root, SharedIndex, lib, library_path
 
 REPO = Path(__file__).resolve().parent.parent
 C_DIR = Path(__file__).resolve().parent / "c"
@@ -82,14 +82,71 @@ class ShimEnv:
 
 def build_index(tmp: Path, roots: list[Root], data_root: Path, contents: dict[str, bytes],
                 tier: Path) -> tuple[SharedIndex, dict[str, int]]:
+    """An index of contents' files as this job's own scan would make it:
+    identities, which paths are symlinks, and their stats."""
     run_dir = private_dir(tmp / "run")
     rels = sorted(contents)
+    settle_access_times(data_root)
     stats = [(data_root / r).stat() for r in rels]
     index, slots = SharedIndex.create(
         run_dir / "index", roots, [str(tier)], rels, [0] * len(rels),
         [len(contents[r]) for r in rels], [s.st_mtime_ns for s in stats],
-        devs=[s.st_dev for s in stats], inos=[s.st_ino for s in stats])
+        devs=[s.st_dev for s in stats], inos=[s.st_ino for s in stats],
+        links=[(data_root / r).is_symlink() for r in rels], stats=FileStats.of(stats, [True] * len(stats)))
     return index, dict(zip(rels, slots))
+
+
+def settle_access_times(root: Path) -> None:
+    """Reads every file under root once, as a data set that was read before:
+    under relatime the first read after a write moves a file's atime, later
+    reads (for a day) do not, so a scan after this records the atime the
+    file keeps while the test runs."""
+    for dirpath, _, names in os.walk(root, followlinks=True):
+        for name in names:
+            p = Path(dirpath, name)
+            if p.is_file():
+                p.read_bytes()
+
+
+
+
+def place_like_the_daemon(se: ShimEnv) -> None:
+    """Every file placed as the daemon places it: read-only, with a
+    modification time of its own (the copy's metadata is not the file's)."""
+    for rel in se.contents:
+        copy = se.place(rel)
+        os.chmod(copy, 0o400)
+        os.utime(copy, ns=(10**9, 10**9))
+
+
+def catalog_shimenv(tmp_path: Path, root: Path, cache_dir: Path | None = None) -> ShimEnv:
+    """An index built from a real scan of root (identities, symlinks and
+    stats included; with cache_dir, maybe from the scan cache), one tier,
+    every catalogued file placed by hand."""
+    from tiering.catalog import scan
+    settle_access_times(root)
+    cat = scan([str(root)], cache_dir=cache_dir)
+    tier = private_dir(tmp_path / "tier")
+    files = cat.files
+    index, slot_list = SharedIndex.for_catalog(private_dir(tmp_path / "run") / "index", [Root(cat.roots[0], 0)],
+                                               [str(tier)], cat)
+    slots = {f.rel: s for f, s in zip(files, slot_list)}
+    every = {f.rel: (root / f.rel).read_bytes() for f in files}
+    env = dict(os.environ, LD_PRELOAD=str(library_path()), TIERING_INDEX=str(index.path))
+    env.pop("TIERING_DISABLE", None)
+    se = ShimEnv(root, tier, index, slots, every, env)
+    se.place_all()
+    return se
+
+
+def alias_tree(tmp_path: Path) -> tuple[Path, dict[str, bytes]]:
+    root = tmp_path / "pfs" / "data"
+    contents = make_data(root, {"real.bin": 5000, "d/x.bin": 3000, "other.bin": 700})
+    (root / "link.bin").symlink_to("real.bin")          # a symlinked file: catalogued twice
+    os.link(root / "real.bin", root / "hard.bin")         # a hard link: catalogued twice
+    (root / "dlink").symlink_to("d", target_is_directory=True)  # a linked directory: an alias
+    (tmp_path / "outside.bin").symlink_to(root / "real.bin")    # a link from outside the roots
+    return root, contents
 
 
 PYTHON = sys.executable

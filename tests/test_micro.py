@@ -23,6 +23,8 @@ EXPECTED = {
     "read_direct", "read_redirected",
     "nosys", "own1k_outside", "own1k_miss", "own1k_redirected",
     "own1M_outside", "own1M_miss", "own1M_redirected",
+    "noshim_stat", "noshim_stat_outside", "shim1k_stat", "shim1k_stat_outside", "shim1M_stat",
+    "shim1M_stat_outside",
 }
 REDIRECTED = {"shim1k_redirected", "shim1k_relative", "shim1M_redirected", "shim1M_relative",
               "read_redirected", "own1k_redirected", "own1M_redirected"}
@@ -55,7 +57,7 @@ def test_micro_quick(tmp_path: Path) -> None:
         for m in runs:
             # micro.c checked /proc/self/fd before timing; the record says what it saw
             assert m["target"] == c["expect"], (name, m["target"], c["expect"])
-            if m["mode"] == "open":
+            if m["mode"] in ("open", "stat"):
                 assert m["ns"] > 0 and m["ns_min"] > 0, name
                 assert len(m["batch_ns"]) == m["batches"] and min(m["batch_ns"]) > 0, name
                 assert m["iterations"] > 0
@@ -86,11 +88,15 @@ def test_micro_quick(tmp_path: Path) -> None:
     deltas = result["deltas"]
     for key in ("outside_minus_noshim", "miss_minus_noshim", "redirected_minus_direct",
                 "relative_minus_direct", "relative_minus_redirected",
-                "own_outside", "own_miss", "own_redirected"):
+                "own_outside", "own_miss", "own_redirected", "stat_index_minus_kernel",
+                "stat_outside_minus_noshim"):
         for tag in ("1k", "1M"):
             d = deltas[f"{key}_{tag}"]
             assert len(d["per_repeat"]) == repeats and isinstance(d["ns"], float)
     assert deltas["read_throughput_ratio"]["ratio"] > 0
+    assert deltas["stat_speedup_1M"]["ratio"] > 0 and len(deltas["stat_speedup_1k"]["per_repeat"]) == repeats
+    for name in ("shim1k_stat", "shim1M_stat", "noshim_stat"):
+        assert configs[name]["mode"] == "stat" and configs[name]["path"].startswith(data), name
     assert "shim code alone: redirected" in md
 
 

@@ -1,6 +1,9 @@
 """The shim, driven through C programs and Python under LD_PRELOAD."""
 from __future__ import annotations
 
+import errno
+import hashlib
+import json
 import os
 import subprocess
 import textwrap
@@ -8,7 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from helpers import PYTHON, REPO, ShimEnv, build_index, make_data, private_dir
+from helpers import (
+    PYTHON,
+    REPO,
+    ShimEnv,
+    alias_tree,
+    build_index,
+    catalog_shimenv,
+    make_data,
+    place_like_the_daemon,
+    private_dir,
+)
 from tiering.placement.index import Root, SharedIndex, lib
 
 ENTRIES = ["open", "open64", "openat", "openat64", "__open_2", "__open64_2", "__openat_2",
@@ -372,19 +385,102 @@ def test_stale_descriptor_numbers_post_one_close(shimenv, tmp_path):
     assert kinds.count(lib.TIERING_EV_CLOSE) == 1
 
 
-def test_odd_flags_go_to_the_pfs_without_invalidating(shimenv, tmp_path):
+def test_flags_that_change_semantics_go_to_the_pfs_without_invalidating(shimenv, tmp_path):
+    """O_DIRECT could behave differently on the copy, O_NOATIME fails on a file
+    of another user: both read the PFS (O_DIRECTORY fails there)."""
     rel = "a/one.bin"
     shimenv.place(rel)
     r = shimenv.run([PYTHON, "-c", textwrap.dedent(f"""
         import os
-        for fl in (os.O_NOFOLLOW, os.O_DIRECT if hasattr(os, 'O_DIRECT') else os.O_NOFOLLOW):
-            fd = os.open({str(shimenv.root / rel)!r}, os.O_RDONLY | fl)
+        for fl in (os.O_DIRECT, os.O_NOATIME, os.O_DIRECTORY):
+            try:
+                fd = os.open({str(shimenv.root / rel)!r}, os.O_RDONLY | fl)
+            except OSError as e:
+                print('errno', e.errno)
+                continue
             print(os.readlink(f'/proc/self/fd/{{fd}}'))
             os.close(fd)
     """)])
     assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == [str(shimenv.root / rel)] * 2
+    assert r.stdout.split() == [str(shimenv.root / rel)] * 2 + ["errno", str(errno.ENOTDIR)]
     assert shimenv.state(rel) == 1
+    assert shimenv.index.counters()["opens_tier"] == [0]
+
+
+TOOL_FLAGS = {"O_NOFOLLOW": os.O_NOFOLLOW, "O_NONBLOCK": os.O_NONBLOCK, "O_NOCTTY": os.O_NOCTTY,
+              "tar": os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC}
+
+
+@pytest.mark.parametrize("flags", sorted(TOOL_FLAGS))
+def test_flags_tools_open_with_are_served_from_the_tier(shimenv, flags):
+    """tar, rsync, find -exec and many C tools open with O_NOFOLLOW,
+    O_NONBLOCK, O_NOCTTY: nothing changes for a regular file that the catalog
+    saw without a symlink as its last component."""
+    shimenv.place_all()
+    r = shimenv.run([PYTHON, "-c", textwrap.dedent(f"""
+        import hashlib, json, os
+        out = {{}}
+        for rel in {sorted(shimenv.contents)!r}:
+            fd = os.open(os.path.join({str(shimenv.root)!r}, rel), os.O_RDONLY | {TOOL_FLAGS[flags]})
+            data = b''.join(iter(lambda: os.read(fd, 1 << 20), b''))
+            out[rel] = [os.readlink(f'/proc/self/fd/{{fd}}'), hashlib.sha256(data).hexdigest()]
+            os.close(fd)
+        print(json.dumps(out))
+    """)])
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == {rel: [str(shimenv.tier / "0" / rel), hashlib.sha256(data).hexdigest()]
+                                    for rel, data in shimenv.contents.items()}
+    assert shimenv.index.counters()["opens_tier"] == [len(shimenv.contents)]
+
+
+def test_tar_is_served_from_the_tiers_on_its_second_pass(shimenv):
+    """GNU tar opens with O_NOFOLLOW | O_NONBLOCK | O_NOCTTY relative to a
+    directory fd, fstatat's each name and fstat's the open descriptor: the
+    archive is byte for byte the one made without the shim, read from the
+    PFS on the first pass and from the tiers on the second."""
+    plain = dict(shimenv.env)
+    del plain["LD_PRELOAD"]
+
+    def tar(env: dict[str, str]) -> bytes:
+        r = subprocess.run(["tar", "cf", "-", "."], cwd=shimenv.root, env=env, capture_output=True, timeout=120)
+        assert (r.returncode, r.stderr) == (0, b"")
+        return r.stdout
+
+    want = tar(plain)
+    opened = sum(1 for data in shimenv.contents.values() if data)  # tar reads no empty file
+    assert tar(shimenv.env) == want
+    c = shimenv.index.counters()
+    assert (c["opens_pfs"], c["opens_tier"]) == (opened, [0])
+    place_like_the_daemon(shimenv)
+    assert tar(shimenv.env) == want
+    c = shimenv.index.counters()
+    assert (c["opens_pfs"], c["opens_tier"]) == (opened, [opened])
+
+
+def test_nofollow_is_served_unless_the_catalogued_path_is_a_symlink(tmp_path):
+    """An O_NOFOLLOW open of a path whose last component is a symlink fails
+    with ELOOP, as on the PFS; the file itself and its hard link are served."""
+    root, _ = alias_tree(tmp_path)
+    se = catalog_shimenv(tmp_path, root)
+    script = textwrap.dedent(f"""
+        import os
+        for rel in ("real.bin", "hard.bin", "link.bin"):
+            try:
+                fd = os.open(os.path.join({str(root)!r}, rel), os.O_RDONLY | os.O_NOFOLLOW)
+            except OSError as e:
+                print('errno', e.errno)
+                continue
+            print(os.readlink(f'/proc/self/fd/{{fd}}'))
+    """)
+    plain = dict(se.env)
+    del plain["LD_PRELOAD"]
+    assert se.run([PYTHON, "-c", script], env=plain).stdout.split()[-2:] == ["errno", str(errno.ELOOP)]
+    r = se.run([PYTHON, "-c", script])
+    assert r.stdout.split() == [str(se.tier / "0" / "real.bin"), str(se.tier / "0" / "hard.bin"),
+                                "errno", str(errno.ELOOP)], r.stderr
+    c = se.index.counters()
+    assert (c["opens_tier"], c["opens_pfs"]) == ([2], 0)
+    se.index.close()
 
 
 def test_exec_and_fork_keep_the_shim(shimenv, tmp_path):
@@ -429,17 +525,19 @@ def test_header_layout_agrees_between_c_and_python(tmp_path, cbin):
         #include <sys/stat.h>
         #include "tiering.h"
         int main(int argc, char **argv) {
-            printf("%zu %zu %zu %zu %zu %zu %zu %zu\n", sizeof(struct tiering_header),
+            printf("%zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu\n", sizeof(struct tiering_header),
                    sizeof(struct tiering_entry), sizeof(struct tiering_event),
                    offsetof(struct tiering_header, roots), offsetof(struct tiering_header, tiers),
                    offsetof(struct tiering_header, counters), offsetof(struct tiering_header, ring_head),
-                   offsetof(struct tiering_entry, mtime_ns));
+                   offsetof(struct tiering_entry, opens), sizeof(struct tiering_file),
+                   offsetof(struct tiering_file, flags), offsetof(struct tiering_event, tag));
             int fd = open(argv[1], O_RDWR);
             struct stat st; fstat(fd, &st);
             struct tiering_header *h = mmap(0, st.st_size, PROT_READ|PROT_WRITE, MAP_SHARED, fd, 0);
             struct tiering_entry *e = tiering_entries(h);
-            printf("%llu %u %s %llu\n", (unsigned long long)h->nslots, h->ntiers, h->tiers[0].path,
-                   (unsigned long long)e[atoi(argv[2])].size);
+            printf("%llu %u %s %llu %lld\n", (unsigned long long)h->nslots, h->ntiers, h->tiers[0].path,
+                   (unsigned long long)e[atoi(argv[2])].size,
+                   (long long)tiering_files(h)[e[atoi(argv[2])].file].mtime_ns);
             h->counters.fallbacks = 4242;
             return 0;
         }
@@ -454,8 +552,13 @@ def test_header_layout_agrees_between_c_and_python(tmp_path, cbin):
     assert sizes == [ffi.sizeof("struct tiering_header"), ffi.sizeof("struct tiering_entry"),
                      ffi.sizeof("struct tiering_event"), ffi.offsetof("struct tiering_header", "roots"),
                      ffi.offsetof("struct tiering_header", "tiers"), ffi.offsetof("struct tiering_header", "counters"),
-                     ffi.offsetof("struct tiering_header", "ring_head"), ffi.offsetof("struct tiering_entry", "mtime_ns")]
-    assert out[1].split() == [str(index.header.nslots), "1", str(tmp_path / "tierx"), "31337"]
+                     ffi.offsetof("struct tiering_header", "ring_head"), ffi.offsetof("struct tiering_entry", "opens"),
+                     ffi.sizeof("struct tiering_file"), ffi.offsetof("struct tiering_file", "flags"),
+                     ffi.offsetof("struct tiering_event", "tag")]
+    assert sizes[-4:] == [36, 72, 68, 20]
+    assert ffi.offsetof("struct tiering_header", "ring_head") % 64 == 0
+    assert out[1].split() == [str(index.header.nslots), "1", str(tmp_path / "tierx"), "31337",
+                              str((root / "f").stat().st_mtime_ns)]
     assert index.counters()["fallbacks"] == 4242
     index.close()
 
@@ -467,36 +570,6 @@ def test_index_reopens_from_python(shimenv):
 
 
 # -- aliases: NOTE [alias invalidation] ------------------------------------------
-
-def catalog_shimenv(tmp_path: Path, root: Path, contents: dict[str, bytes]) -> ShimEnv:
-    """An index built from a real scan of root (identities included), one
-    tier, every catalogued file placed by hand."""
-    from tiering.catalog import scan
-    cat = scan([str(root)])
-    tier = private_dir(tmp_path / "tier")
-    files = cat.files
-    index, slot_list = SharedIndex.create(
-        private_dir(tmp_path / "run") / "index", [Root(cat.roots[0], 0)], [str(tier)],
-        [f.rel for f in files], [0] * len(files), [f.size for f in files], [f.mtime_ns for f in files],
-        devs=[f.dev for f in files], inos=[f.ino for f in files])
-    slots = {f.rel: s for f, s in zip(files, slot_list)}
-    every = {f.rel: (root / f.rel).read_bytes() for f in files}
-    env = dict(os.environ, LD_PRELOAD=str(lib_path()), TIERING_INDEX=str(index.path))
-    env.pop("TIERING_DISABLE", None)
-    se = ShimEnv(root, tier, index, slots, every, env)
-    se.place_all()
-    return se
-
-
-def alias_tree(tmp_path: Path) -> tuple[Path, dict[str, bytes]]:
-    root = tmp_path / "pfs" / "data"
-    contents = make_data(root, {"real.bin": 5000, "d/x.bin": 3000, "other.bin": 700})
-    (root / "link.bin").symlink_to("real.bin")          # a symlinked file: catalogued twice
-    os.link(root / "real.bin", root / "hard.bin")         # a hard link: catalogued twice
-    (root / "dlink").symlink_to("d", target_is_directory=True)  # a linked directory: an alias
-    (tmp_path / "outside.bin").symlink_to(root / "real.bin")    # a link from outside the roots
-    return root, contents
-
 
 # write through, read through
 ALIASES = {
@@ -520,7 +593,7 @@ WRITES = {
 @pytest.mark.parametrize("alias", sorted(ALIASES))
 def test_a_write_through_any_alias_invalidates_every_path_of_the_file(tmp_path, cbin, alias, how):
     root, _ = alias_tree(tmp_path)
-    se = catalog_shimenv(tmp_path, root, {})
+    se = catalog_shimenv(tmp_path, root)
     assert "dlink/x.bin" not in se.slots and {"real.bin", "link.bin", "hard.bin", "d/x.bin"} <= set(se.slots)
     written, read = ALIASES[alias]
     new = b"NEW BYTES " * 3
@@ -558,7 +631,7 @@ def test_a_truncating_open_invalidates_the_file_before_the_open(tmp_path, cbin, 
     reaches libc: already invalid, although the open goes through a symlink,
     catalogued or not (outside the roots), and the entry is its target's."""
     root, _ = alias_tree(tmp_path)
-    se = catalog_shimenv(tmp_path, root, {})
+    se = catalog_shimenv(tmp_path, root)
     env = dict(se.env, LD_PRELOAD=f"{lib_path()} {cbin / 'libatopen.so'}",
                STATE_SLOT=str(se.slots["real.bin"]))
     path = os.path.normpath(root / through)
@@ -571,7 +644,7 @@ def test_a_truncating_open_invalidates_the_file_before_the_open(tmp_path, cbin, 
 
 def test_writes_of_files_outside_the_catalog_invalidate_nothing(tmp_path, cbin):
     root, _ = alias_tree(tmp_path)
-    se = catalog_shimenv(tmp_path, root, {})
+    se = catalog_shimenv(tmp_path, root)
     other = tmp_path / "elsewhere.bin"
     other.write_bytes(b"x" * 100)
     r = se.run([PYTHON, "-c", f"open({str(other)!r}, 'r+b').write(b'y'); open({str(root / 'new.bin')!r}, 'wb')"])
@@ -671,9 +744,15 @@ def test_a_vfork_child_leaves_the_parents_fd_bookkeeping_alone(shimenv, cbin):
     assert kinds == [lib.TIERING_EV_OPEN_TIER, lib.TIERING_EV_CLOSE]
 
 
-INTERPOSED = set(ENTRIES) | {"creat", "creat64", "close", "fclose", "closedir", "close_range",
-                             "dup", "dup2", "dup3", "fcntl", "fcntl64"}
-HELPERS = {"tiering_fingerprint", "tiering_index_fill", "tiering_state_cas", "tiering_ring_drain"}
+METADATA = {"stat", "stat64", "lstat", "lstat64", "fstat", "fstat64", "fstatat", "fstatat64", "statx",
+            "__xstat", "__xstat64", "__lxstat", "__lxstat64", "__fxstat", "__fxstat64", "__fxstatat",
+            "__fxstatat64", "access", "faccessat", "euidaccess", "eaccess"}
+CREDENTIALS = {"setuid", "setgid", "seteuid", "setegid", "setreuid", "setregid", "setresuid", "setresgid",
+               "setgroups", "initgroups", "setfsuid", "setfsgid"}
+INTERPOSED = set(ENTRIES) | METADATA | CREDENTIALS | {
+    "creat", "creat64", "close", "fclose", "closedir", "close_range", "dup", "dup2", "dup3", "fcntl", "fcntl64"}
+HELPERS = {"tiering_fingerprint", "tiering_index_fill", "tiering_state_cas", "tiering_ring_drain",
+           "tiering_groups_hash", "tiering_set_tag", "tiering_get_tag"}
 
 
 def test_the_library_exports_only_the_wrappers_and_the_daemon_helpers():

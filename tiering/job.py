@@ -148,11 +148,7 @@ def setup(job: Job) -> None:
         job.run_dir = make_private_dir(index_parent(), job.user)
     except OSError as e:
         raise JobError(f"cannot make the index directory: {e}") from None
-    job.index, slots = SharedIndex.create(
-        job.run_dir / "index", roots, [str(t.data) for t in job.tiers],
-        [f.rel for f in cat.files], [f.root for f in cat.files],
-        [f.size for f in cat.files], [f.mtime_ns for f in cat.files],
-        devs=[f.dev for f in cat.files], inos=[f.ino for f in cat.files])
+    job.index, slots = SharedIndex.for_catalog(job.run_dir / "index", roots, [str(t.data) for t in job.tiers], cat)
     if job.hooked:
         (job.run_dir / "orders").mkdir(mode=0o700)
         feed = HookFeed(job.run_dir / "orders", cat)

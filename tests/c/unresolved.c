@@ -1,7 +1,8 @@
 /* The shim's wrappers when dlsym found none of libc's functions (the library
  * is compiled into this program and its table of real functions is cleared):
  * each one still works through the raw system call, or fails with ENOSYS
- * where only libc can do the job (stdio, directory streams).  Prints "ok". */
+ * where only libc can do the job (stdio, directory streams, credentials,
+ * which a system call would change for one thread only).  Prints "ok". */
 #pragma GCC diagnostic ignored "-Wnonnull-compare"
 #include "../../shim/tiershim.c"
 
@@ -42,6 +43,24 @@ int main(void)
     CHECK(d != NULL);
     errno = 0;
     CHECK(closedir(d) == -1 && errno == ENOSYS);
+    struct stat st;
+    struct statx sx;
+    CHECK(stat("/dev/null", &st) == 0 && S_ISCHR(st.st_mode));
+    CHECK(lstat64("/dev/null", (struct stat64 *)&st) == 0 && S_ISCHR(st.st_mode));
+    CHECK(fstat(fd, &st) == 0 && S_ISCHR(st.st_mode));
+    CHECK(fstatat(AT_FDCWD, "/dev/null", &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISCHR(st.st_mode));
+    CHECK(__xstat(STAT_VER, "/dev/null", &st) == 0 && S_ISCHR(st.st_mode));
+    CHECK(__fxstat64(STAT_VER, fd, (struct stat64 *)&st) == 0 && S_ISCHR(st.st_mode));
+    errno = 0;
+    CHECK(__xstat(STAT_VER + 7, "/dev/null", &st) == -1 && errno == EINVAL);
+    CHECK(statx(AT_FDCWD, "/dev/null", 0, STATX_BASIC_STATS, &sx) == 0 && S_ISCHR(sx.stx_mode));
+    CHECK(access("/dev/null", R_OK) == 0);
+    CHECK(faccessat(AT_FDCWD, "/dev/null", F_OK, AT_EACCESS) == 0);
+    CHECK(euidaccess("/dev/null", F_OK) == 0 && eaccess("/dev/null", F_OK) == 0);
+    errno = 0;
+    CHECK(access("/nonexistent/x", F_OK) == -1 && errno == ENOENT);
+    errno = 0;
+    CHECK(setuid(getuid()) == -1 && errno == ENOSYS);
     CHECK(close(fd) == 0);
     printf("ok\n");
     return 0;

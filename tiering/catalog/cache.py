@@ -24,7 +24,9 @@ size or mtime changes, no directory's mtime does). The catalog's size and mtime
 of such a file are stale, which can only mislead the planner: the daemon
 re-checks the source's size and mtime against the catalog before it publishes
 a copy, so a stale cache never serves wrong bytes (such a file is counted as a
-changed source and not placed; `drop_cache` makes the next run rescan). A scan
+changed source and not placed; `drop_cache` makes the next run rescan). For
+the same reason the shim answers no stat from a catalog taken from the cache
+(`Catalog.cached`; NOTE [stat from the index] in docs/design.md). A scan
 in which a directory
 was modified less than `RACY_SECONDS` before the scan began (mtimes have coarse
 granularity, and clocks of PFS clients and servers differ), or which met an
@@ -53,12 +55,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from .model import RootScan
+from .model import STAT_FIELDS, FileRow, RootScan
 
 log = logging.getLogger("tiering")
 
 CACHE_FORMAT = "tiering-catalog"
-CACHE_VERSION = 3         # 2: files carry dev and ino; 3: and link (the catalogued path was a symlink)
+CACHE_VERSION = 4         # 2: files carry dev and ino; 3: and link (the catalogued path was a symlink);
+                          # 4: and the rest of their stat (STAT_FIELDS)
 RACY_SECONDS = 10         # directories modified this shortly before a scan make it unsaveable
 
 
@@ -76,9 +79,7 @@ def _encode(root: str, p: RootScan) -> bytes:
     doc = {
         "format": CACHE_FORMAT, "version": CACHE_VERSION, "root": root,
         "scanned_ns": p.scanned_ns, "dir_links": p.links,
-        "files": {"rel": [f[0] for f in p.files], "size": [f[1] for f in p.files],
-                  "mtime_ns": [f[2] for f in p.files], "dev": [f[3] for f in p.files],
-                  "ino": [f[4] for f in p.files], "link": [f[5] for f in p.files]},
+        "files": {name: [f[k] for f in p.files] for k, name in enumerate(FILE_COLUMNS)},
         "dirs": {"rel": [d[0] for d in p.dirs], "ino": [d[1] for d in p.dirs],
                  "dev": [d[2] for d in p.dirs], "mtime_ns": [d[3] for d in p.dirs]},
         "aliases": {"rel": [a[0] for a in p.aliases], "target": [a[1] for a in p.aliases]},
@@ -86,6 +87,11 @@ def _encode(root: str, p: RootScan) -> bytes:
     }
     # ensure_ascii keeps undecodable names (surrogate escapes) round-tripping
     return json.dumps(doc, separators=(",", ":")).encode("ascii")
+
+
+# the columns of a RootScan's files, in FileRow order, with their types
+FILE_COLUMNS: dict[str, type] = {"rel": str, "size": int, "mtime_ns": int, "dev": int, "ino": int, "link": bool,
+                                 **{name: int for name in STAT_FIELDS}}
 
 
 def _columns(table: Any, types: dict[str, type]) -> list[tuple[Any, ...]]:
@@ -180,8 +186,7 @@ def _decode(data: bytes, root: str) -> RootScan:
     if not isinstance(skipped, list) or not all(isinstance(s, str) for s in skipped):
         raise ValueError("skipped is not a list of paths")
     p = RootScan(
-        files=_columns(doc["files"], {"rel": str, "size": int, "mtime_ns": int, "dev": int, "ino": int,
-                                      "link": bool}),
+        files=_columns(doc["files"], FILE_COLUMNS),
         dirs=_columns(doc["dirs"], {"rel": str, "ino": int, "dev": int, "mtime_ns": int}),
         aliases=_columns(doc["aliases"], {"rel": str, "target": str}),
         skipped=skipped, links=bool(doc["dir_links"]), scanned_ns=int(doc["scanned_ns"]))
@@ -236,9 +241,13 @@ def _rederive_devices(root: str, p: RootScan, mapping: dict[int, int], pool: Thr
         if ident is None:
             return False
         found[k] = ident
-    p.files = [(rel, size, mt, *found[k], link) if k in found else (rel, size, mt, mapping[dev], ino, link)
-               for k, (rel, size, mt, dev, ino, link) in enumerate(p.files)]
+    p.files = [_with_identity(f, *(found[k] if k in found else (mapping[f[3]], f[4])))
+               for k, f in enumerate(p.files)]
     return True
+
+
+def _with_identity(f: FileRow, dev: int, ino: int) -> FileRow:
+    return (f[0], f[1], f[2], dev, ino, *f[5:])
 
 
 def load_cache(cache_dir: Path, root: str, pool: ThreadPoolExecutor) -> RootScan | None:

@@ -134,7 +134,9 @@ def _walk_root(root: str, pool: ThreadPoolExecutor) -> RootScan:
                 else:
                     add_dir(rel, s)
             elif stat.S_ISREG(s.st_mode):
-                res.files.append((rel, s.st_size, s.st_mtime_ns, s.st_dev, s.st_ino, is_link))
+                res.files.append((rel, s.st_size, s.st_mtime_ns, s.st_dev, s.st_ino, is_link,
+                                  s.st_mode, s.st_uid, s.st_gid, s.st_nlink, s.st_atime_ns, s.st_ctime_ns,
+                                  s.st_blocks, s.st_blksize))
             else:
                 res.skipped.append(rel)
 
@@ -185,20 +187,20 @@ def scan(dirs: list[str], threads: int = 16, cache_dir: Path | None = None) -> C
         log.warning("not using the catalog cache: %s; scanning without it", problem)
         cache = None
     parts: list[RootScan] = []
-    cached = 0
+    from_cache: list[bool] = []
     with ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="tiering-scan") as pool:
         for r in roots:
             part, writable = _cached(cache, r, pool) if cache is not None else (None, False)
-            if part is not None:
-                cached += 1
-            else:
+            from_cache.append(part is not None)
+            if part is None:
                 part = _walk_root(r, pool)
                 if cache is not None and writable:
                     save_cache(cache, r, part)
             parts.append(part)
-    cat = Catalog(list(roots), [], [], from_cache=cache is not None and cached == len(roots))
+    cat = Catalog(list(roots), [], [], from_cache=cache is not None and all(from_cache),
+                  cached=from_cache)
     for i, p in enumerate(parts):
-        cat.files.extend(CatalogFile(i, rel, size, mt, dev, ino, link) for rel, size, mt, dev, ino, link in p.files)
+        cat.files.extend(CatalogFile(i, *row) for row in p.files)
         cat.dirs.extend(CatalogDir(i, rel, ino, dev, mt) for rel, ino, dev, mt in p.dirs)
         cat.aliases.extend(DirAlias(i, rel, target) for rel, target in p.aliases)
         cat.skipped.extend((i, rel) for rel in p.skipped)

@@ -13,9 +13,13 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..catalog import Catalog
 
 import cffi
+import numpy as np
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent     # tiering/
 RING_EVENTS = 1 << 16
@@ -83,6 +87,47 @@ class Event:
     slot: int
     pid: int
     tier: int
+    tag: int = 0     # the posting thread's tag (NOTE [open tags]), 0: none
+
+
+@dataclass(frozen=True)
+class FileStats:
+    """The scan's stat of each catalogued path (symlinks followed) beyond
+    size, mtime and identity, one value per file, in the order of the paths;
+    `exact[i]` says whether stat of path i may be answered from the index
+    (the record is this job's own scan: NOTE [stat from the index])."""
+
+    mode: Sequence[int]
+    uid: Sequence[int]
+    gid: Sequence[int]
+    nlink: Sequence[int]
+    atime_ns: Sequence[int]
+    ctime_ns: Sequence[int]
+    blocks: Sequence[int]
+    blksize: Sequence[int]
+    exact: Sequence[bool]
+
+    @classmethod
+    def of(cls, stats: Sequence[os.stat_result], exact: Sequence[bool]) -> FileStats:
+        """From stat results (os.stat of each path, symlinks followed)."""
+        return cls(mode=[s.st_mode for s in stats], uid=[s.st_uid for s in stats], gid=[s.st_gid for s in stats],
+                   nlink=[s.st_nlink for s in stats], atime_ns=[s.st_atime_ns for s in stats],
+                   ctime_ns=[s.st_ctime_ns for s in stats], blocks=[s.st_blocks for s in stats],
+                   blksize=[s.st_blksize for s in stats], exact=exact)
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """Who scanned: the shim answers stat from the index only to processes
+    with the same ids and supplementary groups (they reach the same paths)."""
+
+    uid: int
+    gid: int
+    groups: tuple[int, ...]
+
+    @classmethod
+    def current(cls) -> Credentials:
+        return cls(os.geteuid(), os.getegid(), tuple(sorted(set(os.getgroups()))))
 
 
 def fingerprint(root: int, rel: str) -> tuple[int, int]:
@@ -94,7 +139,8 @@ def fingerprint(root: int, rel: str) -> tuple[int, int]:
 
 def _table_slots(n: int) -> int:
     """Slots of the entry and identity tables: a power of two, at most two
-    thirds full (1.28 M files: 2^21 slots of 56 + 4 bytes, 98 bytes a file)."""
+    thirds full.  With the file records: 1.28 M files take 2^21 slots of
+    40 + 4 bytes and 1.28 M records of 72 bytes, 144 bytes a file."""
     slots = 1024
     while 2 * slots < 3 * n:
         slots *= 2
@@ -103,10 +149,63 @@ def _table_slots(n: int) -> int:
     return slots
 
 
-def dev32(st_dev: int) -> int:
-    """The device number an entry records: its low 32 bits (all of it on
-    Linux, whose device numbers are 32 bits); the shim compares the same."""
-    return st_dev & 0xFFFFFFFF
+_NUMPY_OF_C = {"uint64_t": "<u8", "int64_t": "<i8", "uint32_t": "<u4", "uint16_t": "<u2"}
+
+
+def numpy_dtype(struct: str) -> np.dtype:
+    """The numpy dtype of a struct of tiering.h (its scalar fields), from
+    cffi's offsets: one definition of the layout for numpy too."""
+    fields = [(name, f) for name, f in ffi.typeof(struct).fields if f.type.cname in _NUMPY_OF_C]
+    return np.dtype({"names": [n for n, _ in fields], "formats": [_NUMPY_OF_C[f.type.cname] for _, f in fields],
+                     "offsets": [f.offset for _, f in fields], "itemsize": ffi.sizeof(struct)})
+
+
+U32 = 1 << 32
+
+
+def _column(values: Sequence[int] | None, n: int, dtype: str) -> np.ndarray:
+    return np.zeros(n, dtype) if values is None else np.asarray(values, dtype)
+
+
+def _write_records(recs: np.ndarray, devs: Sequence[int] | None, inos: Sequence[int] | None,
+                   mtimes: Sequence[int], links: Sequence[bool] | None, stats: FileStats | None) -> None:
+    """The file records, but for next_alias (tiering_index_fill links the
+    rings): identity, mtime, the scan's stat and the flags."""
+    n = len(recs)
+    dev = _column(devs, n, "u8")
+    recs["dev"] = dev & 0xFFFFFFFF
+    recs["ino"] = _column(inos, n, "u8")
+    recs["mtime_ns"] = _column(mtimes, n, "i8")
+    flags = np.zeros(n, "u4")
+    if links is not None:
+        flags[~np.asarray(links, bool)] |= lib.TIERING_FILE_NO_LINK
+    if stats is not None:
+        fits = dev < U32
+        for name in ("mode", "uid", "gid", "nlink", "blksize"):
+            col = _column(getattr(stats, name), n, "u8")
+            fits &= col < U32
+            recs[name] = col & 0xFFFFFFFF
+        for name in ("atime_ns", "ctime_ns", "blocks"):
+            recs[name] = _column(getattr(stats, name), n, "i8")
+        # a value the record cannot hold whole (a 64-bit device) is never served
+        flags[np.asarray(stats.exact, bool) & fits] |= lib.TIERING_FILE_STAT
+    recs["flags"] = flags
+
+
+def file_stats(cat: Catalog) -> FileStats:
+    """The catalog's stat columns; exact for the roots scanned now, not for
+    those taken from the scan cache (a file changed in place since the cache
+    was written does not show in it: NOTE [stat from the index])."""
+    files = cat.files
+    cached = cat.cached or [False] * len(cat.roots)
+    return FileStats(mode=[f.mode for f in files], uid=[f.uid for f in files], gid=[f.gid for f in files],
+                     nlink=[f.nlink for f in files], atime_ns=[f.atime_ns for f in files],
+                     ctime_ns=[f.ctime_ns for f in files], blocks=[f.blocks for f in files],
+                     blksize=[f.blksize for f in files], exact=[not cached[f.root] for f in files])
+
+
+def _aligned(offset: int) -> int:
+    return (offset + 63) // 64 * 64
 
 
 def _set_prefix(dst: Any, path: str, ident: int, flags: int) -> None:
@@ -132,18 +231,12 @@ def _set_tier(dst: Any, path: str, ident: int) -> None:
     dst.ino = st.st_ino
 
 
-def _u32s(values: list[int], n: int) -> Any:
-    """A uint32_t array of the values, or of n zeros (unknown) when none are given."""
-    return ffi.new("uint32_t[]", values) if values else ffi.new("uint32_t[]", max(n, 1))
-
-
-def _u64s(values: list[int], n: int) -> Any:
-    return ffi.new("uint64_t[]", values) if values else ffi.new("uint64_t[]", max(n, 1))
-
-
 class SharedIndex:
-    """One mapped index file.  Create it with `SharedIndex.create`; open an
-    existing one (tests, tools) with `SharedIndex.open`."""
+    """One mapped index file.  Create it with `SharedIndex.create` (or
+    `for_catalog`); open an existing one (tests, tools) with `SharedIndex.open`.
+
+    `opens` is a live numpy view of every entry's open counter, by slot
+    (NOTE [open counters]); `files` one of the file records, in catalog order."""
 
     def __init__(self, path: Path, mm: mmap.mmap):
         self.path = path
@@ -151,8 +244,13 @@ class SharedIndex:
         self._buf = ffi.from_buffer(mm)
         self.base = ffi.cast("void *", self._buf)
         self.header: Any = ffi.cast("struct tiering_header *", self._buf)
-        self.entries: Any = ffi.cast("struct tiering_entry *",
-                                     self._buf + self.header.entries_offset)
+        h = self.header
+        self.entries: Any = ffi.cast("struct tiering_entry *", self._buf + h.entries_offset)
+        self.opens: np.ndarray = np.ndarray(
+            (int(h.nslots),), "<u4", buffer=mm, strides=(ffi.sizeof("struct tiering_entry"),),
+            offset=int(h.entries_offset) + ffi.offsetof("struct tiering_entry", "opens"))
+        self.files: np.ndarray = np.ndarray((int(h.nfiles),), numpy_dtype("struct tiering_file"), buffer=mm,
+                                            offset=int(h.files_offset))
         self._tail = ffi.new("uint64_t *", 0)
         self._dropped = ffi.new("uint64_t *", 0)
         self._out = ffi.new("struct tiering_event[]", 4096)
@@ -162,27 +260,36 @@ class SharedIndex:
     def create(cls, path: Path, roots: Sequence[Root], tiers: Sequence[str],
                rels: Sequence[str], root_ids: Sequence[int], sizes: Sequence[int],
                mtimes: Sequence[int], devs: Sequence[int] | None = None,
-               inos: Sequence[int] | None = None,
+               inos: Sequence[int] | None = None, links: Sequence[bool] | None = None,
+               stats: FileStats | None = None, scanner: Credentials | None = None,
                ring_events: int = RING_EVENTS) -> tuple[SharedIndex, list[int]]:
         """Writes a new index at path (mode 0600) and returns it with the slot
         of every catalogued file, in the order given.  devs and inos are the
         files' st_dev and st_ino (0: unknown), which link the entries of one
         file (hard links, symlinks) so that a write through any of its paths
-        invalidates all of them; tiers are directories that exist now."""
+        invalidates all of them; links[i] says whether path i itself is a
+        symlink (None: unknown, so O_NOFOLLOW opens and lstat of every path go
+        to the PFS); stats is the rest of the scan's stat (None: no stat is
+        answered from the index), scanner who scanned (default: this
+        process); tiers are directories that exist now."""
         if len(roots) > lib.TIERING_MAX_ROOTS:
             raise ValueError(f"at most {lib.TIERING_MAX_ROOTS} data roots (with aliases), got {len(roots)}")
         if len(tiers) > lib.TIERING_MAX_TIERS:
             raise ValueError(f"at most {lib.TIERING_MAX_TIERS} tiers, got {len(tiers)}")
         n = len(rels)
-        if any(col is not None and len(col) != n for col in (devs, inos)):
-            raise ValueError("devs and inos must give one value per file")
+        if any(col is not None and len(col) != n for col in (devs, inos, links)):
+            raise ValueError("devs, inos and links must give one value per file")
+        if stats is not None and any(len(getattr(stats, k)) != n for k in FileStats.__dataclass_fields__):
+            raise ValueError("stats must give one value per file")
         nslots = _table_slots(n)
         hsize = ffi.sizeof("struct tiering_header")
         esize = ffi.sizeof("struct tiering_entry")
+        fsize = ffi.sizeof("struct tiering_file")
         evsize = ffi.sizeof("struct tiering_event")
-        entries_offset = (hsize + 63) // 64 * 64
-        idents_offset = (entries_offset + nslots * esize + 63) // 64 * 64
-        ring_offset = (idents_offset + nslots * 4 + 63) // 64 * 64
+        entries_offset = _aligned(hsize)
+        idents_offset = _aligned(entries_offset + nslots * esize)
+        files_offset = _aligned(idents_offset + nslots * 4)
+        ring_offset = _aligned(files_offset + n * fsize)
         total = ring_offset + ring_events * evsize
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
@@ -196,27 +303,33 @@ class SharedIndex:
         h.header_size = hsize
         h.entry_size = esize
         h.event_size = evsize
+        h.file_size = fsize
         h.nslots = nslots
         h.nevents = ring_events
+        h.nfiles = n
         h.entries_offset = entries_offset
         h.idents_offset = idents_offset
+        h.files_offset = files_offset
         h.ring_offset = ring_offset
         h.total_size = total
         h.daemon_pid = os.getpid()
+        who = scanner or Credentials.current()
+        h.scan_uid, h.scan_gid = who.uid, who.gid
+        h.scan_groups = lib.tiering_groups_hash(ffi.new("uint32_t[]", list(who.groups) or [0]), len(who.groups))
         h.nroots = len(roots)
         for i, r in enumerate(roots):
             _set_prefix(h.roots[i], r.path, r.id, lib.TIERING_ROOT_HAS_DIR_LINKS if r.has_dir_links else 0)
         h.ntiers = len(tiers)
         for i, t in enumerate(tiers):
             _set_tier(h.tiers[i], t, i)
+        recs = np.ndarray((n,), numpy_dtype("struct tiering_file"), buffer=mm, offset=files_offset)
+        _write_records(recs, devs, inos, mtimes, links, stats)
+        del recs
         blob = b"".join(r.encode("utf-8", "surrogateescape") + b"\0" for r in rels)
         slots = ffi.new("uint64_t[]", max(n, 1))
         got = lib.tiering_index_fill(
             ffi.cast("void *", buf), blob, len(blob),
-            ffi.new("uint32_t[]", list(root_ids) or [0]),
-            ffi.new("uint64_t[]", list(sizes) or [0]),
-            ffi.new("int64_t[]", list(mtimes) or [0]),
-            _u32s([dev32(d) for d in devs or []], n), _u64s(list(inos or []), n), n, slots)
+            ffi.new("uint32_t[]", list(root_ids) or [0]), ffi.new("uint64_t[]", list(sizes) or [0]), n, slots)
         if got <= -2:
             raise ValueError(f"duplicate catalog path: {rels[-2 - got]!r}")
         if got < 0:
@@ -226,6 +339,18 @@ class SharedIndex:
         return cls(path, mm), [int(slots[i]) for i in range(n)]
 
     @classmethod
+    def for_catalog(cls, path: Path, roots: Sequence[Root], tiers: Sequence[str],
+                    cat: Catalog) -> tuple[SharedIndex, list[int]]:
+        """The index of a catalog: every file with its identity, whether its
+        path is a symlink, and its stat (answered from the index for the
+        roots this job scanned itself)."""
+        files = cat.files
+        return cls.create(path, roots, tiers, [f.rel for f in files], [f.root for f in files],
+                          [f.size for f in files], [f.mtime_ns for f in files],
+                          devs=[f.dev for f in files], inos=[f.ino for f in files],
+                          links=[f.link for f in files], stats=file_stats(cat))
+
+    @classmethod
     def open(cls, path: Path) -> SharedIndex:
         fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
         try:
@@ -233,11 +358,15 @@ class SharedIndex:
             mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(fd)
-        index = cls(path, mm)
-        if index.header.magic != lib.TIERING_MAGIC or index.header.version != lib.TIERING_VERSION:
-            index.close()
+        buf = ffi.from_buffer(mm)
+        h: Any = ffi.cast("struct tiering_header *", buf)
+        good = (len(mm) >= ffi.sizeof("struct tiering_header") and h.magic == lib.TIERING_MAGIC
+                and h.version == lib.TIERING_VERSION and h.total_size == len(mm))
+        del h, buf
+        if not good:
+            mm.close()
             raise ValueError(f"{path}: not a tiering index of version {lib.TIERING_VERSION}")
-        return index
+        return cls(path, mm)
 
     # -- state words ------------------------------------------------------
     def state(self, slot: int) -> int:
@@ -254,11 +383,14 @@ class SharedIndex:
         ring, NOTE [alias invalidation])."""
         out = [slot]
         mask = int(self.header.nslots) - 1
-        s = int(self.entries[slot].next_alias) & mask
+        s = self._next_alias(slot) & mask
         while s != slot and len(out) <= mask:
             out.append(s)
-            s = int(self.entries[s].next_alias) & mask
+            s = self._next_alias(s) & mask
         return out
+
+    def _next_alias(self, slot: int) -> int:
+        return int(self.files[int(self.entries[slot].file)]["next_alias"])
 
     def set_disabled(self, disabled: bool) -> None:
         self.header.disabled = 1 if disabled else 0
@@ -267,9 +399,10 @@ class SharedIndex:
     def counters(self) -> dict[str, Any]:
         c = self.header.counters
         tiers = [int(c.opens_tier[i]) for i in range(self.header.ntiers)]
+        opens = int(self.opens.sum(dtype=np.uint64))   # NOTE [open counters]
         return {
-            "opens": int(c.opens_pfs) + sum(tiers),
-            "opens_pfs": int(c.opens_pfs),
+            "opens": opens,
+            "opens_pfs": max(0, opens - sum(tiers)),  # read after the tiers: never behind them
             "opens_tier": tiers,
             "bytes_tier": int(c.bytes_tier),
             "fallbacks": int(c.fallbacks),
@@ -284,7 +417,7 @@ class SharedIndex:
         while True:
             n = lib.tiering_ring_drain(self.base, self._tail, self._out, len(self._out),
                                        1 if force else 0, self._dropped)
-            events.extend(Event(int(e.kind), int(e.entry), int(e.pid), int(e.tier))
+            events.extend(Event(int(e.kind), int(e.entry), int(e.pid), int(e.tier), int(e.tag))
                           for e in self._out[0:n])
             if n < len(self._out):
                 break
@@ -295,5 +428,5 @@ class SharedIndex:
         return int(self.header.ring_head) - int(self._tail[0])
 
     def close(self) -> None:
-        del self.entries, self.header, self.base, self._buf
+        del self.entries, self.header, self.base, self._buf, self.opens, self.files
         self._mm.close()
