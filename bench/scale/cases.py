@@ -20,6 +20,7 @@ from bench.scale import monitor
 from bench.scale.tool import SamplerCase, Tree, catalog_lists, order_lists, write_lines
 
 MiB = 1 << 20
+STALL = 60.0      # a reader waiting for copies gives up after this many seconds without a new one
 SAMPLERS = (SamplerCase("random"), SamplerCase("distributed"))
 
 
@@ -220,7 +221,7 @@ def case_clairvoyant(ctx: Context, sc: SamplerCase) -> dict[str, Any]:
     # each paced phase reads at most a quarter of the list, so that the full-speed one has its share
     pace = f"paced,{ctx.s.rate:g},{min(ctx.s.paced_seconds, n / 4 / ctx.s.rate):g}"
     cmd = reader_command(ctx, listing, out, ctx.tree.root,
-                         [pace, f"wait,{waitlist},{parent},{ctx.s.limit:g}", pace, f"full,{ctx.s.threads}"])
+                         [pace, f"wait,{waitlist},{parent},{STALL:g}", pace, f"full,{ctx.s.threads}"])
     fin, stats, cached = tier_run(ctx, d, profile, ctx.tree.root, ctx.shared_cache,
                                   sc.tier_run_args(ctx.s.epochs), cmd)
     shutil.rmtree(parent, ignore_errors=True)
@@ -273,8 +274,8 @@ def _copies(ctx: Context, d: Path, src: Path, files: int, data_bytes: int, listi
     profile = disk_profile(d, tier, data_bytes)
     subprocess.run(["sync"], check=False)
     out = d / "reader.json"
-    cmd = reader_command(ctx, listing, out, src, [f"wait,{tail},{tier},{ctx.s.limit:g}",
-                                                  f"wait,{rels},{tier},{ctx.s.limit:g}", f"full,{ctx.s.threads}"])
+    cmd = reader_command(ctx, listing, out, src, [f"wait,{tail},{tier},{STALL:g}",
+                                                  f"wait,{rels},{tier},{STALL:g}", f"full,{ctx.s.threads}"])
     fin, stats, cached = tier_run(ctx, d, profile, src, d / "cache", ["--policy", "stage"], cmd)
     res = _load(out) or {}
     phases = res.get("phases") or []

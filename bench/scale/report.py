@@ -133,6 +133,11 @@ def clairvoyant_rows(res: dict[str, Any], name: str, epochs: int) -> list[Row]:
     if ev_verdict == "pass" and rate is not None and rate < 200_000:
         ev_verdict = f"not measured (reader reached {_rate(rate, 'opens/s')} < 200 k/s; 0 dropped at that rate)"
     following = order.get("following") is True and order.get("diverged") is False
+    wait, wanted = ph.get("wait") or {}, res.get("wait_files")
+    fits_problem = problem
+    if not problem and wanted and wait.get("waited") != wanted:
+        fits_problem = (f"only {wait.get('waited')} of {wanted} files were placed; the reader stopped waiting "
+                        f"after a minute without a new copy")
     return [
         Row(f"tier-run peak RSS, {name}, {epochs} epochs", "<= 600 MiB", _mib(res.get("peak_rss")), "-", None,
             # a run killed after its peak passed the bound has failed it all the same
@@ -147,7 +152,7 @@ def clairvoyant_rows(res: dict[str, Any], name: str, epochs: int) -> list[Row]:
             _verdict(1.0 if following else 0.0, lambda v: v == 1.0, problem), None),
         Row(f"daemon CPU, {name}: reader {_rate(fits.get('opens_per_s'), 'files/s')}, data in the tiers", "<= 10%",
             _pct(fits.get("daemon_core_share")), "-", None,
-            _verdict(fits.get("daemon_core_share"), lambda v: v <= 0.10, problem), fits.get("daemon_core_share")),
+            _verdict(fits.get("daemon_core_share"), lambda v: v <= 0.10, fits_problem), fits.get("daemon_core_share")),
         Row(f"daemon CPU, {name}: reader {_rate(pre.get('opens_per_s'), 'files/s')}, prefetching", "<= 25%",
             _pct(pre.get("daemon_core_share")), "-", None,
             _verdict(pre.get("daemon_core_share"), lambda v: v <= 0.25, problem), pre.get("daemon_core_share")),

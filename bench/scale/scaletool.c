@@ -21,7 +21,7 @@
  *         wait,WAITLIST,TIERDIR,SECONDS  polls, without opening anything (stat of
  *                              TIERDIR/tiering-* /[* /[* /]]REL), until every
  *                              relative path of WAITLIST has a copy, in list
- *                              order, at most SECONDS
+ *                              order; gives up after SECONDS without a new copy
  *       OUT: {"start", "exit", "checksum", "files", "bytes", "phases": [{"kind",
  *       "start", "end", "files", "bytes", "tier", "pfs", "waited"}]}; the checksum
  *       is the sum of FNV-1a 64 of every file read (independent of order and of
@@ -400,10 +400,11 @@ static int run_wait(struct phase *ph)
     char **rels = read_lines(ph->waitlist, &n);
     if (!rels)
         return -1;
-    double t0 = wall();
-    while (k < n && wall() - t0 < ph->seconds) {
+    double last = wall();
+    while (k < n && wall() - last < ph->seconds) {
         if (has_copy(ph->tierdir, rels[k])) {
             k++;
+            last = wall();
             continue;
         }
         struct timespec ts = {0, 20 * 1000 * 1000};
