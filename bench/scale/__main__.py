@@ -57,6 +57,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="where the trees, copies and run directories live (a local disk)")
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results", help="directory for scale.json and scale.md")
     ap.add_argument("--only", nargs="+", choices=list(cases.CASES), help="run only these cases")
+    ap.add_argument("--merge", action="store_true",
+                    help="keep the other cases of an existing DIR/scale.json of the same size and epochs")
+    ap.add_argument("--render", action="store_true", help="only rewrite the targets and DIR/scale.md from DIR/scale.json")
     return ap.parse_args(argv)
 
 
@@ -73,12 +76,39 @@ def machine() -> dict[str, Any]:
             "load_at_start": os.getloadavg()}
 
 
+def previous(a: argparse.Namespace) -> dict[str, Any] | None:
+    """DIR/scale.json when it measured the same tree and epochs."""
+    try:
+        doc = json.loads((a.out / "scale.json").read_text())
+    except (OSError, ValueError):
+        return None
+    same = doc.get("tree", {}).get("files") == a.files and doc.get("settings", {}).get("epochs") == a.epochs
+    return doc if same else None
+
+
+def render(out: Path) -> str:
+    """Targets and table again from DIR/scale.json (after report.py changed)."""
+    doc = json.loads((out / "scale.json").read_text())
+    table = report.rows(doc["cases"], doc["settings"]["epochs"])
+    doc["targets"] = report.as_json(table)
+    (out / "scale.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    text = report.markdown(table, (out / "scale.md").read_text().split("\n")[0])
+    (out / "scale.md").write_text(text)
+    return text
+
+
 def write_results(a: argparse.Namespace, argv: list[str] | None, settings: cases.Settings, tree: Tree,
                   gen_seconds: float, results: dict[str, Any], total: float) -> str:
     """scale.json and scale.md in --out (after every case, so that a run cut
     short keeps what it measured); returns the table."""
+    command = ["python", "-m", "bench.scale", *(argv if argv is not None else sys.argv[1:])]
+    earlier = previous(a) if a.merge else None
+    if earlier:
+        kept = {name: {"measured_by": " ".join(earlier["command"]), **res}
+                for name, res in earlier["cases"].items() if name not in results}
+        results = {name: ({**kept, **results})[name] for name in cases.CASES if name in kept or name in results}
     table = report.rows(results, a.epochs)
-    doc = {"command": ["python", "-m", "bench.scale", *(argv if argv is not None else sys.argv[1:])],
+    doc = {"command": command,
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "machine": machine(), "settings": {**asdict(settings), "work": str(settings.work)},
            "tree": {"files": tree.files, "classes": tree.classes, "size": tree.size, "bytes": tree.bytes,
@@ -86,9 +116,10 @@ def write_results(a: argparse.Namespace, argv: list[str] | None, settings: cases
            "cases": results, "targets": report.as_json(table), "seconds": total}
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "scale.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
-    headline = (f"Measured with `{' '.join(doc['command'])}`: {tree.files:,} files of {tree.size} B in "
+    commands = sorted({r["measured_by"] for r in results.values() if "measured_by" in r} | {" ".join(command)})
+    headline = (f"Measured with `{'` and `'.join(commands)}`: {tree.files:,} files of {tree.size} B in "
                 f"{tree.classes} class directories, {a.epochs} epochs, {os.cpu_count()} cores; page cache warm "
-                f"for ours and the references; {total:.0f} s in all.")
+                f"for ours and the references.")
     text = report.markdown(table, headline)
     (a.out / "scale.md").write_text(text)
     return text
@@ -96,6 +127,9 @@ def write_results(a: argparse.Namespace, argv: list[str] | None, settings: cases
 
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
+    if a.render:
+        print(render(a.out))
+        return 0
     count, mib = (int(x) for x in a.large.lower().split("x"))
     a.work.mkdir(parents=True, exist_ok=True)
     settings = cases.Settings(a.files, a.epochs, a.size, a.rate, a.paced_seconds, a.threads, count, mib * MiB,
@@ -117,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for name in a.only or list(cases.CASES):
             print(f"bench.scale: {name} ...", flush=True)
-            results[name] = cases.run_case(ctx, name)
+            results[name] = {"measured_by": " ".join(["python", "-m", "bench.scale", *(argv or sys.argv[1:])]),
+                             **cases.run_case(ctx, name)}
             print(f"bench.scale: {name} done in {results[name]['case_seconds']:.0f} s"
                   + (f" ({results[name]['error']})" if "error" in results[name] else ""), flush=True)
             write_results(a, argv, settings, tree, gen_seconds, results, time.monotonic() - t0)
