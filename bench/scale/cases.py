@@ -20,6 +20,7 @@ from bench.scale import monitor
 from bench.scale.tool import SamplerCase, Tree, catalog_lists, order_lists, write_lines
 
 MiB = 1 << 20
+BLOCK = 4096
 STALL = 60.0      # a reader waiting for copies gives up after this many seconds without a new one
 SAMPLERS = (SamplerCase("random"), SamplerCase("distributed"))
 
@@ -84,16 +85,22 @@ def write_profile(path: Path, kind: str, tier_parent: Path, capacity: int) -> Pa
     return path
 
 
-def fits_profile(ctx: Context, d: Path, data_bytes: int) -> tuple[Path, Path]:
+def room(files: int, size: int) -> int:
+    """Tier capacity that holds `files` files of `size` bytes with a quarter to
+    spare: tiers count the blocks a copy takes (a 1 KiB file takes 4 KiB)."""
+    return (files * -(-size // BLOCK) * BLOCK) * 5 // 4 + 64 * MiB
+
+
+def fits_profile(ctx: Context, d: Path) -> tuple[Path, Path]:
     """A memory tier (a private directory in /dev/shm) that holds the data set."""
     parent = ctx.shm / d.name
     shutil.rmtree(parent, ignore_errors=True)
-    return write_profile(d / "fits.yaml", "memory", parent, 2 * data_bytes + 64 * MiB), parent
+    return write_profile(d / "fits.yaml", "memory", parent, room(ctx.tree.files, ctx.tree.size)), parent
 
 
-def disk_profile(d: Path, tier_parent: Path, data_bytes: int) -> Path:
+def disk_profile(d: Path, tier_parent: Path, files: int, size: int) -> Path:
     """A file-system tier in the work directory (the file system cp writes to)."""
-    return write_profile(d / "disk.yaml", "filesystem", tier_parent, 2 * data_bytes + 256 * MiB)
+    return write_profile(d / "disk.yaml", "filesystem", tier_parent, room(files, size))
 
 
 def _load(path: Path) -> dict[str, Any] | None:
@@ -168,7 +175,7 @@ def case_startup(ctx: Context) -> dict[str, Any]:
     d = ctx.run_dir("startup")
     find = [monitor.timed_shell(f"find {ctx.tree.root} -type f | wc -l", d / f"find{k}.log", ctx.s.limit)
             for k in range(2)]
-    profile, parent = fits_profile(ctx, d, ctx.tree.bytes)
+    profile, parent = fits_profile(ctx, d)
     cache = d / "cache"
     runs: dict[str, Any] = {}
     sampler = SamplerCase("random")
@@ -190,7 +197,7 @@ def case_plan(ctx: Context) -> dict[str, Any]:
     """`tiering plan` for all epochs, per sampler: wall time, peak RSS and CPU
     of the process (wait4), and the prediction's shape."""
     d = ctx.run_dir("plan")
-    profile, _ = fits_profile(ctx, d, ctx.tree.bytes)
+    profile, _ = fits_profile(ctx, d)
     out: dict[str, Any] = {}
     for sc in SAMPLERS:
         log = d / f"{sc.name}.json"
@@ -216,7 +223,7 @@ def case_clairvoyant(ctx: Context, sc: SamplerCase) -> dict[str, Any]:
     d = ctx.run_dir(f"clairvoyant-{sc.name}")
     listing, waitlist, n = order_lists(ctx.tree, sc, 2, d)
     direct = read_direct(ctx, d, listing, ctx.tree.root)
-    profile, parent = fits_profile(ctx, d, ctx.tree.bytes)
+    profile, parent = fits_profile(ctx, d)
     out = d / "reader.json"
     # each paced phase reads at most a quarter of the list, so that the full-speed one has its share
     pace = f"paced,{ctx.s.rate:g},{min(ctx.s.paced_seconds, n / 4 / ctx.s.rate):g}"
@@ -256,12 +263,12 @@ def _copy_reference(script: str, d: Path, dst: Path, name: str, limit: float) ->
 
 
 def _copies(ctx: Context, d: Path, src: Path, files: int, data_bytes: int, listing: Path,
-            tail: Path, rels: Path) -> dict[str, Any]:
+            rels: Path) -> dict[str, Any]:
     """cp -r, tar | tar and tier-run --policy stage from src into the same file
     system (the work directory), the page cache warm with src for all three.
-    Staging is timed from COMMAND's start until the copies of the last files
-    in catalog order (`tail`) exist; then COMMAND waits for every copy (`rels`)
-    and reads every file through the shim."""
+    Staging is timed from COMMAND's start until every file has a copy (COMMAND
+    checks them in catalog order, the order stage copies in); then COMMAND
+    reads every file through the shim."""
     dst = ctx.s.work / "copies"
     direct = read_direct(ctx, d, listing, src)
     refs = {
@@ -271,16 +278,16 @@ def _copies(ctx: Context, d: Path, src: Path, files: int, data_bytes: int, listi
     }
     shutil.rmtree(dst, ignore_errors=True)
     tier = dst / "tier"
-    profile = disk_profile(d, tier, data_bytes)
+    profile = disk_profile(d, tier, files, data_bytes // files)
     subprocess.run(["sync"], check=False)
     out = d / "reader.json"
-    cmd = reader_command(ctx, listing, out, src, [f"wait,{tail},{tier},{STALL:g}",
-                                                  f"wait,{rels},{tier},{STALL:g}", f"full,{ctx.s.threads}"])
+    cmd = reader_command(ctx, listing, out, src, [f"wait,{rels},{tier},{STALL:g}", f"full,{ctx.s.threads}"])
     fin, stats, cached = tier_run(ctx, d, profile, src, d / "cache", ["--policy", "stage"], cmd)
     res = _load(out) or {}
     phases = res.get("phases") or []
-    wait, _, verify = (phases + [{}, {}, {}])[:3]
-    seconds = wait["end"] - res["start"] if wait and res.get("start") else None
+    wait, verify = (phases + [{}, {}])[:2]
+    complete = wait.get("waited") == files
+    seconds = wait["end"] - res["start"] if complete and res.get("start") else None
     stage = {"seconds": seconds, "waited": wait.get("waited"), "verify": verify,
              "checksum_equal": res.get("checksum") is not None and res.get("checksum") == direct["checksum"],
              **run_facts(fin, stats, cached, res.get("start"), res.get("exit"))}
@@ -294,8 +301,8 @@ def _copies(ctx: Context, d: Path, src: Path, files: int, data_bytes: int, listi
 
 def case_copies_small(ctx: Context) -> dict[str, Any]:
     d = ctx.run_dir("copies-small")
-    listing, tail, rels = catalog_lists(ctx.tree, d)
-    return _copies(ctx, d, ctx.tree.root, ctx.tree.files, ctx.tree.bytes, listing, tail, rels)
+    listing, rels = catalog_lists(ctx.tree, d)
+    return _copies(ctx, d, ctx.tree.root, ctx.tree.files, ctx.tree.bytes, listing, rels)
 
 
 def case_copies_large(ctx: Context) -> dict[str, Any]:
@@ -305,7 +312,7 @@ def case_copies_large(ctx: Context) -> dict[str, Any]:
     names = [f"big-{k}.bin" for k in range(ctx.s.large_count)]
     listing = write_lines(d / "all.txt", [str(src / n) for n in names])
     waitlist = write_lines(d / "wait.txt", names)
-    return _copies(ctx, d, src, ctx.s.large_count, ctx.s.large_count * ctx.s.large_size, listing, waitlist, waitlist)
+    return _copies(ctx, d, src, ctx.s.large_count, ctx.s.large_count * ctx.s.large_size, listing, waitlist)
 
 
 CASES = {

@@ -20,7 +20,6 @@ import numpy as np
 
 SOURCE = Path(__file__).resolve().parent / "scaletool.c"
 CLASSES = 1000
-TAIL = 64            # staging is timed until the copies of the last TAIL files in catalog order exist
 
 
 def build_tool(work: Path) -> Path:
@@ -135,9 +134,7 @@ def order_lists(tree: Tree, case: SamplerCase, epochs: int, run: Path) -> tuple[
     return read_list, write_lines(run / "wait.txt", dict.fromkeys(flat)), len(flat)
 
 
-def catalog_lists(tree: Tree, run: Path) -> tuple[Path, Path, Path]:
-    """Every file in catalog (ImageFolder) order, the last TAIL of them, and
-    all of them (relative)."""
+def catalog_lists(tree: Tree, run: Path) -> tuple[Path, Path]:
+    """Every file in catalog (ImageFolder) order: absolute, and relative."""
     rels = tree.rel_paths(np.arange(tree.files))
-    return (write_lines(run / "all.txt", (f"{tree.root}/{p}" for p in rels)),
-            write_lines(run / "tail.txt", rels[-TAIL:]), write_lines(run / "rels.txt", rels))
+    return (write_lines(run / "all.txt", (f"{tree.root}/{p}" for p in rels)), write_lines(run / "rels.txt", rels))
