@@ -288,14 +288,14 @@ def _copies(ctx: Context, d: Path, src: Path, files: int, data_bytes: int, listi
     wait, verify = (phases + [{}, {}])[:2]
     complete = wait.get("waited") == files
     seconds = wait["end"] - res["start"] if complete and res.get("start") else None
-    stage = {"seconds": seconds, "waited": wait.get("waited"), "verify": verify,
-             "checksum_equal": res.get("checksum") is not None and res.get("checksum") == direct["checksum"],
-             **run_facts(fin, stats, cached, res.get("start"), res.get("exit"))}
+    stage = {**run_facts(fin, stats, cached, res.get("start"), res.get("exit")),
+             "copy_seconds": seconds, "waited": wait.get("waited"), "verify": verify,
+             "checksum_equal": res.get("checksum") is not None and res.get("checksum") == direct["checksum"]}
     shutil.rmtree(dst, ignore_errors=True)
-    for r in [*refs.values(), stage]:
-        ok = r["seconds"] and r["seconds"] > 0
-        r["files_per_s"] = files / r["seconds"] if ok else None
-        r["mb_per_s"] = data_bytes / 1e6 / r["seconds"] if ok else None
+    for r, key in [*((r, "seconds") for r in refs.values()), (stage, "copy_seconds")]:
+        ok = r[key] is not None and r[key] > 0
+        r["files_per_s"] = files / r[key] if ok else None
+        r["mb_per_s"] = data_bytes / 1e6 / r[key] if ok else None
     return {"files": files, "bytes": data_bytes, "direct": direct, **refs, "stage": stage}
 
 

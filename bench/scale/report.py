@@ -172,7 +172,9 @@ def copies_rows(res: dict[str, Any], label: str, unit: str) -> list[Row]:
     key = "files_per_s" if unit == "files/s" else "mb_per_s"
     fmt = (lambda x: _rate(x, "files/s")) if key == "files_per_s" else (lambda x: "-" if x is None else f"{x:.0f} MB/s")
     problem = _run_problem(stage) or res.get("error")
-    if not problem and stage.get("waited") != res.get("files"):
+    if stage.get("invalid"):        # set by hand on a result found to be wrong, with the reason
+        problem = stage["invalid"]
+    elif not problem and stage.get("waited") != res.get("files"):
         problem = (f"stage placed {stage.get('waited')} of {res.get('files')} files, then made no copy for a minute")
     elif not problem and not stage.get("checksum_equal"):
         problem = "the staged copies were not all read back with the same bytes"
