@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.scale import monitor
-from bench.scale.tool import SamplerCase, Tree, catalog_lists, order_lists, write_lines
+from bench.scale.tool import SamplerCase, Tree, catalog_lists, make_large, order_lists, write_lines
 
 MiB = 1 << 20
 BLOCK = 4096
@@ -307,7 +307,6 @@ def case_copies_small(ctx: Context) -> dict[str, Any]:
 
 
 def case_copies_large(ctx: Context) -> dict[str, Any]:
-    from bench.scale.tool import make_large
     d = ctx.run_dir("copies-large")
     src = make_large(ctx.tool, ctx.s.work, ctx.s.large_count, ctx.s.large_size, seed=1)
     names = [f"big-{k}.bin" for k in range(ctx.s.large_count)]
