@@ -57,6 +57,19 @@ bench: install bench-deps
 bench-quick: install bench-deps
 	$(PY) -m bench.run --quick --out bench/results/quick $(BENCH_ARGS)
 
+# Scale benchmark on ImageNet-1k's shape (1.28 M files of 1 KiB in 1,000 class
+# directories, generated once under $TMPDIR/tiering-scale, about 1.3 GB):
+# tier-run start-up, peak RSS and CPU, `tiering plan`, events at full speed and
+# copies against find, cp -r and tar | tar, side by side; writes
+# bench/results/scale.{json,md}.  About an hour on 2 cores.  bench-scale-quick
+# is the same on 100 k files (bench/results/quick/scale.{json,md}).
+.PHONY: bench-scale bench-scale-quick
+bench-scale: build
+	$(PY) -m bench.scale $(SCALE_ARGS)
+
+bench-scale-quick: build
+	$(PY) -m bench.scale --files 100000 --paced-seconds 10 --large 8x64 --out bench/results/quick $(SCALE_ARGS)
+
 # Shim microbenchmark: ns per open+close with and without the shim (outside the
 # roots, catalogued miss, redirected, relative path; indexes of 1k and 1M
 # entries) and read throughput; writes bench/results/micro.{json,md}.

@@ -1,0 +1,335 @@
+"""The measurements, one function per case; each returns plain numbers (JSON)
+and report.py turns them into verdicts against the targets.
+
+tier-run and `tiering plan` are measured from the outside, through their
+command lines and --stats-json; COMMAND is scaletool (stamp or read), which
+writes its own wall-clock start and exit times."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.scale import monitor
+from bench.scale.tool import SamplerCase, Tree, catalog_lists, make_large, order_lists, write_lines
+
+MiB = 1 << 20
+BLOCK = 4096
+STALL = 60.0      # a reader waiting for copies gives up after this many seconds without a new one
+SAMPLERS = (SamplerCase("random"), SamplerCase("distributed"))
+
+
+@dataclass(frozen=True)
+class Settings:
+    files: int
+    epochs: int
+    size: int
+    rate: float               # opens/s of the paced reader
+    paced_seconds: float      # length of each paced phase
+    threads: int              # reader threads of the full-speed phase
+    large_count: int
+    large_size: int
+    limit: float              # wall-clock limit of one run, seconds
+    plan_limit: float         # the same for `tiering plan`
+    work: Path
+
+
+@dataclass
+class Context:
+    s: Settings
+    tool: Path
+    tree: Tree
+    runs: Path                # this invocation's run directories
+    shm: Path                 # private parent of the memory tiers
+
+    def run_dir(self, name: str) -> Path:
+        d = self.runs / name
+        shutil.rmtree(d, ignore_errors=True)
+        d.mkdir(parents=True)
+        return d
+
+    @property
+    def shared_cache(self) -> Path:
+        return self.runs / "catalog-cache"
+
+
+def _exe(name: str) -> str:
+    """A console script of the package: next to this interpreter, else on PATH."""
+    here = Path(sys.executable).parent / name
+    found = str(here) if here.exists() else shutil.which(name)
+    if not found:
+        raise SystemExit(f"bench.scale: {name} not found; install the package (make install)")
+    return found
+
+
+def write_profile(path: Path, kind: str, tier_parent: Path, capacity: int) -> Path:
+    tier_parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path.write_text("\n".join([
+        f"name: scale-{path.stem}",
+        "description: \"scale benchmark: one tier sized to the case\"",
+        "tiers:",
+        "  - name: tier0",
+        f"    kind: {kind}",
+        f"    path: {tier_parent}",
+        f"    capacity: {capacity}",
+        "    threads: 4",
+        "pfs:",
+        "  read_threads: 8",
+    ]) + "\n")
+    return path
+
+
+def room(files: int, size: int) -> int:
+    """Tier capacity that holds `files` files of `size` bytes with a quarter to
+    spare: tiers count the blocks a copy takes (a 1 KiB file takes 4 KiB)."""
+    return (files * -(-size // BLOCK) * BLOCK) * 5 // 4 + 64 * MiB
+
+
+def fits_profile(ctx: Context, d: Path) -> tuple[Path, Path]:
+    """A memory tier (a private directory in /dev/shm) that holds the data set."""
+    parent = ctx.shm / d.name
+    shutil.rmtree(parent, ignore_errors=True)
+    return write_profile(d / "fits.yaml", "memory", parent, room(ctx.tree.files, ctx.tree.size)), parent
+
+
+def disk_profile(d: Path, tier_parent: Path, files: int, size: int) -> Path:
+    """A file-system tier in the work directory (the file system cp writes to)."""
+    return write_profile(d / "disk.yaml", "filesystem", tier_parent, room(files, size))
+
+
+def _load(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _stamp(path: Path) -> float | None:
+    try:
+        return float(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def tier_run(ctx: Context, d: Path, profile: Path, data: Path, cache: Path, options: list[str],
+             command: list[str]) -> tuple[monitor.Finished, dict[str, Any] | None, bool]:
+    """One monitored tier-run; its --stats-json; whether the catalog cache had
+    an entry before it started."""
+    cached = cache.is_dir() and any(cache.rglob("*.json.gz"))
+    cmd = [_exe("tier-run"), "--profile", str(profile), "--data", str(data), "--stats-json",
+           str(d / "stats.json"), *options, "--", *command]
+    env = dict(os.environ, XDG_CACHE_HOME=str(cache))
+    env.pop("TIERING_DISABLE", None)
+    fin = monitor.run(cmd, d / "tier-run.log", ctx.s.limit, env)
+    return fin, _load(d / "stats.json"), cached
+
+
+def run_facts(fin: monitor.Finished, stats: dict[str, Any] | None, cached: bool,
+              command_start: float | None, command_exit: float | None) -> dict[str, Any]:
+    """What one tier-run measured, from the OS, COMMAND's stamps and --stats-json."""
+    stats = stats or {}
+    return {
+        "command": fin.cmd, "status": fin.status, "killed": fin.killed, "seconds": fin.seconds,
+        "catalog_cached": cached,
+        "startup_s": None if command_start is None else command_start - fin.launched,
+        "teardown_s": None if command_exit is None else fin.exited - command_exit,
+        "peak_rss": fin.peak_rss, "cpu_s": fin.cpu, "tree_maxrss": fin.tree_maxrss, "tree_cpu_s": fin.tree_cpu,
+        "stats_exit_code": stats.get("exit_code"), "files": stats.get("files"),
+        "events": stats.get("events"), "events_dropped": stats.get("events_dropped"),
+        "order": stats.get("order"), "placement": stats.get("placement"), "opens": stats.get("opens"),
+        "stats_seconds": stats.get("seconds"),
+    }
+
+
+def read_direct(ctx: Context, d: Path, listing: Path, src: Path, name: str = "direct") -> dict[str, Any]:
+    """The reader with no tier-run, twice: the reference checksum and opens/s
+    of the second pass, with the page cache warm (as for what follows)."""
+    out = d / f"{name}.json"
+    for _ in range(2):
+        fin = monitor.run([str(ctx.tool), "read", str(listing), str(out), str(src), "-p", f"full,{ctx.s.threads}"],
+                          d / f"{name}.log", ctx.s.limit)
+    res = _load(out) or {}
+    full = (res.get("phases") or [{}])[0]
+    span = (full.get("end") or 0) - (full.get("start") or 0)
+    return {"status": fin.status, "files": res.get("files"), "bytes": res.get("bytes"),
+            "checksum": res.get("checksum"), "opens_per_s": full.get("files", 0) / span if span > 0 else None}
+
+
+def reader_command(ctx: Context, listing: Path, out: Path, src: Path, phases: list[str]) -> list[str]:
+    cmd = [str(ctx.tool), "read", str(listing), str(out), str(src)]
+    for p in phases:
+        cmd += ["-p", p]
+    return cmd
+
+
+# ---- start-up ----
+
+def case_startup(ctx: Context) -> dict[str, Any]:
+    """Start-up to COMMAND with a cold (private, empty) and a cached catalog,
+    against `find DIR -type f | wc -l` (dentries warm for both)."""
+    d = ctx.run_dir("startup")
+    find = [monitor.timed_shell(f"find {ctx.tree.root} -type f | wc -l", d / f"find{k}.log", ctx.s.limit)
+            for k in range(2)]
+    profile, parent = fits_profile(ctx, d)
+    cache = d / "cache"
+    runs: dict[str, Any] = {}
+    sampler = SamplerCase("random")
+    for label, epochs in (("cold", ctx.s.epochs), ("cached", ctx.s.epochs), ("cached-1-epoch", 1)):
+        rd = ctx.run_dir(f"startup/{label}")
+        stamp = rd / "stamp"
+        fin, stats, cached = tier_run(ctx, rd, profile, ctx.tree.root, cache, sampler.tier_run_args(epochs),
+                                      [str(ctx.tool), "stamp", str(stamp)])
+        t = _stamp(stamp)
+        runs[label] = {"epochs": epochs, **run_facts(fin, stats, cached, t, t)}
+    shutil.rmtree(parent, ignore_errors=True)
+    return {"find_s": min(f[0] for f in find), "find_count": int(find[0][1] or -1) if find[0][2] else None,
+            "runs": runs}
+
+
+# ---- plan ----
+
+def case_plan(ctx: Context) -> dict[str, Any]:
+    """`tiering plan` for all epochs, per sampler: wall time, peak RSS and CPU
+    of the process (wait4), and the prediction's shape."""
+    d = ctx.run_dir("plan")
+    profile, _ = fits_profile(ctx, d)
+    out: dict[str, Any] = {}
+    for sc in SAMPLERS:
+        log = d / f"{sc.name}.json"
+        fin = monitor.run([_exe("tiering"), "plan", "--profile", str(profile), "--data", str(ctx.tree.root),
+                           *sc.tier_run_args(ctx.s.epochs), "--json"], log, ctx.s.plan_limit,
+                          dict(os.environ, XDG_CACHE_HOME=str(ctx.shared_cache)))
+        plan = _load(log) or {}
+        epochs = plan.get("epochs") or []
+        out[sc.name] = {"command": fin.cmd, "status": fin.status, "killed": fin.killed, "seconds": fin.seconds,
+                        "maxrss": fin.tree_maxrss or None, "peak_rss_polled": fin.peak_rss, "cpu_s": fin.tree_cpu,
+                        "files": plan.get("files"), "epochs": len(epochs),
+                        "accesses": sorted({e.get("accesses") for e in epochs}) if epochs else []}
+    return out
+
+
+# ---- the clairvoyant runs: RSS, daemon CPU, events, teardown ----
+
+def case_clairvoyant(ctx: Context, sc: SamplerCase) -> dict[str, Any]:
+    """tier-run --sampler for all epochs on a tier that holds the data set;
+    COMMAND reads the first two epochs in the sampler's order: paced while the
+    daemon prefetches, then (every copy of the two epochs made) paced again,
+    then at full speed with `threads` threads."""
+    d = ctx.run_dir(f"clairvoyant-{sc.name}")
+    listing, waitlist, n = order_lists(ctx.tree, sc, 2, d)
+    direct = read_direct(ctx, d, listing, ctx.tree.root)
+    profile, parent = fits_profile(ctx, d)
+    out = d / "reader.json"
+    # each paced phase reads at most a quarter of the list, so that the full-speed one has its share
+    pace = f"paced,{ctx.s.rate:g},{min(ctx.s.paced_seconds, n / 4 / ctx.s.rate):g}"
+    cmd = reader_command(ctx, listing, out, ctx.tree.root,
+                         [pace, f"wait,{waitlist},{parent},{STALL:g}", pace, f"full,{ctx.s.threads}"])
+    fin, stats, cached = tier_run(ctx, d, profile, ctx.tree.root, ctx.shared_cache,
+                                  sc.tier_run_args(ctx.s.epochs), cmd)
+    shutil.rmtree(parent, ignore_errors=True)
+    res = _load(out) or {}
+    facts = run_facts(fin, stats, cached, res.get("start"), res.get("exit"))
+    phases = res.get("phases") or []
+    named = dict(zip(("prefetching", "wait", "fits", "full"), phases))
+    for key in ("prefetching", "fits", "full"):
+        ph = named.get(key)
+        if ph:
+            span = ph["end"] - ph["start"]
+            ph["opens_per_s"] = ph["files"] / span if span > 0 else None
+            ph["daemon_core_share"] = fin.core_share(ph["start"], ph["end"])
+    with waitlist.open() as f:
+        wait_files = sum(1 for _ in f)
+    return {"sampler": sc.__dict__, "listed": n, "wait_files": wait_files, "direct": direct, "reader": res, "phases": named,
+            "checksum_equal": res.get("checksum") is not None and res.get("checksum") == direct["checksum"],
+            **facts}
+
+
+# ---- copies ----
+
+def _copy_reference(script: str, d: Path, dst: Path, name: str, limit: float) -> dict[str, Any]:
+    shutil.rmtree(dst, ignore_errors=True)
+    dst.mkdir(parents=True)
+    subprocess.run(["sync"], check=False)
+    seconds, _, ok = monitor.timed_shell(script, d / f"{name}.log", limit)
+    files = subprocess.run(["bash", "-c", f"find {dst} -type f | wc -l"], capture_output=True, text=True).stdout
+    byte_count = subprocess.run(["du", "-sb", "--apparent-size", str(dst)], capture_output=True, text=True).stdout
+    return {"script": script, "ok": ok, "seconds": seconds, "files": int(files or -1),
+            "bytes_apparent": int(byte_count.split()[0]) if byte_count else None}
+
+
+def _copies(ctx: Context, d: Path, src: Path, files: int, data_bytes: int, listing: Path,
+            rels: Path) -> dict[str, Any]:
+    """cp -r, tar | tar and tier-run --policy stage from src into the same file
+    system (the work directory), the page cache warm with src for all three.
+    Staging is timed from COMMAND's start until every file has a copy (COMMAND
+    checks them in catalog order, the order stage copies in); then COMMAND
+    reads every file through the shim."""
+    dst = ctx.s.work / "copies"
+    direct = read_direct(ctx, d, listing, src)
+    refs = {
+        "cp": _copy_reference(f"cp -r {src} {dst}/tree", d, dst, "cp", ctx.s.limit),
+        "tar": _copy_reference(f"mkdir {dst}/tree && tar -C {src} -cf - . | tar -C {dst}/tree -xf -",
+                               d, dst, "tar", ctx.s.limit),
+    }
+    shutil.rmtree(dst, ignore_errors=True)
+    tier = dst / "tier"
+    profile = disk_profile(d, tier, files, data_bytes // files)
+    subprocess.run(["sync"], check=False)
+    out = d / "reader.json"
+    cmd = reader_command(ctx, listing, out, src, [f"wait,{rels},{tier},{STALL:g}", f"full,{ctx.s.threads}"])
+    fin, stats, cached = tier_run(ctx, d, profile, src, d / "cache", ["--policy", "stage"], cmd)
+    res = _load(out) or {}
+    phases = res.get("phases") or []
+    wait, verify = (phases + [{}, {}])[:2]
+    complete = wait.get("waited") == files
+    seconds = wait["end"] - res["start"] if complete and res.get("start") else None
+    stage = {**run_facts(fin, stats, cached, res.get("start"), res.get("exit")),
+             "copy_seconds": seconds, "waited": wait.get("waited"), "verify": verify,
+             "checksum_equal": res.get("checksum") is not None and res.get("checksum") == direct["checksum"]}
+    shutil.rmtree(dst, ignore_errors=True)
+    for r, key in [*((r, "seconds") for r in refs.values()), (stage, "copy_seconds")]:
+        ok = r[key] is not None and r[key] > 0
+        r["files_per_s"] = files / r[key] if ok else None
+        r["mb_per_s"] = data_bytes / 1e6 / r[key] if ok else None
+    return {"files": files, "bytes": data_bytes, "direct": direct, **refs, "stage": stage}
+
+
+def case_copies_small(ctx: Context) -> dict[str, Any]:
+    d = ctx.run_dir("copies-small")
+    listing, rels = catalog_lists(ctx.tree, d)
+    return _copies(ctx, d, ctx.tree.root, ctx.tree.files, ctx.tree.bytes, listing, rels)
+
+
+def case_copies_large(ctx: Context) -> dict[str, Any]:
+    d = ctx.run_dir("copies-large")
+    src = make_large(ctx.tool, ctx.s.work, ctx.s.large_count, ctx.s.large_size, seed=1)
+    names = [f"big-{k}.bin" for k in range(ctx.s.large_count)]
+    listing = write_lines(d / "all.txt", [str(src / n) for n in names])
+    waitlist = write_lines(d / "wait.txt", names)
+    return _copies(ctx, d, src, ctx.s.large_count, ctx.s.large_count * ctx.s.large_size, listing, waitlist)
+
+
+CASES = {
+    "startup": case_startup,
+    "plan": case_plan,
+    "clairvoyant-random": lambda ctx: case_clairvoyant(ctx, SAMPLERS[0]),
+    "clairvoyant-distributed": lambda ctx: case_clairvoyant(ctx, SAMPLERS[1]),
+    "copies-small": case_copies_small,
+    "copies-large": case_copies_large,
+}
+
+
+def run_case(ctx: Context, name: str) -> dict[str, Any]:
+    t0 = time.monotonic()
+    try:
+        res = CASES[name](ctx)
+    except Exception as e:  # a broken case is recorded, the others still run
+        res = {"error": f"{type(e).__name__}: {e}"}
+    res["case_seconds"] = time.monotonic() - t0
+    return res

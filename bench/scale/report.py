@@ -1,0 +1,229 @@
+"""Targets and verdicts: each row compares ours with its reference from the
+same run; a figure that a case could not produce is "not measured" with the
+reason, never a pass."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+MiB = 1 << 20
+
+
+@dataclass
+class Row:
+    target: str          # what is measured
+    goal: str            # the target, as text
+    ours: str
+    reference: str
+    ratio: float | None
+    verdict: str         # pass | FAIL | info | not measured (why)
+    value: float | None = None
+
+
+def _get(d: dict[str, Any] | None, *keys: str) -> Any:
+    for k in keys:
+        if not isinstance(d, dict):
+            return None
+        d = d.get(k)
+    return d
+
+
+def _mib(n: float | None) -> str:
+    return "-" if n is None else f"{n / MiB:.0f} MiB"
+
+
+def _s(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f} s"
+
+
+def _rate(x: float | None, unit: str) -> str:
+    if x is None:
+        return "-"
+    return f"{x / 1000:.1f} k{unit}" if x >= 10_000 else f"{x:.0f} {unit}"
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}% of a core"
+
+
+def _run_problem(run: dict[str, Any] | None) -> str | None:
+    if not run:
+        return "not run"
+    if run.get("error"):
+        return run["error"]
+    if run.get("killed"):
+        return f"killed after {run.get('seconds', 0):.0f} s"
+    if "status" in run and run["status"] != 0:
+        return f"exit status {run['status']}"
+    return None
+
+
+def _verdict(value: float | None, ok: Callable[[float], bool], problem: str | None) -> str:
+    if problem:
+        return f"not measured ({problem})"
+    if value is None:
+        return "not measured"
+    return "pass" if ok(value) else "FAIL"
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def startup_rows(res: dict[str, Any]) -> list[Row]:
+    find = res.get("find_s")
+    cold, cached = _get(res, "runs", "cold"), _get(res, "runs", "cached")
+    one = _get(res, "runs", "cached-1-epoch")
+    ref = f"find \\| wc -l {_s(find)}"
+    rows = [
+        Row("start-up to COMMAND, cached catalog", "<= 5 s", _s(_get(cached, "startup_s")), ref,
+            _ratio(_get(cached, "startup_s"), find),
+            _verdict(_get(cached, "startup_s"), lambda v: v <= 5, _run_problem(cached) or res.get("error")),
+            _get(cached, "startup_s")),
+        Row("start-up to COMMAND, cold scan", "<= 1.5x find", _s(_get(cold, "startup_s")), ref,
+            _ratio(_get(cold, "startup_s"), find),
+            _verdict(_ratio(_get(cold, "startup_s"), find), lambda v: v <= 1.5, _run_problem(cold) or res.get("error")),
+            _get(cold, "startup_s")),
+    ]
+    hwm90, hwm1 = _get(cached, "peak_rss"), _get(one, "peak_rss")
+    rows.append(Row(f"tier-run peak RSS, random, {_get(cached, 'epochs')} epochs, COMMAND exits at once", "<= 600 MiB",
+                    _mib(hwm90), "-", None, _verdict(hwm90, lambda v: v <= 600 * MiB, _run_problem(cached)), hwm90))
+    rows.append(Row("tier-run peak RSS, all epochs vs 1 epoch", "<= 1.1x (independent of epochs)",
+                    _mib(hwm90), f"1 epoch {_mib(hwm1)}", _ratio(hwm90, hwm1),
+                    _verdict(_ratio(hwm90, hwm1), lambda v: v <= 1.1, _run_problem(cached) or _run_problem(one)),
+                    hwm90))
+    return rows
+
+
+def plan_rows(res: dict[str, Any], epochs: int) -> list[Row]:
+    rows = []
+    for name in ("random", "distributed"):
+        r = res.get(name)
+        problem = _run_problem(r) or res.get("error")
+        killed = bool(_get(r, "killed"))
+        rows.append(Row(f"`tiering plan` {epochs} epochs, {name}: time", "<= 30 s",
+                        (">= " if killed else "") + _s(_get(r, "seconds")) + (" (killed)" if killed else ""), "-", None,
+                        "FAIL" if killed else _verdict(_get(r, "seconds"), lambda v: v <= 30, problem),
+                        _get(r, "seconds")))
+        rss = _get(r, "maxrss")
+        if _get(r, "killed"):   # the polled peak until it was killed is a lower bound
+            polled = _get(r, "peak_rss_polled")
+            over = polled is not None and polled > 600 * MiB
+            rows.append(Row(f"`tiering plan` {epochs} epochs, {name}: peak RSS", "<= 600 MiB",
+                            f">= {_mib(polled)} (killed)", "-", None, "FAIL" if over else f"not measured ({problem})",
+                            polled))
+            continue
+        rows.append(Row(f"`tiering plan` {epochs} epochs, {name}: peak RSS", "<= 600 MiB", _mib(rss), "-",
+                        None, _verdict(rss, lambda v: v <= 600 * MiB, problem), rss))
+    return rows
+
+
+def clairvoyant_rows(res: dict[str, Any], name: str, epochs: int) -> list[Row]:
+    problem = _run_problem(res)
+    ph = res.get("phases") or {}
+    full, fits, pre = ph.get("full") or {}, ph.get("fits") or {}, ph.get("prefetching") or {}
+    rate = full.get("opens_per_s")
+    direct = _get(res, "direct", "opens_per_s")
+    dropped = res.get("events_dropped")
+    order = res.get("order") or {}
+    tier_share = full.get("tier", 0) / full["files"] if full.get("files") else None
+    ev_problem = problem
+    if not problem and (rate is None or tier_share is None or tier_share < 0.99):
+        ev_problem = f"full-speed phase not served from the tiers ({tier_share})"
+    events_note = f"{dropped} dropped at {_rate(rate, 'opens/s')}" if dropped is not None else "-"
+    ev_verdict = _verdict(dropped, lambda v: v == 0, ev_problem)
+    if ev_verdict == "pass" and rate is not None and rate < 200_000:
+        ev_verdict = f"not measured (reader reached {_rate(rate, 'opens/s')} < 200 k/s; 0 dropped at that rate)"
+    following = order.get("following") is True and order.get("diverged") is False
+    wait, wanted = ph.get("wait") or {}, res.get("wait_files")
+    fits_problem = problem
+    if not problem and wanted and wait.get("waited") != wanted:
+        fits_problem = (f"only {wait.get('waited')} of {wanted} files were placed; the reader stopped waiting "
+                        f"after a minute without a new copy")
+    return [
+        Row(f"tier-run peak RSS, {name}, {epochs} epochs", "<= 600 MiB", _mib(res.get("peak_rss")), "-", None,
+            # a run killed after its peak passed the bound has failed it all the same
+            _verdict(res.get("peak_rss"), lambda v: v <= 600 * MiB,
+                     None if (res.get("peak_rss") or 0) > 600 * MiB else problem), res.get("peak_rss")),
+        Row(f"events, {name}: 8 reader threads from the tiers", "0 dropped at >= 200 k opens/s", events_note,
+            f"same reader without tier-run {_rate(direct, 'opens/s')}", _ratio(rate, direct), ev_verdict, dropped),
+        Row(f"clairvoyant keeps following, {name}", "following, not diverged",
+            f"following={order.get('following')} diverged={order.get('diverged')} (matched "
+            f"{order.get('matched_opens')}, unmatched {order.get('unmatched_opens')}, skipped "
+            f"{order.get('skipped_positions')})", "-", None,
+            _verdict(1.0 if following else 0.0, lambda v: v == 1.0, problem), None),
+        Row(f"daemon CPU, {name}: reader {_rate(fits.get('opens_per_s'), 'files/s')}, data in the tiers", "<= 10%",
+            _pct(fits.get("daemon_core_share")), "-", None,
+            _verdict(fits.get("daemon_core_share"), lambda v: v <= 0.10, fits_problem), fits.get("daemon_core_share")),
+        Row(f"daemon CPU, {name}: reader {_rate(pre.get('opens_per_s'), 'files/s')}, prefetching", "<= 25%",
+            _pct(pre.get("daemon_core_share")), "-", None,
+            _verdict(pre.get("daemon_core_share"), lambda v: v <= 0.25, problem), pre.get("daemon_core_share")),
+        Row(f"teardown after COMMAND exits, {name}", "<= 5 s", _s(res.get("teardown_s")), "-", None,
+            _verdict(res.get("teardown_s"), lambda v: v <= 5, problem), res.get("teardown_s")),
+        Row(f"start-up to COMMAND, {name}" + (" (cached catalog)" if res.get("catalog_cached") else " (cold)"),
+            "<= 5 s" if res.get("catalog_cached") else "info", _s(res.get("startup_s")), "-", None,
+            _verdict(res.get("startup_s"), lambda v: v <= 5, problem) if res.get("catalog_cached") else "info",
+            res.get("startup_s")),
+    ]
+
+
+def copies_rows(res: dict[str, Any], label: str, unit: str) -> list[Row]:
+    stage, cp, tar = res.get("stage") or {}, res.get("cp") or {}, res.get("tar") or {}
+    key = "files_per_s" if unit == "files/s" else "mb_per_s"
+    fmt = (lambda x: _rate(x, "files/s")) if key == "files_per_s" else (lambda x: "-" if x is None else f"{x:.0f} MB/s")
+    problem = _run_problem(stage) or res.get("error")
+    if stage.get("invalid"):        # set by hand on a result found to be wrong, with the reason
+        problem = stage["invalid"]
+    elif not problem and stage.get("waited") != res.get("files"):
+        problem = (f"stage placed {stage.get('waited')} of {res.get('files')} files, then made no copy for a minute")
+    elif not problem and not stage.get("checksum_equal"):
+        problem = "the staged copies were not all read back with the same bytes"
+    ours = stage.get(key)
+    return [
+        Row(f"copies, {label}: stage vs cp -r", ">= 0.9x cp -r", fmt(ours), f"cp -r {fmt(cp.get(key))}",
+            _ratio(ours, cp.get(key)), _verdict(_ratio(ours, cp.get(key)), lambda v: v >= 0.9, problem), ours),
+        Row(f"copies, {label}: stage vs tar \\| tar", "info", fmt(ours), f"tar \\| tar {fmt(tar.get(key))}",
+            _ratio(ours, tar.get(key)), "info", ours),
+    ]
+
+
+def teardown_row(results: dict[str, Any]) -> Row | None:
+    """The slowest teardown of every tier-run of the run."""
+    runs = [(f"startup/{k}", v) for k, v in (_get(results, "startup", "runs") or {}).items()]
+    runs += [(k, results[k]) for k in ("clairvoyant-random", "clairvoyant-distributed") if k in results]
+    runs += [(f"{k}/stage", _get(results, k, "stage")) for k in ("copies-small", "copies-large") if k in results]
+    seen = [(k, r["teardown_s"]) for k, r in runs if isinstance(r, dict) and r.get("teardown_s") is not None]
+    if not seen:
+        return None
+    name, worst = max(seen, key=lambda kv: kv[1])
+    return Row("teardown after COMMAND exits, slowest run", "<= 5 s", f"{_s(worst)} ({name})", "-", None,
+               "pass" if worst <= 5 else "FAIL", worst)
+
+
+def rows(results: dict[str, Any], epochs: int) -> list[Row]:
+    out: list[Row] = []
+    if "startup" in results:
+        out += startup_rows(results["startup"])
+    if "plan" in results:
+        out += plan_rows(results["plan"], epochs)
+    for name in ("random", "distributed"):
+        if f"clairvoyant-{name}" in results:
+            out += clairvoyant_rows(results[f"clairvoyant-{name}"], name, epochs)
+    if "copies-small" in results:
+        out += copies_rows(results["copies-small"], "small files", "files/s")
+    if "copies-large" in results:
+        out += copies_rows(results["copies-large"], "large files", "MB/s")
+    td = teardown_row(results)
+    return out + ([td] if td else [])
+
+
+def as_json(table: list[Row]) -> list[dict[str, Any]]:
+    return [asdict(r) for r in table]
+
+
+def markdown(table: list[Row], headline: str) -> str:
+    lines = [headline, "", "| target | goal | ours | reference | ratio | verdict |", "|---|---|---:|---:|---:|---|"]
+    for r in table:
+        ratio = "-" if r.ratio is None else f"{r.ratio:.2f}x"
+        lines.append(f"| {r.target} | {r.goal} | {r.ours} | {r.reference} | {ratio} | {r.verdict} |")
+    return "\n".join(lines) + "\n"
