@@ -55,11 +55,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--plan-limit", type=float, default=600, help="wall-clock limit of one `tiering plan`, seconds")
     ap.add_argument("--work", type=Path, default=Path(os.environ.get("TMPDIR") or "/tmp") / "tiering-scale",
                     help="where the trees, copies and run directories live (a local disk)")
-    ap.add_argument("--out", type=Path, default=REPO / "bench" / "results", help="directory for scale.json and scale.md")
+    ap.add_argument("--out", type=Path, default=REPO / "bench" / "results",
+                    help="directory for scale.json and scale.md")
     ap.add_argument("--only", nargs="+", choices=list(cases.CASES), help="run only these cases")
     ap.add_argument("--merge", action="store_true",
                     help="keep the other cases of an existing DIR/scale.json of the same size and epochs")
-    ap.add_argument("--render", action="store_true", help="only rewrite the targets and DIR/scale.md from DIR/scale.json")
+    ap.add_argument("--render", action="store_true",
+                    help="only rewrite the targets and DIR/scale.md from DIR/scale.json")
     return ap.parse_args(argv)
 
 
@@ -109,7 +111,7 @@ def write_results(a: argparse.Namespace, argv: list[str] | None, settings: cases
         results = {name: ({**kept, **results})[name] for name in cases.CASES if name in kept or name in results}
     table = report.rows(results, a.epochs)
     doc = {"command": command,
-           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
            "machine": machine(), "settings": {**asdict(settings), "work": str(settings.work)},
            "tree": {"files": tree.files, "classes": tree.classes, "size": tree.size, "bytes": tree.bytes,
                     "root": str(tree.root), "generate_seconds": gen_seconds},

@@ -245,7 +245,8 @@ def case_clairvoyant(ctx: Context, sc: SamplerCase) -> dict[str, Any]:
             ph["daemon_core_share"] = fin.core_share(ph["start"], ph["end"])
     with waitlist.open() as f:
         wait_files = sum(1 for _ in f)
-    return {"sampler": sc.__dict__, "listed": n, "wait_files": wait_files, "direct": direct, "reader": res, "phases": named,
+    return {"sampler": sc.__dict__, "listed": n, "wait_files": wait_files, "direct": direct, "reader": res,
+            "phases": named,
             "checksum_equal": res.get("checksum") is not None and res.get("checksum") == direct["checksum"],
             **facts}
 

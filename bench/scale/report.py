@@ -3,8 +3,9 @@ same run; a figure that a case could not produce is "not measured" with the
 reason, never a pass."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Any
 
 MiB = 1 << 20
 
