@@ -114,7 +114,7 @@ def run(cmd: list[str], log: Path, limit: float, env: dict[str, str] | None = No
         if time.time() - launched > limit:
             killed = True
             _kill_group(p.pid)
-            wstatus, ru = 0, None
+            wstatus, ru = 0, None  # type: ignore[assignment]
             break
         s = _sample(proc)
         if s is not None:

@@ -12,7 +12,7 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -83,7 +83,7 @@ def make_large(tool: Path, work: Path, count: int, size: int, seed: int) -> Path
     return root
 
 
-def write_lines(path: Path, lines: Iterator[str] | list[str]) -> Path:
+def write_lines(path: Path, lines: Iterable[str]) -> Path:
     with path.open("w") as f:
         for line in lines:
             f.write(line + "\n")
@@ -114,10 +114,11 @@ class SamplerCase:
         if self.name == "random":
             g = torch.Generator()
             g.manual_seed(self.seed)
-            loader = DataLoader(range(n), batch_size=8192, shuffle=True, generator=g)
+            loader: DataLoader[int] = DataLoader(range(n), batch_size=8192, shuffle=True,  # type: ignore[arg-type]
+                                                 generator=g)
             return [torch.cat(list(loader)).tolist() for _ in range(epochs)]
-        sampler = DistributedSampler(range(n), num_replicas=self.world_size, rank=self.rank,
-                                     shuffle=True, seed=self.seed)
+        sampler: DistributedSampler[int] = DistributedSampler(
+            range(n), num_replicas=self.world_size, rank=self.rank, shuffle=True, seed=self.seed)  # type: ignore[arg-type]
         out = []
         for e in range(epochs):
             sampler.set_epoch(e)
