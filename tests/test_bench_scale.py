@@ -10,7 +10,7 @@ import math
 import subprocess
 from pathlib import Path
 
-from conftest import PYTHON, REPO
+from helpers import PYTHON, REPO
 
 FILES = 20_000
 EPOCHS = 4
