@@ -17,7 +17,8 @@ import tiering.clairvoyant.planner as new
 from tiering.placement.api import allocation
 
 SETTINGS = settings(max_examples=400, deadline=None, derandomize=True,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                           HealthCheck.function_scoped_fixture])
 
 
 def unit(_: int) -> int:
@@ -57,9 +58,19 @@ def as_tuples(actions) -> list[tuple]:  # type: ignore[no-untyped-def]
     return [(a.kind, a.file, a.tier, a.position, a.need) for a in actions]
 
 
+@pytest.fixture(params=[4096, 1], ids=["victims-kept", "victims-rebuilt"])
+def bulk(request: pytest.FixtureRequest) -> object:
+    """Changes beyond BULK make the planner rebuild its victim sets when next
+    needed: with BULK 1 nearly every change goes that way."""
+    saved = new.BULK
+    new.BULK = request.param
+    yield request.param
+    new.BULK = saved
+
+
 @SETTINGS
-@given(cases())
-def test_simulate_is_the_reference(c: dict) -> None:
+@given(c=cases())
+def test_simulate_is_the_reference(bulk: int, c: dict) -> None:
     if c["alloc"] != "blocks":
         return  # simulate() uses the block allocation; other rules are driven below
     want, want_sched = ref.simulate(c["epochs"], c["sizes"], c["caps"], window=c["window"],
@@ -89,8 +100,8 @@ OPS = st.lists(st.tuples(st.sampled_from(["advance", "consume", "consume", "cons
 
 
 @SETTINGS
-@given(cases(), OPS)
-def test_driven_like_the_daemon_it_acts_as_the_reference(c: dict, ops: list[tuple[str, int]]) -> None:
+@given(c=cases(), ops=OPS)
+def test_driven_like_the_daemon_it_acts_as_the_reference(bulk: int, c: dict, ops: list[tuple[str, int]]) -> None:
     alloc = ALLOCS[c["alloc"]]
     files = len(c["sizes"])
     a = ref.Planner(c["sizes"], c["caps"], window=c["window"], alloc=alloc)
@@ -133,7 +144,7 @@ def test_driven_like_the_daemon_it_acts_as_the_reference(c: dict, ops: list[tupl
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_trimming_keeps_the_decisions(monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
+def test_trimming_keeps_the_decisions(monkeypatch: pytest.MonkeyPatch, bulk: int, seed: int) -> None:
     """Longer runs with the stream's head trimmed often: the same plan as the
     reference, with the reference never trimming."""
     monkeypatch.setattr(new, "TRIM_MIN", 7)

@@ -54,6 +54,7 @@ TRIM_MIN = 1 << 16   # consumed positions kept before the stream's head is trimm
 FETCH, EVICT = 0, 1
 KINDS = ("fetch", "evict")
 SCAN = 64            # positions looked at one by one before a scan switches to numpy
+BULK = 4096          # changes to the victim sets beyond which they are rebuilt when next needed
 
 
 @dataclass(frozen=True)
@@ -280,6 +281,7 @@ class Planner:
         self._by_need = [BitSet(4096) for _ in self.capacities]
         self._idle: list[dict[int, BitSet]] = [{} for _ in self.capacities]
         self._idle_n = [0] * len(self.capacities)   # files in each tier's idle sets
+        self._stale = False                          # the victim sets are to be rebuilt
         self._candidates: dict[int, list[int]] = {}  # allocation -> tiers it fits
         self.resident: Mapping[int, int] = _Resident(self)
         self.need = _Need(self)
@@ -400,17 +402,23 @@ class Planner:
     def consume_range(self, start: int, stop: int) -> None:
         """consume() of positions start..stop."""
         start, stop = max(start, self.reader), min(stop, self.end)
-        if start < stop:
-            self._consume_sorted(np.arange(start, stop, dtype=np.int64))
+        if start >= stop:
+            return
+        self._consume_sorted(np.arange(start, stop, dtype=np.int64))
 
     def _consume_sorted(self, p: np.ndarray) -> None:
         """p: distinct known positions at or after the reader, ascending."""
         if p.size == 0:
             return
         base = self.base
-        p = p[~self._cons[p - base]]
-        self._cons[p - base] = True
-        f = self._stream[p - base].astype(np.int64)
+        lo, hi = int(p[0]) - base, int(p[-1]) + 1 - base
+        if hi - lo == len(p) and not self._cons[lo:hi].any():   # a run: slices
+            self._cons[lo:hi] = True
+            f = self._stream[lo:hi].astype(np.int64)
+        else:
+            p = p[~self._cons[p - base]]
+            self._cons[p - base] = True
+            f = self._stream[p - base].astype(np.int64)
         hit = self._need[f] == p
         hf, old = f[hit], p[hit]
         q = self._next[old - base]
@@ -463,17 +471,20 @@ class Planner:
     # -- the victims ---------------------------------------------------------------
     def _grow_victims(self, end: int) -> None:
         """The need sets cover positions _pos0 .. end: rebuilt further on when not."""
-        if not self._by_need or end - self._pos0 <= self._by_need[0].size:
-            return
+        if not self._stale and self._by_need and end - self._pos0 > self._by_need[0].size:
+            self._stale = True
+
+    def _rebuild_victims(self) -> None:
+        """The victim sets from the arrays, after changes too many to apply one
+        by one (a whole epoch read or made known at once)."""
         self._pos0 = self.reader & ~63
-        size = max(4096, 2 * (end - self._pos0))
+        size = max(4096, 2 * (self.end - self._pos0))
         self._by_need = [BitSet(size) for _ in self.capacities]
+        self._idle = [{} for _ in self.capacities]
+        self._idle_n = [0] * len(self.capacities)
+        self._stale = False
         held = np.flatnonzero(self._tier >= 0)
-        needs = self._need[held]
-        tiers = self._tier[held]
-        known = needs != INF
-        for t, bs in enumerate(self._by_need):
-            bs.add_many(needs[known & (tiers == t)] - self._pos0)
+        self._move(held, self._tier[held], self._need[held], True, rebuild=True)
 
     def _idle_set(self, tier: int, uses: int) -> BitSet:
         s = self._idle[tier].get(uses)
@@ -482,6 +493,8 @@ class Planner:
         return s
 
     def _hold(self, f: int, tier: int, need: int) -> None:
+        if self._stale:
+            return
         if need != INF:
             self._by_need[tier].add(need - self._pos0)
         else:
@@ -489,6 +502,8 @@ class Planner:
             self._idle_n[tier] += 1
 
     def _unhold(self, f: int, tier: int, need: int) -> None:
+        if self._stale:
+            return
         if need != INF:
             self._by_need[tier].discard(need - self._pos0)
         else:
@@ -513,7 +528,13 @@ class Planner:
         else:
             self._need[files] = new
 
-    def _move(self, files: np.ndarray, tiers: np.ndarray, needs: np.ndarray, add: bool) -> None:
+    def _move(self, files: np.ndarray, tiers: np.ndarray, needs: np.ndarray, add: bool,
+              rebuild: bool = False) -> None:
+        if self._stale:
+            return
+        if not rebuild and len(files) > max(BULK, len(self._tier) >> 6):
+            self._stale = True   # rebuilt when a victim is next needed
+            return
         known = needs != INF
         for t in np.unique(tiers).tolist():
             mine = tiers == t
@@ -532,6 +553,8 @@ class Planner:
     def _victim(self, tiers: list[int]) -> tuple[int, int, int] | None:
         """(file, tier, need) of the file to evict first among these tiers:
         no known next use (fewest uses, then lowest id), else the farthest need."""
+        if self._stale:
+            self._rebuild_victims()
         best: tuple[int, int, int] | None = None
         for t in tiers:
             if not self._idle_n[t]:

@@ -5,12 +5,15 @@ is known, and again if the reads stop following it."""
 from __future__ import annotations
 
 import logging
+from collections import deque
 from typing import Any
+
+import numpy as np
 
 from ..placement.api import Placement, Policy
 from ..placement.policies import FirstTouch
 from .feeds import EpochOrder, HookFeed, ListFeed
-from .planner import Planner
+from .planner import FETCH, Actions, Planner
 from .progress import Progress
 
 log = logging.getLogger("tiering")
@@ -21,7 +24,10 @@ class Clairvoyant(Policy):
 
     name = "clairvoyant"
     margin = 0.98        # of each tier's capacity, for allocation rounding
-    ahead = 2            # epochs of a ListFeed kept known beyond the reader's
+    ahead = 1            # epochs of a ListFeed kept known beyond the reader's
+    in_flight = 1024     # copies queued in the daemon at most; the plan's other fetches wait here
+    reorder = 8192       # how far ahead of the furthest match an open may match, at most
+    chunk = 1024         # actions handed to the daemon per turn
 
     def __init__(self, placement: Placement, feed: ListFeed | HookFeed | None = None, window: int = 64):
         super().__init__(placement)
@@ -32,14 +38,14 @@ class Clairvoyant(Policy):
         self.progress: Progress | None = None
         self.epoch_starts: list[int] = []   # stream position where each known epoch begins
         self.epochs: list[int] = []         # their numbers
-        self.predicted: dict[int, list[int]] = {}
+        self.predicted: dict[int, np.ndarray] = {}
         self.diverged = False
         self.resets = 0
         self.fetches = 0
         self.evictions = 0
         self.refused = 0
         self._loader: int | None = None
-        self._poll_seen = 0
+        self._actions: deque[Actions] = deque()   # planned, not yet handed to the daemon
 
     # -- the stream ----------------------------------------------------------
     def start(self) -> None:
@@ -57,20 +63,22 @@ class Clairvoyant(Policy):
             self.planner.adopt(i, tier)
         self.progress = Progress(self.planner, window=max(256, 4 * self.window))
         self.epoch_starts, self.epochs = [], []
+        self._actions.clear()
 
-    def _add(self, epoch: int, order: list[int]) -> None:
+    def _add(self, epoch: int, order: np.ndarray) -> None:
         if self.planner is None:
             self._fresh()
         assert self.planner is not None and self.progress is not None
         if not self.epochs:
             # opens match within this many positions of the reader: more than
-            # DataLoader workers read out of order, well under an epoch
-            self.progress.window = max(32, min(4 * self.window, len(order) // 4))
+            # DataLoader workers read out of order (workers x prefetch x batch),
+            # well under an epoch
+            self.progress.window = max(32, min(max(self.reorder, 4 * self.window), len(order) // 4))
         self.epoch_starts.append(self.planner.end)
         self.epochs.append(epoch)
         self.planner.extend(order)
 
-    def _reset(self, epoch: int, orders: list[list[int]]) -> None:
+    def _reset(self, epoch: int, orders: list[np.ndarray]) -> None:
         self.resets += 1
         self.planner = None
         for k, order in enumerate(orders):
@@ -94,10 +102,10 @@ class Clairvoyant(Policy):
         return k
 
     def poll(self) -> None:
-        if not isinstance(self.feed, HookFeed):
-            return
-        for key, eo in self.feed.poll():
-            self._take(key, eo)
+        if isinstance(self.feed, HookFeed):
+            for key, eo in self.feed.poll():
+                self._take(key, eo)
+        self._issue()
 
     def _take(self, key: int, eo: EpochOrder) -> None:
         feed = self.feed
@@ -107,15 +115,15 @@ class Clairvoyant(Policy):
         if key != self._loader:           # a new main loader (e.g. after a validation pass)
             self._loader = key
             self.predicted.clear()
-            self._reset(eo.epoch, [eo.order] + ([eo.next] if eo.next else []))
+            self._reset(eo.epoch, [eo.order] + ([eo.next] if eo.next is not None else []))
         elif eo.epoch in self.predicted:
-            if self.predicted.pop(eo.epoch) != eo.order:
+            if not np.array_equal(self.predicted.pop(eo.epoch), eo.order):
                 log.info("epoch %d is not in the predicted order: planning anew", eo.epoch)
-                self._reset(eo.epoch, [eo.order] + ([eo.next] if eo.next else []))
+                self._reset(eo.epoch, [eo.order] + ([eo.next] if eo.next is not None else []))
             elif eo.next is not None and eo.epoch + 1 not in self.epochs:
                 self._add(eo.epoch + 1, eo.next)
         elif not self.epochs or eo.epoch != self.epochs[-1] + 1:
-            self._reset(eo.epoch, [eo.order] + ([eo.next] if eo.next else []))
+            self._reset(eo.epoch, [eo.order] + ([eo.next] if eo.next is not None else []))
         else:
             self._add(eo.epoch, eo.order)
             if eo.next is not None:
@@ -130,18 +138,22 @@ class Clairvoyant(Policy):
         return self.planner is not None and not self.diverged
 
     def on_open(self, i: int, from_tier: bool, pid: int = 0) -> None:
+        self.on_opens(np.array([i], np.int64), np.array([from_tier]), np.array([pid], np.int64))
+
+    def on_opens(self, files: np.ndarray, from_tier: np.ndarray, pids: np.ndarray) -> None:
         if not self.following:
-            self.first_touch.on_open(i, from_tier)
+            self.first_touch.on_opens(files, from_tier, pids)
             return
         assert self.progress is not None
-        self.progress.sync()
-        if not self.progress.in_stream(i):
-            return  # not part of the planned data set: left on the PFS
-        if self.progress.on_open(i, pid) is not None:
+        planned = self.progress.in_stream(files)   # others are not part of the plan: left on the PFS
+        if not planned.any():
+            return
+        got = self.progress.on_opens(files[planned], pids[planned])
+        if (got >= 0).any():
             if isinstance(self.feed, ListFeed):
                 self._extend_from_list()
             self._pump()
-        elif self.progress.diverged:
+        if self.progress.diverged:
             self._diverge()
 
     def _diverge(self) -> None:
@@ -153,23 +165,50 @@ class Clairvoyant(Policy):
 
     def _pump(self) -> None:
         assert self.planner is not None
-        for a in self.planner.advance():
-            if a.kind == "evict":
-                self.evictions += 1
-                self.placement.evict(a.file)  # a copy still in flight is dropped when it lands
-            elif self.placement.place(a.file, a.tier):
-                self.fetches += 1
+        actions = self.planner.advance()
+        if len(actions):
+            self._actions.append(actions)
+        self._issue()
+
+    def _issue(self) -> None:
+        """Hands the planned actions to the daemon in order, while fewer than
+        in_flight copies are queued there (a plan of a million fetches is
+        not a million queued copies)."""
+        p = self.placement
+        while self._actions and p.copies_in_flight() < self.in_flight and self.following:
+            head = self._actions[0]
+            part, rest = head[:self.chunk], head[self.chunk:]
+            done = 0
+            for kind, f, tier in zip(part.kind.tolist(), part.file.tolist(), part.tier.tolist()):
+                if kind == FETCH and p.copies_in_flight() >= self.in_flight:
+                    break
+                done += 1
+                if kind != FETCH:
+                    self.evictions += 1
+                    p.evict(f)  # a copy still in flight is dropped when it lands
+                elif p.place(f, tier):
+                    self.fetches += 1
+                else:
+                    self.refused += 1
+                    assert self.planner is not None
+                    self.planner.drop(f)
+            rest = head[done:]
+            if len(rest):
+                self._actions[0] = rest
             else:
-                self.refused += 1
-                self.planner.drop(a.file)
+                self._actions.popleft()
+            if done < len(part):
+                return
 
     def on_placed(self, i: int, tier: int) -> None:
         if self.following and self.planner is not None and self.planner.resident.get(i) != tier:
             self.placement.evict(i)  # the plan changed while it was copied
+        self._issue()
 
     def on_failed(self, i: int) -> None:
         if self.planner is not None:
             self.planner.drop(i)
+        self._issue()
 
     def report(self) -> dict[str, Any]:
         p, pr = self.planner, self.progress
@@ -183,6 +222,8 @@ class Clairvoyant(Policy):
             "unmatched_opens": pr.mismatched if pr else 0,
             "duplicate_opens": pr.duplicates if pr else 0,
             "skipped_positions": pr.skipped if pr else 0,
+            "resyncs": pr.resyncs if pr else 0,
+            "planned_not_issued": sum(len(a) for a in self._actions),
             "fetches": self.fetches,
             "evictions": self.evictions,
             "refused": self.refused,
