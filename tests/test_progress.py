@@ -207,3 +207,18 @@ def test_another_order_is_noticed_in_batches_and_with_lost_events(lost: float):
         if pr.diverged:
             break
     assert pr.diverged and pr.resyncs == 0 and pr.matched < 50
+
+
+@pytest.mark.parametrize("batch", [5_000, 30_000, 80_000])
+def test_big_batches_across_an_epoch_boundary(batch: int):
+    """A daemon that drains late gets a batch spanning two epochs, with files
+    opened in both: their second opens match the next epoch's positions (the
+    low-water mark moves on only after the whole batch)."""
+    rng = random.Random(8)
+    n = 20_000
+    orders = [rng.sample(range(n), n) for _ in range(2)]
+    files, pids = reader_events(orders[0] + orders[1], seed=2)
+    pr = tracker(orders, window=1024)
+    feed(pr, files, pids, batch)
+    assert pr.matched == 2 * n and pr.mismatched == 0 and pr.skipped == 0
+    assert pr.planner.reader == 2 * n and not pr.diverged

@@ -457,16 +457,18 @@ class Planner:
             self._n = n
             self.base += k
 
-    def skip_to(self, pos: int) -> None:
-        """Treats every position below pos as consumed (lost events, a jump).
-        Positions not known yet cannot be skipped: pos is taken at most to the
-        end of the known stream."""
+    def skip_to(self, pos: int) -> int:
+        """Treats every position below pos as consumed (lost events, a jump);
+        returns how many were not consumed yet.  Positions not known yet
+        cannot be skipped: pos is taken at most to the end of the known stream."""
         pos = min(pos, self.end)
         if pos <= self.reader:
-            return
+            return 0
         base = self.base
         rng = np.arange(self.reader, pos, dtype=np.int64)
-        self._consume_sorted(rng[~self._cons[rng - base]])
+        rng = rng[~self._cons[rng - base]]
+        self._consume_sorted(rng)
+        return len(rng)
 
     # -- the victims ---------------------------------------------------------------
     def _grow_victims(self, end: int) -> None:

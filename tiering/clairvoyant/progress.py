@@ -90,6 +90,7 @@ class Progress:
             got = self._match(self.planner.need_of(files[idx]))
             out[idx] = got
             outcome[occurrence == k] = got >= 0
+        self._catch_up()   # after the whole batch: its later rounds may lie behind its furthest match
         strays = self.planner.need_of(files[fresh[~outcome]])
         self._remember(outcome, strays[strays < INF])
         return out
@@ -131,7 +132,6 @@ class Progress:
             p.consume_many(positions)
             self.high = max(self.high, int(positions.max()))
             self.matched += len(positions)
-            self._catch_up()
         self.mismatched += int((~acc).sum())
         return got
 
@@ -139,9 +139,7 @@ class Progress:
         """Lost events must not hold the low-water mark back forever."""
         p = self.planner
         if self.high - p.reader > self.window:
-            before = p.reader
-            p.skip_to(self.high - self.window)
-            self.skipped += p.reader - before
+            self.skipped += p.skip_to(self.high - self.window)
 
     def _remember(self, outcome: np.ndarray, strays: np.ndarray) -> None:
         self._stray = np.r_[self._stray, strays][-STRAYS:]
