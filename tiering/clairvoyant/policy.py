@@ -173,7 +173,7 @@ class Clairvoyant(Policy):
     def _issue(self) -> None:
         """Hands the planned actions to the daemon in order, while fewer than
         in_flight copies are queued there (a plan of a million fetches is
-        not a million queued copies)."""
+        not a million queued copies; NOTE [event batches])."""
         p = self.placement
         while self._actions and p.copies_in_flight() < self.in_flight and self.following:
             head = self._actions[0]
