@@ -159,6 +159,7 @@ class Clairvoyant(Policy):
     def _diverge(self) -> None:
         assert self.progress is not None
         self.diverged = True
+        self._actions.clear()
         log.warning("the reads no longer follow the announced order (%d of the last opens did not "
                     "match: a different seed, a resumed run?); placing by first touch from now on",
                     self.progress.mismatched)
@@ -175,14 +176,13 @@ class Clairvoyant(Policy):
         in_flight copies are queued there (a plan of a million fetches is
         not a million queued copies; NOTE [event batches])."""
         p = self.placement
-        while self._actions and p.copies_in_flight() < self.in_flight and self.following:
+        while self._actions and self.following:
+            room = self.in_flight - p.copies_in_flight()
+            if room <= 0:
+                return
             head = self._actions[0]
-            part, rest = head[:self.chunk], head[self.chunk:]
-            done = 0
+            part = head[:min(self.chunk, room)]     # at most room fetches
             for kind, f, tier in zip(part.kind.tolist(), part.file.tolist(), part.tier.tolist()):
-                if kind == FETCH and p.copies_in_flight() >= self.in_flight:
-                    break
-                done += 1
                 if kind != FETCH:
                     self.evictions += 1
                     p.evict(f)  # a copy still in flight is dropped when it lands
@@ -192,13 +192,10 @@ class Clairvoyant(Policy):
                     self.refused += 1
                     assert self.planner is not None
                     self.planner.drop(f)
-            rest = head[done:]
-            if len(rest):
-                self._actions[0] = rest
+            if len(part) < len(head):
+                self._actions[0] = head[len(part):]
             else:
                 self._actions.popleft()
-            if done < len(part):
-                return
 
     def on_placed(self, i: int, tier: int) -> None:
         if self.following and self.planner is not None and self.planner.resident.get(i) != tier:
