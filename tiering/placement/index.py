@@ -96,9 +96,10 @@ assert EVENT_DTYPE.itemsize == ffi.sizeof("struct tiering_event"), "struct tieri
 
 def ring_events(files: int) -> int:
     """Ring slots for a catalog of this many files (NOTE [event batches]): a
-    power of two that holds an epoch's opens and closes (two events per
-    file), between RING_MIN and RING_MAX."""
-    want = min(max(2 * files, RING_MIN), RING_MAX)
+    power of two that holds two epochs' opens and closes (four events per
+    file: a daemon starved of CPU by a fast reader catches up before the ring
+    laps), between RING_MIN and RING_MAX."""
+    want = min(max(4 * files, RING_MIN), RING_MAX)
     return 1 << (want - 1).bit_length()
 
 
