@@ -176,3 +176,21 @@ def test_a_large_plan_reaches_the_daemon_a_bounded_number_of_copies_at_a_time() 
         assert len(fake.pending) <= policy.in_flight
     assert fake.placed == order.tolist()                         # every fetch, in the plan's order
     assert policy.report()["planned_not_issued"] == 0 and policy.fetches == n
+
+
+def test_a_late_drain_spanning_several_epochs_is_followed() -> None:
+    """A daemon starved of CPU drains opens of several epochs at once, more
+    than the plan knew ahead: the next epochs become known as the reader
+    gets to them, and the reads are still followed."""
+    n = 3000
+    rng = np.random.default_rng(2)
+    orders = [rng.permutation(n) for _ in range(5)]
+    fake = FakePlacement(n, 10 * 4096 * n)
+    policy = Clairvoyant(fake, ListFeed(iter(orders)))  # type: ignore[arg-type]
+    policy.start()
+    assert policy.report()["epochs_known"] == 2
+    files = np.concatenate(orders)
+    policy.on_opens(files, np.ones(len(files), bool), np.full(len(files), 9))
+    report = policy.report()
+    assert report["following"] and report["epochs_known"] == 5
+    assert report["matched_opens"] == 5 * n and report["unmatched_opens"] == 0

@@ -28,6 +28,7 @@ class Clairvoyant(Policy):
     in_flight = 1024     # copies queued in the daemon at most; the plan's other fetches wait here
     reorder = 8192       # how far ahead of the furthest match an open may match, at most
     chunk = 1024         # actions handed to the daemon per turn
+    part = 4096          # opens matched at once (between them the next epoch may become known)
 
     def __init__(self, placement: Placement, feed: ListFeed | HookFeed | None = None, window: int = 64):
         super().__init__(placement)
@@ -141,9 +142,17 @@ class Clairvoyant(Policy):
         self.on_opens(np.array([i], np.int64), np.array([from_tier]), np.array([pid], np.int64))
 
     def on_opens(self, files: np.ndarray, from_tier: np.ndarray, pids: np.ndarray) -> None:
-        if not self.following:
-            self.first_touch.on_opens(files, from_tier, pids)
-            return
+        # a late drain may span several epochs: the next epoch is made known
+        # between parts (each shorter than the matching window, so shorter
+        # than a quarter of an epoch) as the reader gets there
+        part = min(self.part, self.progress.window) if self.progress is not None else self.part
+        for k in range(0, len(files), part):
+            if not self.following:
+                self.first_touch.on_opens(files[k:], from_tier[k:], pids[k:])
+                return
+            self._follow(files[k:k + part], pids[k:k + part])
+
+    def _follow(self, files: np.ndarray, pids: np.ndarray) -> None:
         assert self.progress is not None
         planned = self.progress.in_stream(files)   # others are not part of the plan: left on the PFS
         if not planned.any():
