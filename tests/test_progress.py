@@ -158,8 +158,11 @@ def test_a_repeated_file_in_one_batch_matches_its_next_use():
     assert got.tolist() == [0, -1, 1, 2] and pr.duplicates == 1
 
 
-@pytest.mark.parametrize("lost", [0.3, 0.6, 0.9])
+@pytest.mark.parametrize("lost", [0.3, 0.6])
 def test_events_lost_at_random_never_lose_the_reader(lost: float):
+    """(A batch's matches may run ahead about DENSITY positions per open
+    delivered: up to 3 in 4 opens lost one by one; a ring that laps loses
+    runs of events, which the resync handles.)"""
     rng = random.Random(5)
     n = 20_000
     orders = [rng.sample(range(n), n) for _ in range(2)]
@@ -222,3 +225,22 @@ def test_big_batches_across_an_epoch_boundary(batch: int):
     feed(pr, files, pids, batch)
     assert pr.matched == 2 * n and pr.mismatched == 0 and pr.skipped == 0
     assert pr.planner.reader == 2 * n and not pr.diverged
+
+
+def test_a_worker_lagging_far_behind_is_late_not_another_order():
+    """One of 8 workers stalls (its process descheduled) while the others
+    read three windows further: its opens arrive for positions already
+    passed.  They are late, not evidence of another order."""
+    rng = random.Random(9)
+    n = 50_000
+    orders = [rng.sample(range(n), n) for _ in range(2)]
+    files, pids = reader_events(orders[0] + orders[1], seed=3)
+    lag = [k for k in range(30_000, 33_000) if pids[k] == 100]        # worker 0 stalls here
+    rest = [k for k in range(len(files)) if k not in set(lag)]
+    at = rest.index(36_000)                                             # ... and resumes later
+    order = rest[:at] + lag + rest[at:]
+    pr = tracker(orders, window=1024)
+    feed(pr, [files[k] for k in order], [pids[k] for k in order], 1000)
+    assert not pr.diverged and pr.late > 0.3 * len(lag)
+    assert pr.matched + pr.late >= 0.99 * len(files)
+    assert pr.planner.reader >= 2 * n - 1024 - 64 * 8

@@ -260,8 +260,10 @@ class Planner:
         self._need = np.full(n, INF, np.int64)
         self._uses = np.zeros(n, np.int32)
         self._last = np.full(n, -1, np.int64)
+        self._done = np.full(n, -1, np.int64)    # the latest position of each file consumed or skipped
         self._tier_mv = self._tier.data
         self._need_mv = self._need.data
+        self._done_mv = self._done.data
         self._uses_mv = self._uses.data
         self._alloc_mv = self._alloc.data
         self._size_mv = self._size.data
@@ -319,6 +321,10 @@ class Planner:
     def need_of(self, files: np.ndarray) -> np.ndarray:
         """Next unconsumed use of each file (INF: none known)."""
         return self._need[files]
+
+    def done_of(self, files: np.ndarray) -> np.ndarray:
+        """The latest position of each file consumed or skipped (-1: none)."""
+        return self._done[files]
 
     def _reserve(self, k: int) -> None:
         n = self._n
@@ -380,6 +386,8 @@ class Planner:
             return
         cons[pos - base] = True
         f = self._stream_mv[pos - base]
+        if self._done_mv[f] < pos:
+            self._done_mv[f] = pos
         if self._need_mv[f] == pos:
             nxt = self._next_mv
             q = nxt[pos - base]
@@ -419,6 +427,7 @@ class Planner:
             p = p[~self._cons[p - base]]
             self._cons[p - base] = True
             f = self._stream[p - base].astype(np.int64)
+        self._done[f] = np.maximum(self._done[f], p)   # p ascending: a file's last p wins
         hit = self._need[f] == p
         hf, old = f[hit], p[hit]
         q = self._next[old - base]

@@ -75,6 +75,8 @@ class Clairvoyant(Policy):
             # DataLoader workers read out of order (workers x prefetch x batch),
             # well under an epoch
             self.progress.window = max(32, min(max(self.reorder, 4 * self.window), len(order) // 4))
+            # a worker lagging behind (up to half an epoch) is late, not reading another order
+            self.progress.late_span = max(4 * self.progress.window, len(order) // 2)
         self.epoch_starts.append(self.planner.end)
         self.epochs.append(epoch)
         self.planner.extend(order)
@@ -228,6 +230,7 @@ class Clairvoyant(Policy):
             "unmatched_opens": pr.mismatched if pr else 0,
             "duplicate_opens": pr.duplicates if pr else 0,
             "skipped_positions": pr.skipped if pr else 0,
+            "late_opens": pr.late if pr else 0,
             "resyncs": pr.resyncs if pr else 0,
             "planned_not_issued": sum(len(a) for a in self._actions),
             "fetches": self.fetches,

@@ -3,11 +3,19 @@
 
 DataLoader workers open files out of order within their prefetch window, a
 sample may open its file twice, and events are lost when the ring is full.
+A worker may also lag behind the others by more than the window: its opens
+of positions already passed (read or skipped) are late, neither a match nor
+evidence of another order.
 Each open is matched to the first unconsumed occurrence of its file at or
 after the reader's low-water mark (the planner's `need` of the file), if that
 lies within a window ahead of the furthest match; positions clearly left
 behind are skipped.  A process opening the file it opened last is reading
 the same sample again.
+
+Matches run ahead of the furthest match by at most the window, and a batch's
+matches by at most DENSITY positions per open beyond it: unrelated opens
+(another order, a worker far behind) must not step from one chance match
+to the next through the stream.
 
 Lost events: a reader that goes on while a burst of its events is lost
 reappears further on in the stream, beyond the window.  Those opens match
@@ -16,7 +24,8 @@ unmatched opens fall within a window of one place ahead, they are matched
 there, the furthest match moves there (the positions before it are skipped
 as the reader goes on) and the divergence history starts anew.  Opens
 that agree on no place (another seed, a resumed run from a stream not
-announced) make up most of the last HISTORY opens: the reads have diverged.
+announced) make up most of the last HISTORY opens that were not late: the
+reads have diverged.
 """
 from __future__ import annotations
 
@@ -31,6 +40,7 @@ DIVERGED_SHARE = 0.5   # ... of which at least this share did not match
 RESYNC = 16            # recent unmatched opens that must agree on one place further on
 AGREE = 12             # ... of which at least this many within the window of their median
 STRAYS = 8192          # unmatched opens remembered, to be matched after a resync
+DENSITY = 4            # positions a batch's matches may advance per matched open, beyond the window
 
 
 def _running_max(x: np.ndarray, start: int) -> np.ndarray:
@@ -46,13 +56,15 @@ def _running_max(x: np.ndarray, start: int) -> np.ndarray:
 class Progress:
     planner: Planner
     window: int = 1024                        # how far ahead of the furthest match an open may match
+    late_span: int | None = None              # how far behind the reader an open is late, not foreign (4 windows)
     high: int = 0                             # highest position matched so far
     matched: int = 0
     duplicates: int = 0
     mismatched: int = 0
     skipped: int = 0
+    late: int = 0                             # opens of a position already passed (a worker lagging behind)
     resyncs: int = 0
-    _recent: np.ndarray = field(default_factory=lambda: np.zeros(HISTORY, bool))   # True: matched
+    _recent: np.ndarray = field(default_factory=lambda: np.zeros(HISTORY, np.int8))  # 1 matched, 0 not, -1 late
     _seen: int = 0                            # opens in _recent (at most HISTORY)
     _next: int = 0                            # where the next outcome goes in _recent
     _last_open: dict[int, int] = field(default_factory=dict)   # pid -> file it opened last
@@ -77,23 +89,40 @@ class Progress:
             return out
         fresh = np.flatnonzero(~self._repeats(files, np.asarray(pids, np.int64)))
         self.duplicates += len(files) - len(fresh)
-        # a file opened twice in the batch: its second open matches its next use
-        by_file = np.argsort(files[fresh], kind="stable")
-        sf = files[fresh][by_file]
+        # opens of files read or skipped a little behind the reader are matched
+        # after the others: a worker lagging behind opens positions already
+        # passed, and their files' next uses must not lead the matching on
+        p = self.planner
+        span = 4 * self.window if self.late_span is None else self.late_span
+        done = p.done_of(files[fresh])
+        recent = (done >= 0) & (done >= p.reader - span)
+        first = self._rounds(files, fresh[~recent], out)
+        then = self._rounds(files, fresh[recent], out)
+        self._catch_up()   # after the whole batch: its later rounds may lie behind its furthest match
+        self.late += int((~then).sum())
+        self.mismatched -= int((~then).sum())
+        strays = p.need_of(files[fresh[~recent][~first]])
+        # late opens are no evidence either way
+        self._remember(np.r_[first.astype(np.int8), np.where(then, 1, -1).astype(np.int8)],
+                       strays[strays < INF])
+        return out
+
+    def _rounds(self, files: np.ndarray, idx: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """Matches the opens idx (in order) into out; a file opened twice
+        among them matches its next use in a second round.  Returns which matched."""
+        by_file = np.argsort(files[idx], kind="stable")
+        sf = files[idx][by_file]
         rank = np.arange(len(sf)) - np.maximum.accumulate(np.where(np.r_[True, sf[1:] != sf[:-1]],
                                                                    np.arange(len(sf)), 0))
-        occurrence = np.empty(len(fresh), np.int64)
+        occurrence = np.empty(len(idx), np.int64)
         occurrence[by_file] = rank
-        outcome = np.zeros(len(fresh), bool)
-        for k in range(int(occurrence.max()) + 1 if len(fresh) else 0):
-            idx = fresh[occurrence == k]
-            got = self._match(self.planner.need_of(files[idx]))
-            out[idx] = got
-            outcome[occurrence == k] = got >= 0
-        self._catch_up()   # after the whole batch: its later rounds may lie behind its furthest match
-        strays = self.planner.need_of(files[fresh[~outcome]])
-        self._remember(outcome, strays[strays < INF])
-        return out
+        matched = np.zeros(len(idx), bool)
+        for k in range(int(occurrence.max()) + 1 if len(idx) else 0):
+            these = idx[occurrence == k]
+            got = self._match(self.planner.need_of(files[these]))
+            out[these] = got
+            matched[occurrence == k] = got >= 0
+        return matched
 
     def _repeats(self, files: np.ndarray, pids: np.ndarray) -> np.ndarray:
         """Opens of the file the same process opened just before."""
@@ -114,14 +143,18 @@ class Progress:
         """Which positions, offered in order, lie within the window ahead of
         the furthest match before them (the same as one by one)."""
         ok = q < INF
-        acc = ok & (q < max(reader, high) + self.window)
+        start = max(reader, high) + self.window
+        acc = ok & (q < start)
         for _ in range(32):   # each round accepts what the previous round's matches bring in reach
             furthest = _running_max(np.where(acc, q, -1), high)
             more = ok & (q < np.maximum(reader, furthest) + self.window)
             if (more == acc).all():
                 break
             acc = more
-        return acc
+        # a reader moves about one position per open: matches that run further
+        # ahead than DENSITY positions per match are chance hits of unrelated
+        # opens stepping from one to the next (lost events are resync's job)
+        return acc & (q < start + DENSITY * int(acc.sum()))
 
     def _match(self, q: np.ndarray) -> np.ndarray:
         p = self.planner
@@ -142,11 +175,14 @@ class Progress:
             self.skipped += p.skip_to(self.high - self.window)
 
     def _remember(self, outcome: np.ndarray, strays: np.ndarray) -> None:
+        """outcome: 1 matched, 0 not, -1 late, per open; strays: the next
+        uses of the opens that matched nothing."""
         self._stray = np.r_[self._stray, strays][-STRAYS:]
         if not self._resync():
             self._record(outcome)
 
     def _record(self, outcome: np.ndarray) -> None:
+        """outcome: 1 matched, 0 not, -1 late, per open."""
         outcome = outcome[-HISTORY:]
         n = len(outcome)
         idx = (self._next + np.arange(n)) % HISTORY
@@ -184,4 +220,9 @@ class Progress:
 
     @property
     def diverged(self) -> bool:
-        return self._seen == HISTORY and int((~self._recent).sum()) >= DIVERGED_SHARE * HISTORY
+        """Most of the last HISTORY opens that were not late matched nothing."""
+        if self._seen < HISTORY:
+            return False
+        missed = int((self._recent == 0).sum())
+        judged = missed + int((self._recent == 1).sum())
+        return missed >= DIVERGED_SHARE * max(judged, HISTORY // 4)
