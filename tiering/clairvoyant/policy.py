@@ -75,9 +75,9 @@ class Clairvoyant(Policy):
             # DataLoader workers read out of order (workers x prefetch x batch),
             # well under an epoch
             self.progress.window = max(32, min(max(self.reorder, 4 * self.window), len(order) // 4))
-            # a worker lagging behind by a few windows (at most an eighth of an
+            # a worker lagging behind by a few windows (at most a third of an
             # epoch, so that another order shows) is late, not reading another order
-            self.progress.late_span = min(4 * self.progress.window, len(order) // 8)
+            self.progress.late_span = min(4 * self.progress.window, len(order) // 3)
         self.epoch_starts.append(self.planner.end)
         self.epochs.append(epoch)
         self.planner.extend(order)
