@@ -124,6 +124,10 @@ def run_cmd(**kw):  # type: ignore[no-untyped-def]
     _do_run(**kw)
 
 
+PREDICTED_EPOCHS = 2          # epochs the performance model runs for `plan`; later ones repeat the last
+PREDICTED_ACCESSES = 500_000  # ... and at most this many accesses (the model costs about 10 us each)
+
+
 @main.command("plan")
 @click.option("--profile", "profile_name", default="auto", show_default=True, metavar="NAME|FILE")
 @click.option("--data", multiple=True, required=True, metavar="DIR",
@@ -136,24 +140,33 @@ def plan_cmd(profile_name: str, data: tuple[str, ...], window: int, as_json: boo
     per epoch of the clairvoyant policy for a given order."""
     import json as json_mod
 
-    from .catalog import CatalogError, ScanError, scan
-    from .clairvoyant.options import StreamError, epochs_from_options
+    import numpy as np
+
+    from .catalog import CatalogError, ScanError, default_cache_dir, scan
+    from .clairvoyant.options import StreamError, epoch_arrays_from_options
     from .clairvoyant.planner import simulate
     from .clairvoyant.samplers import OrderError
     order = _order(kw)
     if not order.given:
         raise click.UsageError("give the order: --sampler ... (with --seed and --epochs) or --order-file FILE")
+    first: list[np.ndarray] = []
+
+    def epochs():  # type: ignore[no-untyped-def]
+        """Each epoch computed when the planner needs it; the first few kept for the model."""
+        for e in epoch_arrays_from_options(order, cat):
+            if len(first) < PREDICTED_EPOCHS:
+                first.append(e)
+            yield e
+
     try:
         prof = load_profile(profile_name)
-        cat = scan(list(data))
-        epochs = list(epochs_from_options(order, cat))
+        cat = scan(list(data), cache_dir=default_cache_dir())   # the catalog tier-run caches
+        sizes = np.fromiter((f.size for f in cat.files), np.int64, len(cat.files))
+        caps = [t.capacity for t in prof.tiers]
+        reports, _ = simulate(epochs(), sizes, caps, window=window, schedule=False)
     except (ProfileError, ScanError, CatalogError, OrderError, StreamError) as e:
         raise click.ClickException(str(e)) from None
-    sizes = [f.size for f in cat.files]
-    caps = [t.capacity for t in prof.tiers]
-    reports, _ = simulate(epochs, sizes, caps, window=window)
-    from .simulate.fromprofile import format_prediction, plan_prediction
-    predicted = plan_prediction(prof, sizes, epochs, order.batch_size)
+    predicted = _predict(prof, sizes, first, order.batch_size, len(reports))
     if as_json:
         click.echo(json_mod.dumps({"files": len(cat.files), "bytes": cat.total_bytes,
                                    "tiers": [{"name": t.name, "capacity": t.capacity} for t in prof.tiers],
@@ -166,7 +179,39 @@ def plan_cmd(profile_name: str, data: tuple[str, ...], window: int, as_json: boo
     for k, r in enumerate(reports, 1):
         click.echo(f"{k:>5}  {r.accesses:>8}  " + "  ".join(f"{h:>12}" for h in r.hits) +
                    f"  {r.pfs_reads:>10}  {human_bytes(r.pfs_bytes):>10}")
+    if predicted is None:
+        click.echo(f"predicted seconds per epoch: not modelled for more than {PREDICTED_ACCESSES:,} accesses "
+                   "in an epoch (`tiering simulate` models any size, given time)")
+        return
+    from .simulate.fromprofile import format_prediction
     click.echo(format_prediction(predicted))
+    if predicted["modelled_epochs"] < len(reports):
+        click.echo(f"(the model ran epochs 1-{predicted['modelled_epochs']}; later epochs are taken as the last)")
+
+
+def _predict(prof: Any, sizes: Any, first: list[Any], batch_size: int | None,
+             epochs: int) -> dict[str, Any] | None:
+    """The performance model's seconds per epoch over the first epochs, later
+    epochs repeating the last; None when even one epoch is too long to model
+    quickly (the model simulates every access in Python)."""
+    from .simulate.fromprofile import plan_prediction
+    total = 0
+    modelled: list[Any] = []
+    for e in first:
+        if modelled and total + len(e) > PREDICTED_ACCESSES:
+            break
+        total += len(e)
+        modelled.append(e.tolist())
+    if not modelled or total > PREDICTED_ACCESSES:
+        return None
+    p: dict[str, Any] = plan_prediction(prof, sizes.tolist(), modelled, batch_size)
+    p["modelled_epochs"] = len(modelled)
+    for key, sum_key in (("clairvoyant_epochs", "clairvoyant_seconds"), ("pfs_epochs", "pfs_seconds")):
+        per = list(p[key])
+        per += per[-1:] * (epochs - len(per))
+        p[key], p[sum_key] = per, sum(per)
+    p["gain"] = p["pfs_seconds"] / p["clairvoyant_seconds"] if p["clairvoyant_seconds"] > 0 else None
+    return p
 
 
 @main.group()

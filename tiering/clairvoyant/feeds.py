@@ -2,7 +2,7 @@
 file given on the command line (all epochs known ahead), or the messages the
 zero-code hook publishes from inside the training process (tiering/hook).
 
-Every feed hands out epochs as lists of catalog file ids.
+Every feed hands out epochs as int64 arrays of catalog file ids.
 """
 from __future__ import annotations
 
@@ -14,7 +14,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from ..catalog import Catalog, PathIndex
+from .samplers import interleave
 
 log = logging.getLogger("tiering")
 
@@ -24,18 +27,19 @@ MERGE_WAIT = 1.0   # seconds to wait for the other local ranks' order of an epoc
 @dataclass
 class EpochOrder:
     epoch: int
-    order: list[int]                 # catalog file ids, in read order
-    next: list[int] | None = None    # the next epoch's order, when the hook could predict it
+    order: np.ndarray                   # catalog file ids, in read order
+    next: np.ndarray | None = None      # the next epoch's order, when the hook could predict it
 
 
 class ListFeed:
-    """Epochs known in advance (a sampler given on the command line, an order file)."""
+    """Epochs known in advance (a sampler given on the command line, an order
+    file), computed one at a time as the policy asks for them."""
 
-    def __init__(self, epochs: Iterator[list[int]]):
+    def __init__(self, epochs: Iterator[np.ndarray]):
         self._epochs = epochs
         self.number = 0
 
-    def next_epoch(self) -> list[int] | None:
+    def next_epoch(self) -> np.ndarray | None:
         try:
             order = next(self._epochs)
         except StopIteration:
@@ -62,7 +66,7 @@ class HookWatch:
 @dataclass
 class _Loader:
     key: int
-    ids_by_rank: dict[int, list[int]] = field(default_factory=dict)   # dataset index -> catalog id
+    ids_by_rank: dict[int, np.ndarray] = field(default_factory=dict)   # dataset index -> catalog id (-1: none)
     mapped: int = 0
     pending: dict[int, dict[int, dict]] = field(default_factory=dict)  # epoch -> rank -> message
     first_seen: dict[int, float] = field(default_factory=dict)
@@ -108,10 +112,10 @@ class HookFeed:
                 self.errors.append(text)
                 log.warning("order hook: %s", text)
         elif kind == "dataset":
-            ids = [self.paths.id_of(p) for p in msg.get("paths", [])]
+            ids = np.fromiter((self.paths.id_of(p) for p in msg.get("paths", [])), np.int64)
             loader.ids_by_rank[rank] = ids
-            loader.mapped = max(loader.mapped, sum(i >= 0 for i in ids))
-            if loader.mapped == 0 and ids:
+            loader.mapped = max(loader.mapped, int((ids >= 0).sum()))
+            if loader.mapped == 0 and len(ids):
                 text = (f"the data set's files (e.g. {msg['paths'][0]}) are not under any --data "
                         "directory; prefetching follows first touch")
                 if text not in self.errors:
@@ -141,16 +145,17 @@ class HookFeed:
         return out
 
     @staticmethod
-    def _merge(loader: _Loader, msgs: dict[int, dict], field_name: str) -> list[int]:
+    def _merge(loader: _Loader, msgs: dict[int, dict], field_name: str) -> np.ndarray:
         """One node reads the union of its ranks' streams, about in lockstep:
         interleave them position by position."""
         streams = []
+        none = np.zeros(0, np.int64)
         for rank in sorted(msgs):
-            ids = loader.ids_by_rank.get(rank) or next(iter(loader.ids_by_rank.values()), [])
-            streams.append([ids[i] for i in msgs[rank][field_name] if 0 <= i < len(ids) and ids[i] >= 0])
-        if len(streams) == 1:
-            return streams[0]
-        merged: list[int] = []
-        for k in range(max(map(len, streams))):
-            merged.extend(s[k] for s in streams if k < len(s))
-        return merged
+            ids = loader.ids_by_rank.get(rank)
+            if ids is None or not len(ids):
+                ids = next(iter(loader.ids_by_rank.values()), none)
+            idx = np.asarray(msgs[rank][field_name], dtype=np.int64)
+            idx = idx[(idx >= 0) & (idx < len(ids))]
+            got = ids[idx]
+            streams.append(got[got >= 0])
+        return interleave(streams)

@@ -9,11 +9,13 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from ..catalog import Catalog, Layout, PathIndex, dataset_order
 from .feeds import ListFeed
 from .launcher import local_ranks, ranks_from_env
 from .orderfile import read_order_file
-from .samplers import SamplerSpec, epoch_order, epoch_orders, node_stream
+from .samplers import SamplerSpec, epoch_arrays, epoch_order, node_stream_array
 
 PYTHON_NAMES = re.compile(r"^(python[0-9.]*|pypy[0-9.]*|torchrun|ipython[0-9]*)$")
 
@@ -118,21 +120,22 @@ def _specs(opts: OrderOptions, env: Mapping[str, str]) -> list[SamplerSpec]:
             for r in ranks]
 
 
-def epochs_from_options(opts: OrderOptions, catalog: Catalog,
-                        env: Mapping[str, str] = os.environ) -> Iterator[list[int]]:
-    """Catalog file ids, epoch by epoch, as the options describe them."""
+def epoch_arrays_from_options(opts: OrderOptions, catalog: Catalog,
+                              env: Mapping[str, str] = os.environ) -> Iterator[np.ndarray]:
+    """Catalog file ids (int64 arrays), epoch by epoch, as the options describe
+    them; each epoch is computed when it is asked for."""
     if opts.order_file is not None:
         yield from _order_file_epochs(opts, catalog)
         return
-    mapping = dataset_order(catalog, _layout(opts))
+    mapping = np.asarray(dataset_order(catalog, _layout(opts)), dtype=np.int64)
     specs = _specs(opts, env)
     n = len(mapping)
     if len(specs) == 1:
-        for order in epoch_orders(specs[0], n, opts.epochs):
-            yield [mapping[i] for i in order]
+        for order in epoch_arrays(specs[0], n, opts.epochs):
+            yield mapping[order]
     else:
         for e in range(opts.epochs):
-            yield [mapping[i] for i in node_stream(specs, n, e)]
+            yield mapping[node_stream_array(specs, n, e)]
 
 
 class _PathEntry(Exception):
@@ -143,7 +146,7 @@ def _reject_path(token: str) -> int:
     raise _PathEntry(token)
 
 
-def _order_file_epochs(opts: OrderOptions, catalog: Catalog) -> Iterator[list[int]]:
+def _order_file_epochs(opts: OrderOptions, catalog: Catalog) -> Iterator[np.ndarray]:
     """An order file of data-set indices goes through the layout (index i ->
     the file sample i reads); one of file paths names the files themselves
     and needs no layout."""
@@ -151,15 +154,17 @@ def _order_file_epochs(opts: OrderOptions, catalog: Catalog) -> Iterator[list[in
     try:
         epochs = read_order_file(opts.order_file, _reject_path)
     except _PathEntry:
-        yield from _path_epochs(opts.order_file, catalog)
+        for order in _path_epochs(opts.order_file, catalog):
+            yield np.asarray(order, dtype=np.int64)
         return
-    mapping = dataset_order(catalog, _layout(opts))
+    mapping = np.asarray(dataset_order(catalog, _layout(opts)), dtype=np.int64)
     for k, order in enumerate(epochs):
-        bad = next((i for i in order if not 0 <= i < len(mapping)), None)
-        if bad is not None:
-            raise StreamError(f"{opts.order_file}: epoch {k + 1} names index {bad}, but the data set "
-                              f"has {len(mapping)} samples (indices 0..{len(mapping) - 1})")
-        yield [mapping[i] for i in order]
+        idx = np.asarray(order, dtype=np.int64)
+        bad = np.flatnonzero((idx < 0) | (idx >= len(mapping)))
+        if bad.size:
+            raise StreamError(f"{opts.order_file}: epoch {k + 1} names index {int(idx[bad[0]])}, but the data "
+                              f"set has {len(mapping)} samples (indices 0..{len(mapping) - 1})")
+        yield mapping[idx]
 
 
 def _path_epochs(order_file: Path, catalog: Catalog) -> list[list[int]]:
@@ -181,12 +186,19 @@ def _path_epochs(order_file: Path, catalog: Catalog) -> list[list[int]]:
     return epochs
 
 
+def epochs_from_options(opts: OrderOptions, catalog: Catalog,
+                        env: Mapping[str, str] = os.environ) -> Iterator[list[int]]:
+    """epoch_arrays_from_options as lists."""
+    return (a.tolist() for a in epoch_arrays_from_options(opts, catalog, env))
+
+
 def list_feed(opts: OrderOptions, catalog: Catalog, env: Mapping[str, str] = os.environ) -> ListFeed:
     """A feed whose first epoch is already computed, so that bad options fail
-    before COMMAND starts."""
-    epochs = epochs_from_options(opts, catalog, env)
+    before COMMAND starts; the others are computed as the policy asks for them."""
+    epochs = epoch_arrays_from_options(opts, catalog, env)
     first = next(epochs, None)
     return ListFeed(itertools.chain([first] if first is not None else [], epochs))
 
 
-__all__ = ["OrderOptions", "StreamError", "epoch_order", "epochs_from_options", "is_python_command", "list_feed"]
+__all__ = ["OrderOptions", "StreamError", "epoch_arrays_from_options", "epoch_order", "epochs_from_options",
+           "is_python_command", "list_feed"]

@@ -23,22 +23,38 @@ Rules (Belady's rule with prefetching):
   evicted for a later one.
 - A file with no further known use is the first to go; among those, the one
   this node reads least often over the known stream (HDMLP's frequency rule)
-  goes first.  Such files are evicted lazily, when room is needed, so a data
-  set that fits stays in place from one epoch to the next even when the next
-  epoch's order is only published when it starts.
+  goes first, then the lowest file id.  Such files are evicted lazily, when
+  room is needed, so a data set that fits stays in place from one epoch to
+  the next even when the next epoch's order is only published when it starts.
 - Nothing is ever scheduled beyond a tier's capacity.
+
+State (NOTE [planner arrays] in docs/design.md): per file, numpy arrays of its
+tier, its next unconsumed use ("need") and its uses; per known stream position,
+arrays of the file, the next position of the same file and a consumed flag,
+trimmed as the reader moves on.  The victims are found in bit sets: per tier,
+the need positions of its files, and per tier and number of uses, the files
+with no known next use.  Work per position is done with numpy over runs of
+positions (placing into free room, consuming, accounting); only a fetch that
+must evict is decided one at a time.
 """
 from __future__ import annotations
 
-import bisect
-import heapq
-from collections.abc import Callable, Iterable, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import overload
+
+import numpy as np
 
 from ..placement.api import BLOCK, allocation
+from .bitset import BitSet
 
 INF = 1 << 62
 TRIM_MIN = 1 << 16   # consumed positions kept before the stream's head is trimmed
+FETCH, EVICT = 0, 1
+KINDS = ("fetch", "evict")
+SCAN = 64            # positions looked at one by one before a scan switches to numpy
+BULK = 4096          # changes to the victim sets beyond which they are rebuilt when next needed
 
 
 @dataclass(frozen=True)
@@ -50,181 +66,680 @@ class Action:
     need: int = -1   # fetch: the stream position that needs the file
 
 
+class Actions(Sequence[Action]):
+    """Actions in arrays; indexing or iterating gives Action objects."""
+
+    def __init__(self, kind: np.ndarray, file: np.ndarray, tier: np.ndarray, position: np.ndarray,
+                 need: np.ndarray):
+        self.kind, self.file, self.tier, self.position, self.need = kind, file, tier, position, need
+
+    @classmethod
+    def concat(cls, parts: Sequence[Actions]) -> Actions:
+        if not parts:
+            return _EMPTY
+        if len(parts) == 1:
+            return parts[0]
+        return cls(*(np.concatenate([getattr(p, n) for p in parts])
+                     for n in ("kind", "file", "tier", "position", "need")))
+
+    def __len__(self) -> int:
+        return len(self.kind)
+
+    @overload
+    def __getitem__(self, i: int) -> Action: ...
+    @overload
+    def __getitem__(self, i: slice) -> Actions: ...
+
+    def __getitem__(self, i: int | slice) -> Action | Actions:
+        if isinstance(i, slice):
+            return Actions(self.kind[i], self.file[i], self.tier[i], self.position[i], self.need[i])
+        return Action(KINDS[int(self.kind[i])], int(self.file[i]), int(self.tier[i]), int(self.position[i]),
+                      int(self.need[i]))
+
+    def __iter__(self) -> Iterator[Action]:
+        for k, f, t, p, n in zip(self.kind.tolist(), self.file.tolist(), self.tier.tolist(),
+                                 self.position.tolist(), self.need.tolist()):
+            yield Action(KINDS[k], f, t, p, n)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Actions({list(self)!r})"
+
+    @property
+    def fetches(self) -> np.ndarray:
+        return self.kind == FETCH
+
+
+_EMPTY = Actions(np.zeros(0, np.int8), np.zeros(0, np.int64), np.zeros(0, np.int8), np.zeros(0, np.int64),
+                 np.zeros(0, np.int64))
+
+
+class _Log:
+    """Actions in the order they are taken: single ones in lists, runs as arrays."""
+
+    def __init__(self) -> None:
+        self.parts: list[Actions] = []
+        self._reset()
+
+    def _reset(self) -> None:
+        self.kind: list[int] = []
+        self.file: list[int] = []
+        self.tier: list[int] = []
+        self.position: list[int] = []
+        self.need: list[int] = []
+
+    def one(self, kind: int, f: int, tier: int, position: int, need: int = -1) -> None:
+        self.kind.append(kind)
+        self.file.append(f)
+        self.tier.append(tier)
+        self.position.append(position)
+        self.need.append(need)
+
+    def run(self, files: np.ndarray, tiers: np.ndarray, position: int, needs: np.ndarray) -> None:
+        self._flush()
+        n = len(files)
+        self.parts.append(Actions(np.full(n, FETCH, np.int8), files.astype(np.int64), tiers.astype(np.int8),
+                                  np.full(n, position, np.int64), needs.astype(np.int64)))
+
+    def __len__(self) -> int:
+        return len(self.kind) + sum(len(p) for p in self.parts)
+
+    def _flush(self) -> None:
+        if self.kind:
+            self.parts.append(Actions(np.array(self.kind, np.int8), np.array(self.file, np.int64),
+                                      np.array(self.tier, np.int8), np.array(self.position, np.int64),
+                                      np.array(self.need, np.int64)))
+            self._reset()
+
+    def take(self) -> Actions:
+        """The actions logged so far (the log is emptied)."""
+        self._flush()
+        out = Actions.concat(self.parts)
+        self.parts = []
+        return out
+
+
+class _Resident(Mapping[int, int]):
+    """file -> tier of the files the plan holds, over the planner's tier array."""
+
+    def __init__(self, planner: Planner):
+        self._p = planner
+
+    def __getitem__(self, f: int) -> int:
+        if not 0 <= f < len(self._p._tier):
+            raise KeyError(f)
+        t = self._p._tier_mv[f]
+        if t < 0:
+            raise KeyError(f)
+        return t
+
+    def __contains__(self, f: object) -> bool:
+        return bool(isinstance(f, (int, np.integer)) and 0 <= f < len(self._p._tier) and self._p._tier_mv[int(f)] >= 0)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(np.flatnonzero(self._p._tier >= 0).tolist())
+
+    def __len__(self) -> int:
+        return self._p.n_resident
+
+    def as_dict(self) -> dict[int, int]:
+        held = np.flatnonzero(self._p._tier >= 0)
+        return dict(zip(held.tolist(), self._p._tier[held].tolist()))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Mapping):
+            return NotImplemented
+        return len(other) == len(self) and self.as_dict() == dict(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class _Need:
+    """file -> its next unconsumed use (INF: none known)."""
+
+    def __init__(self, planner: Planner):
+        self._p = planner
+
+    def get(self, f: int, default: int = INF) -> int:
+        p = self._p
+        if not 0 <= f < len(p._need):
+            return default
+        n = p._need_mv[f]
+        return n if n != INF or p._uses_mv[f] else default
+
+    def __getitem__(self, f: int) -> int:
+        return self._p._need_mv[f]
+
+
+def _greedy_take(allocs: np.ndarray, room: int) -> np.ndarray:
+    """Which of these files, offered in order, a tier with this free room
+    takes: each one that still fits."""
+    take = np.zeros(len(allocs), bool)
+    idx = np.flatnonzero(allocs <= room)
+    while idx.size:
+        c = np.cumsum(allocs[idx])
+        j = int(np.searchsorted(c, room, side="right"))
+        take[idx[:j]] = True
+        if j == idx.size:
+            break
+        room -= int(c[j - 1]) if j else 0
+        rest = idx[j + 1:]
+        idx = rest[allocs[rest] <= room]
+    return take
+
+
+def _as_ids(order: Iterable[int] | np.ndarray) -> np.ndarray:
+    if isinstance(order, np.ndarray):
+        return order.astype(np.int64, copy=False).ravel()
+    if not isinstance(order, (list, tuple, range)):
+        order = list(order)
+    return np.asarray(order, dtype=np.int64).ravel()
+
+
 class Planner:
-    def __init__(self, sizes: Sequence[int], capacities: Sequence[int], *,
+    def __init__(self, sizes: Sequence[int] | np.ndarray, capacities: Sequence[int], *,
                  window: int | None = None, alloc: Callable[[int], int] = allocation):
         self.sizes = sizes
-        self.capacities = list(capacities)
+        self.capacities = [int(c) for c in capacities]
         self.window = window
         self.alloc = alloc
-        # stream positions are absolute (they count from the start of the run);
-        # the lists hold positions base.. only: consumed ones are trimmed away
-        self.base = 0
-        self.stream: list[int] = []
-        self.next_pos: list[int] = []         # next position of the same file, INF if unknown
-        self._last: dict[int, int] = {}       # file -> its last position in the stream so far
-        self.remaining: dict[int, int] = {}   # file -> known uses not yet consumed
-        self.uses: dict[int, int] = {}        # file -> its uses in the known stream (frequency)
-        self.need: dict[int, int] = {}        # file -> next unconsumed use (INF if none known)
-        self.resident: dict[int, int] = {}    # file -> tier
+        self._size = np.ascontiguousarray(sizes, dtype=np.int64)
+        n = len(self._size)
+        if alloc is allocation:
+            self._alloc = np.maximum(BLOCK, (self._size + BLOCK - 1) // BLOCK * BLOCK)
+        else:
+            self._alloc = np.fromiter((alloc(int(s)) for s in self._size), np.int64, n)
+        self._fits = self._alloc <= max(self.capacities, default=-1)   # some tier can hold it
+        self._tier = np.full(n, -1, np.int8)
+        self._need = np.full(n, INF, np.int64)
+        self._uses = np.zeros(n, np.int32)
+        self._last = np.full(n, -1, np.int64)
+        self._done = np.full(n, -1, np.int64)    # the latest position of each file consumed or skipped
+        self._tier_mv = self._tier.data
+        self._need_mv = self._need.data
+        self._done_mv = self._done.data
+        self._uses_mv = self._uses.data
+        self._alloc_mv = self._alloc.data
+        self._size_mv = self._size.data
+        self._fits_mv = self._fits.data
         self.used = [0] * len(self.capacities)
-        self._heaps: list[list[tuple[int, int, int]]] = [[] for _ in self.capacities]
+        self.n_resident = 0
+        # stream positions are absolute (they count from the start of the run);
+        # the arrays hold positions base.. only: consumed ones are trimmed away
+        self.base = 0
+        self._n = 0
+        self._set_buffers(np.zeros(1024, np.int32), np.full(1024, INF, np.int64), np.zeros(1024, bool))
         self.cursor = 0                       # next stream position to consider fetching
         self.reader = 0                       # every position below is consumed or skipped
-        self._consumed: set[int] = set()      # consumed positions at or above self.reader
+        # victims: need positions (relative to _pos0) of the files of each tier,
+        # and per tier and number of uses the files with no known next use
+        self._pos0 = 0
+        self._by_need = [BitSet(4096) for _ in self.capacities]
+        self._idle: list[dict[int, BitSet]] = [{} for _ in self.capacities]
+        self._idle_n = [0] * len(self.capacities)   # files in each tier's idle sets
+        self._stale = False                          # the victim sets are to be rebuilt
+        self._candidates: dict[int, list[int]] = {}  # allocation -> tiers it fits
+        self.resident: Mapping[int, int] = _Resident(self)
+        self.need = _Need(self)
+
+    def _set_buffers(self, stream: np.ndarray, nxt: np.ndarray, cons: np.ndarray) -> None:
+        self._stream, self._next, self._cons = stream, nxt, cons
+        self._stream_mv = stream.data
+        self._next_mv = nxt.data
+        self._cons_mv = cons.data
 
     # -- the stream ----------------------------------------------------------
     @property
     def end(self) -> int:
         """The position after the last one known."""
-        return self.base + len(self.stream)
+        return self.base + self._n
+
+    @property
+    def stream(self) -> np.ndarray:
+        """File ids of the positions held (base..end)."""
+        return self._stream[:self._n]
+
+    @property
+    def next_pos(self) -> np.ndarray:
+        """Next position of the same file, per position held (INF if unknown)."""
+        return self._next[:self._n]
 
     def file_at(self, pos: int) -> int:
         """The file at stream position pos (not yet trimmed: pos >= base)."""
-        return self.stream[pos - self.base]
+        return self._stream_mv[pos - self.base]
 
-    def extend(self, order: Iterable[int]) -> None:
+    def uses_of(self, files: np.ndarray) -> np.ndarray:
+        """Known uses of each file (0: not in the stream)."""
+        return self._uses[files]
+
+    def need_of(self, files: np.ndarray) -> np.ndarray:
+        """Next unconsumed use of each file (INF: none known)."""
+        return self._need[files]
+
+    def done_of(self, files: np.ndarray) -> np.ndarray:
+        """The latest position of each file consumed or skipped (-1: none)."""
+        return self._done[files]
+
+    def _reserve(self, k: int) -> None:
+        n = self._n
+        if n + k <= len(self._stream):
+            return
+        size = max(2 * len(self._stream), n + k)
+        stream, nxt, cons = np.zeros(size, np.int32), np.full(size, INF, np.int64), np.zeros(size, bool)
+        stream[:n], nxt[:n], cons[:n] = self._stream[:n], self._next[:n], self._cons[:n]
+        self._set_buffers(stream, nxt, cons)
+
+    def extend(self, order: Iterable[int] | np.ndarray) -> None:
         """Appends the next part of the stream (usually one epoch)."""
-        start = self.end
-        for pos, f in enumerate(order, start):
-            self.stream.append(f)
-            self.next_pos.append(INF)
-            prev = self._last.get(f)
-            if prev is not None and prev >= self.base:
-                self.next_pos[prev - self.base] = pos
-            self._last[f] = pos
-            self.remaining[f] = self.remaining.get(f, 0) + 1
-            self.uses[f] = self.uses.get(f, 0) + 1
-            if self.need.get(f, INF) == INF:
-                self.need[f] = pos
-                if f in self.resident:
-                    self._push(f)
+        files = _as_ids(order)
+        k = len(files)
+        if k == 0:
+            return
+        start, base = self.end, self.base
+        self._grow_victims(start + k)
+        self._reserve(k)
+        rel = self._n
+        self._stream[rel:rel + k] = files
+        self._next[rel:rel + k] = INF
+        self._cons[rel:rel + k] = False
+        counts = np.bincount(files, minlength=0)
+        if counts.max() <= 1:    # each file once (an epoch of a permutation)
+            first = last = files
+            first_pos = last_pos = np.arange(start, start + k, dtype=np.int64)
+            per_file = np.ones(k, np.int32)
+        else:
+            by_file = np.argsort(files, kind="stable")
+            sf, sp = files[by_file], by_file.astype(np.int64) + start
+            same = sf[1:] == sf[:-1]
+            self._next[sp[:-1][same] - base] = sp[1:][same]
+            heads = np.ones(k, bool)
+            heads[1:] = ~same
+            tails = np.ones(k, bool)
+            tails[:-1] = ~same
+            first, first_pos, last, last_pos = sf[heads], sp[heads], sf[tails], sp[tails]
+            per_file = np.diff(np.append(np.flatnonzero(heads), k)).astype(np.int32)
+        prev = self._last[first]
+        linked = prev >= base
+        self._next[prev[linked] - base] = first_pos[linked]
+        self._last[last] = last_pos
+        # files with no known use get one: the resident ones leave the idle sets
+        fresh = self._need[first] == INF
+        ff, fp = first[fresh], first_pos[fresh]
+        self._n += k
+        self._set_needs(ff, np.full(len(ff), INF, np.int64), fp)
+        self._uses[first] += per_file
 
     # -- the reader's progress ---------------------------------------------------
     def consume(self, pos: int) -> None:
         """The reader has read stream position pos."""
-        if pos < self.reader or pos in self._consumed or pos >= self.end:
+        if pos < self.reader or pos >= self.end:
             return
-        self._consumed.add(pos)
-        f = self.file_at(pos)
-        self.remaining[f] -= 1
-        if self.need.get(f) == pos:
-            self.need[f] = self._next_unconsumed(pos)
-        if f in self.resident:
-            self._push(f)  # its key changed
-        while self.reader in self._consumed:
-            self._consumed.discard(self.reader)
-            self.reader += 1
-        self._trim()
+        base = self.base
+        cons = self._cons_mv
+        if cons[pos - base]:
+            return
+        cons[pos - base] = True
+        f = self._stream_mv[pos - base]
+        if self._done_mv[f] < pos:
+            self._done_mv[f] = pos
+        if self._need_mv[f] == pos:
+            nxt = self._next_mv
+            q = nxt[pos - base]
+            while q != INF and cons[q - base]:
+                q = nxt[q - base]
+            self._set_need(f, pos, q)
+        if pos == self.reader:
+            end = self.end
+            r = pos + 1
+            while r < end and cons[r - base]:
+                r += 1
+            self.reader = r
+            self._trim()
+
+    def consume_many(self, positions: np.ndarray) -> None:
+        """consume() of each position, in one pass."""
+        p = np.unique(np.asarray(positions, np.int64))
+        self._consume_sorted(p[(p >= self.reader) & (p < self.end)])
+
+    def consume_range(self, start: int, stop: int) -> None:
+        """consume() of positions start..stop."""
+        start, stop = max(start, self.reader), min(stop, self.end)
+        if start >= stop:
+            return
+        self._consume_sorted(np.arange(start, stop, dtype=np.int64))
+
+    def _consume_sorted(self, p: np.ndarray) -> None:
+        """p: distinct known positions at or after the reader, ascending."""
+        if p.size == 0:
+            return
+        base = self.base
+        lo, hi = int(p[0]) - base, int(p[-1]) + 1 - base
+        if hi - lo == len(p) and not self._cons[lo:hi].any():   # a run: slices
+            self._cons[lo:hi] = True
+            f = self._stream[lo:hi].astype(np.int64)
+        else:
+            p = p[~self._cons[p - base]]
+            self._cons[p - base] = True
+            f = self._stream[p - base].astype(np.int64)
+        self._done[f] = np.maximum(self._done[f], p)   # p ascending: a file's last p wins
+        hit = self._need[f] == p
+        hf, old = f[hit], p[hit]
+        q = self._next[old - base]
+        while True:
+            live = np.flatnonzero(q != INF)
+            walk = live[self._cons[q[live] - base]]
+            if walk.size == 0:
+                break
+            q[walk] = self._next[q[walk] - base]
+        self._set_needs(hf, old, q)
+        if self.reader < self.end and self._cons_mv[self.reader - base]:
+            self.reader = self._first_unconsumed(self.reader)
+            self._trim()
+
+    def _first_unconsumed(self, pos: int) -> int:
+        base, end = self.base, self.end
+        step = SCAN
+        while pos < end:
+            chunk = self._cons[pos - base:min(end, pos + step) - base]
+            free = np.flatnonzero(~chunk)
+            if free.size:
+                return pos + int(free[0])
+            pos += len(chunk)
+            step *= 4
+        return end
 
     def _trim(self) -> None:
         """Drops the consumed head of the stream once it outweighs the rest,
         so that memory follows the known future, not the whole run."""
         k = self.reader - self.base
-        if k >= TRIM_MIN and k >= len(self.stream) - k:
-            del self.stream[:k]
-            del self.next_pos[:k]
+        if k >= TRIM_MIN and k >= self._n - k:
+            n = self._n - k
+            self._stream[:n] = self._stream[k:self._n]
+            self._next[:n] = self._next[k:self._n]
+            self._cons[:n] = self._cons[k:self._n]
+            self._n = n
             self.base += k
 
-    def skip_to(self, pos: int) -> None:
-        """Treats every position below pos as consumed (lost events, a jump)."""
-        for q in range(self.reader, min(pos, self.end)):
-            if q not in self._consumed:
-                self.consume(q)
-        self.reader = max(self.reader, pos)
+    def skip_to(self, pos: int) -> int:
+        """Treats every position below pos as consumed (lost events, a jump);
+        returns how many were not consumed yet.  Positions not known yet
+        cannot be skipped: pos is taken at most to the end of the known stream."""
+        pos = min(pos, self.end)
+        if pos <= self.reader:
+            return 0
+        base = self.base
+        rng = np.arange(self.reader, pos, dtype=np.int64)
+        rng = rng[~self._cons[rng - base]]
+        self._consume_sorted(rng)
+        return len(rng)
 
-    def _next_unconsumed(self, pos: int) -> int:
-        q = self.next_pos[pos - self.base]
-        while q != INF and q in self._consumed:
-            q = self.next_pos[q - self.base]
-        return q
+    # -- the victims ---------------------------------------------------------------
+    def _grow_victims(self, end: int) -> None:
+        """The need sets cover positions _pos0 .. end: rebuilt further on when not."""
+        if not self._stale and self._by_need and end - self._pos0 > self._by_need[0].size:
+            self._stale = True
+
+    def _rebuild_victims(self) -> None:
+        """The victim sets from the arrays, after changes too many to apply one
+        by one (a whole epoch read or made known at once)."""
+        self._pos0 = self.reader & ~63
+        size = max(4096, 2 * (self.end - self._pos0))
+        self._by_need = [BitSet(size) for _ in self.capacities]
+        self._idle = [{} for _ in self.capacities]
+        self._idle_n = [0] * len(self.capacities)
+        self._stale = False
+        held = np.flatnonzero(self._tier >= 0)
+        self._move(held, self._tier[held], self._need[held], True, rebuild=True)
+
+    def _idle_set(self, tier: int, uses: int) -> BitSet:
+        s = self._idle[tier].get(uses)
+        if s is None:
+            s = self._idle[tier][uses] = BitSet(len(self._tier))
+        return s
+
+    def _hold(self, f: int, tier: int, need: int) -> None:
+        if self._stale:
+            return
+        if need != INF:
+            self._by_need[tier].add(need - self._pos0)
+        else:
+            self._idle_set(tier, self._uses_mv[f]).add(f)
+            self._idle_n[tier] += 1
+
+    def _unhold(self, f: int, tier: int, need: int) -> None:
+        if self._stale:
+            return
+        if need != INF:
+            self._by_need[tier].discard(need - self._pos0)
+        else:
+            self._idle_set(tier, self._uses_mv[f]).discard(f)
+            self._idle_n[tier] -= 1
+
+    def _set_need(self, f: int, old: int, new: int) -> None:
+        t = self._tier_mv[f]
+        if t >= 0:
+            self._unhold(f, t, old)
+            self._hold(f, t, new)
+        self._need_mv[f] = new
+
+    def _set_needs(self, files: np.ndarray, old: np.ndarray, new: np.ndarray) -> None:
+        """_set_need for many files (each once)."""
+        tiers = self._tier[files]
+        held = tiers >= 0
+        if held.any():
+            self._move(files[held], tiers[held], old[held], False)
+            self._need[files] = new
+            self._move(files[held], tiers[held], new[held], True)
+        else:
+            self._need[files] = new
+
+    def _move(self, files: np.ndarray, tiers: np.ndarray, needs: np.ndarray, add: bool,
+              rebuild: bool = False) -> None:
+        if self._stale:
+            return
+        if not rebuild and len(files) > max(BULK, len(self._tier) >> 6):
+            self._stale = True   # rebuilt when a victim is next needed
+            return
+        known = needs != INF
+        for t in np.unique(tiers).tolist():
+            mine = tiers == t
+            at = needs[mine & known] - self._pos0
+            bs = self._by_need[t]
+            bs.add_many(at) if add else bs.discard_many(at)
+            idle = files[mine & ~known]
+            if idle.size:
+                uses = self._uses[idle]
+                for u in np.unique(uses).tolist():
+                    s = self._idle_set(t, u)
+                    group = idle[uses == u]
+                    s.add_many(group) if add else s.discard_many(group)
+                self._idle_n[t] += len(idle) if add else -len(idle)
+
+    def _victim(self, tiers: list[int]) -> tuple[int, int, int] | None:
+        """(file, tier, need) of the file to evict first among these tiers:
+        no known next use (fewest uses, then lowest id), else the farthest need."""
+        if self._stale:
+            self._rebuild_victims()
+        best: tuple[int, int, int] | None = None
+        for t in tiers:
+            if not self._idle_n[t]:
+                continue
+            for u in sorted(self._idle[t]):
+                f = self._idle[t][u].min()
+                if f >= 0:
+                    if best is None or (u, f) < best[:2]:
+                        best = (u, f, t)
+                    break
+        if best is not None:
+            return best[1], best[2], INF
+        far, far_tier = -1, -1
+        for t in tiers:
+            q = self._by_need[t].max()
+            if q > far:
+                far, far_tier = q, t
+        if far < 0:
+            return None
+        pos = far + self._pos0
+        return self._stream_mv[pos - self.base], far_tier, pos
+
+    def _enter(self, f: int, tier: int) -> None:
+        self._tier_mv[f] = tier
+        self.used[tier] += self._alloc_mv[f]
+        self.n_resident += 1
+        self._hold(f, tier, self._need_mv[f])
+
+    def _leave(self, f: int) -> int:
+        tier = self._tier_mv[f]
+        self._unhold(f, tier, self._need_mv[f])
+        self._tier_mv[f] = -1
+        self.used[tier] -= self._alloc_mv[f]
+        self.n_resident -= 1
+        return tier
 
     # -- placement ---------------------------------------------------------------
-    def advance(self) -> list[Action]:
-        """Fetches to issue now, in the order they are needed."""
-        actions: list[Action] = []
+    def advance(self) -> Actions:
+        """Fetches to issue now, in the order they are needed (each after the
+        evictions that make its room)."""
+        log = _Log()
+        self._advance(log)
+        return log.take()
+
+    def _advance(self, log: _Log) -> None:
         self.cursor = max(self.cursor, self.reader)
         window_end = INF if self.window is None else self.reader + self.window
         while self.cursor < self.end:
-            pos = self.cursor
-            f = self.file_at(pos)
-            if f not in self.resident and pos not in self._consumed:
-                if all(self.alloc(self.sizes[f]) > cap for cap in self.capacities):
-                    self.cursor += 1
-                    continue  # fits no tier: read from the PFS, no reason to pause
-                if pos >= window_end and self._free_tier(f) is None:
-                    break  # beyond the window, fetch only into free room
-                tier = self._make_room(f, pos, actions)
-                if tier is None:
-                    break  # every resident file is needed sooner: wait for the reader
-                self.resident[f] = tier
-                self.used[tier] += self.alloc(self.sizes[f])
-                self._push(f)
-                actions.append(Action("fetch", f, tier, self.reader, pos))
-            self.cursor += 1
-        return actions
+            pos = self._fill_free(self.cursor, log)
+            self.cursor = pos
+            if pos >= self.end or pos >= window_end:
+                return  # beyond the window, fetch only into free room
+            f = self._stream_mv[pos - self.base]
+            tier = self._make_room(f, pos, log)
+            if tier is None:
+                return  # every resident file is needed sooner: wait for the reader
+            self._enter(f, tier)
+            log.one(FETCH, f, tier, self.reader, pos)
+            self.cursor = pos + 1
+
+    def _next_wanted(self, pos: int) -> int:
+        """The first position from pos on whose file is to be fetched: not
+        held, not consumed there, and fits some tier."""
+        base, end = self.base, self.end
+        stream, cons, tier, fits = self._stream_mv, self._cons_mv, self._tier_mv, self._fits_mv
+        stop = min(end, pos + SCAN)
+        while pos < stop:
+            f = stream[pos - base]
+            if tier[f] < 0 and not cons[pos - base] and fits[f]:
+                return pos
+            pos += 1
+        step = 4096
+        while pos < end:
+            hi = min(end, pos + step)
+            files = self._stream[pos - base:hi - base]
+            wanted = np.flatnonzero((self._tier[files] < 0) & ~self._cons[pos - base:hi - base] & self._fits[files])
+            if wanted.size:
+                return pos + int(wanted[0])
+            pos = hi
+            step *= 4
+        return end
+
+    def _room_for(self, a: int) -> int:
+        """The fastest tier with a bytes free, -1 if none."""
+        for k, (cap, u) in enumerate(zip(self.capacities, self.used)):
+            if cap - u >= a:
+                return k
+        return -1
+
+    def _fill_free(self, pos: int, log: _Log) -> int:
+        """Fetches into free room from pos on, in stream order, each file into
+        the fastest tier with room; returns the first position to fetch for
+        whose file has no free room (or end).  The first few one by one, then
+        runs with numpy."""
+        base, end = self.base, self.end
+        for _ in range(SCAN // 4):
+            pos = self._next_wanted(pos)
+            if pos >= end:
+                return end
+            f = self._stream_mv[pos - base]
+            tier = self._room_for(self._alloc_mv[f])
+            if tier < 0:
+                return pos
+            self._enter(f, tier)
+            log.one(FETCH, f, tier, self.reader, pos)
+            pos += 1
+        step = 256
+        while True:
+            pos = self._next_wanted(pos)
+            if pos >= end:
+                return end
+            if self._room_for(self._alloc_mv[self._stream_mv[pos - base]]) < 0:
+                return pos
+            hi = min(end, pos + step)
+            files = self._stream[pos - base:hi - base].astype(np.int64)
+            wanted = np.flatnonzero((self._tier[files] < 0) & ~self._cons[pos - base:hi - base] & self._fits[files])
+            files = files[wanted]
+            _, first = np.unique(files, return_index=True)
+            first.sort()
+            files, wanted = files[first], wanted[first]
+            allocs = self._alloc[files]
+            tiers = np.full(len(files), -1, np.int8)
+            left = np.arange(len(files))
+            for t, (cap, u) in enumerate(zip(self.capacities, self.used)):
+                if left.size == 0:
+                    break
+                take = _greedy_take(allocs[left], cap - u)
+                tiers[left[take]] = t
+                left = left[~take]
+            stop = int(left[0]) if left.size else len(files)
+            if stop:
+                self._enter_many(files[:stop], tiers[:stop])
+                log.run(files[:stop], tiers[:stop], self.reader, pos + wanted[:stop])
+            if stop < len(files):
+                return pos + int(wanted[stop])
+            pos = hi
+            step *= 4
+
+    def _enter_many(self, files: np.ndarray, tiers: np.ndarray) -> None:
+        if files.size == 0:
+            return
+        self._tier[files] = tiers
+        allocs = self._alloc[files]
+        for t in range(len(self.used)):
+            self.used[t] += int(allocs[tiers == t].sum())
+        self.n_resident += len(files)
+        self._move(files, tiers, self._need[files], True)
 
     def adopt(self, f: int, tier: int) -> None:
         """Records a copy that already exists (placed before the plan began)."""
-        if f in self.resident:
+        if self._tier_mv[f] >= 0:
             return
-        self.resident[f] = tier
-        self.used[tier] += self.alloc(self.sizes[f])
-        self._push(f)
+        self._enter(f, tier)
 
     def drop(self, f: int) -> None:
         """Forgets a resident file (its copy failed or was invalidated)."""
-        tier = self.resident.pop(f, None)
-        if tier is not None:
-            self.used[tier] -= self.alloc(self.sizes[f])
+        if self._tier_mv[f] >= 0:
+            self._leave(f)
 
-    def _key(self, f: int) -> tuple[int, int]:
-        # farthest next use first; among files with none, the least used first
-        n = self.need.get(f, INF)
-        return (-n, self.uses.get(f, 0) if n == INF else 0)
-
-    def _push(self, f: int) -> None:
-        tier = self.resident[f]
-        neg, freq = self._key(f)
-        heap = self._heaps[tier]
-        heapq.heappush(heap, (neg, freq, f))
-        if len(heap) > 4 * (self.used[tier] // BLOCK + 16):
-            # stale entries pile up when nothing needs room (data that fits):
-            # rebuild from what is resident in this tier
-            heap[:] = [(*self._key(g), g) for g, t in self.resident.items() if t == tier]
-            heapq.heapify(heap)
-
-    def _top(self, tier: int) -> tuple[int, int, int] | None:
-        """The valid entry of the tier's heap with the farthest next use."""
-        h = self._heaps[tier]
-        while h:
-            neg, freq, f = h[0]
-            if self.resident.get(f) == tier and self._key(f) == (neg, freq):
-                return h[0]
-            heapq.heappop(h)
-        return None
-
-    def _free_tier(self, f: int) -> int | None:
-        size = self.alloc(self.sizes[f])
-        for k, cap in enumerate(self.capacities):
-            if cap - self.used[k] >= size:
-                return k
-        return None
-
-    def _make_room(self, f: int, need: int, actions: list[Action]) -> int | None:
-        size = self.alloc(self.sizes[f])
-        candidates = [k for k, cap in enumerate(self.capacities) if size <= cap]
+    def _make_room(self, f: int, need: int, log: _Log) -> int | None:
+        size = self._alloc_mv[f]
+        caps, used = self.capacities, self.used
+        candidates = self._candidates.get(size)
+        if candidates is None:
+            candidates = self._candidates[size] = [k for k, cap in enumerate(caps) if size <= cap]
         victims: list[tuple[int, int]] = []
         while True:
             for k in candidates:
-                if self.capacities[k] - self.used[k] >= size:
+                if caps[k] - used[k] >= size:
                     for v, t in victims:
                         if t == k:
-                            actions.append(Action("evict", v, t, self.reader))
+                            log.one(EVICT, v, t, self.reader)
                         else:  # it made no room where f goes: it stays
-                            self.resident[v] = t
-                            self.used[t] += self.alloc(self.sizes[v])
-                            self._push(v)
+                            self._enter(v, t)
                     return k
             # evict the file needed farthest in the future, across tiers, if it
             # is needed after `need`; otherwise undo and wait for the reader.
@@ -232,19 +747,34 @@ class Planner:
             # would sometimes rather wait for the reader to read it and evict
             # it then; that saves PFS bytes only when the window is a large
             # share of the tier, and costs the prefetch its lead.)
-            tops = [t for t in (self._top(k) for k in candidates) if t is not None]
-            best = min(tops) if tops else None
-            if best is None or -best[0] <= need:
+            best = self._victim(candidates)
+            if best is None or best[2] <= need:
                 for v, t in victims:
-                    self.resident[v] = t
-                    self.used[t] += self.alloc(self.sizes[v])
-                    self._push(v)
+                    self._enter(v, t)
                 return None
-            victim = best[2]
-            tier = self.resident[victim]
-            heapq.heappop(self._heaps[tier])
-            self.drop(victim)
-            victims.append((victim, tier))
+            victims.append((best[0], self._leave(best[0])))
+
+    # -- offline: how long nothing can happen ------------------------------------
+    def _quiet_until(self, stop: int) -> int:
+        """With the reader reading in order from self.reader and advance()
+        just called: the first reader position after it at which advance()
+        may act again (at most stop)."""
+        r, c = self.reader, self.cursor
+        if c >= self.end:
+            return stop      # everything known is placed
+        if self.window is not None and c >= r + self.window:
+            return max(r + 1, min(stop, c - self.window + 1))   # the window reaches c
+        # making room for c failed: it may succeed once a held file read
+        # before c is next needed after c (or never), and does at c at the latest
+        hi = min(stop, c, r + SCAN)    # (an earlier answer only costs a call of advance)
+        base = self.base
+        stream, tier, nxt = self._stream_mv, self._tier_mv, self._next_mv
+        q = r
+        while q < hi:
+            if nxt[q - base] > c and tier[stream[q - base]] >= 0:
+                return q + 1
+            q += 1
+        return max(hi, r + 1)
 
 
 # -- offline simulation -----------------------------------------------------------
@@ -263,46 +793,84 @@ class EpochReport:
                 "pfs_bytes": self.pfs_bytes, "fetches": self.fetches, "evictions": self.evictions}
 
 
-def simulate(epochs: Sequence[Sequence[int]], sizes: Sequence[int], capacities: Sequence[int], *,
-             window: int | None = 64, known_ahead: int = 1) -> tuple[list[EpochReport], list[Action]]:
+def _account(p: Planner, r: EpochReport, acts: Actions, kept: list[Actions] | None) -> None:
+    if len(acts) == 0:
+        return
+    if kept is not None:
+        kept.append(acts)
+    fetched = acts.file[acts.fetches]
+    r.fetches += len(fetched)
+    r.evictions += len(acts) - len(fetched)
+    r.pfs_bytes += int(p._size[fetched].sum())
+
+
+def _read(p: Planner, r: EpochReport, start: int, stop: int) -> None:
+    """The reader reads positions start..stop (nothing is placed meanwhile)."""
+    base = p.base
+    if stop - start <= SCAN:
+        stream, tier, size = p._stream_mv, p._tier_mv, p._size_mv
+        for pos in range(start, stop):
+            f = stream[pos - base]
+            t = tier[f]
+            if t < 0:
+                r.pfs_reads += 1
+                r.pfs_bytes += size[f]
+            else:
+                r.hits[t] += 1
+            p.consume(pos)
+        r.accesses += stop - start
+        return
+    files = p._stream[start - base:stop - base]
+    tiers = p._tier[files]
+    missed = tiers < 0
+    r.accesses += stop - start
+    r.pfs_reads += int(missed.sum())
+    r.pfs_bytes += int(p._size[files[missed]].sum())
+    for t, h in enumerate(np.bincount(tiers[~missed], minlength=len(r.hits)).tolist()):
+        r.hits[t] += h
+    p.consume_range(start, stop)
+
+
+def simulate(epochs: Iterable[Sequence[int] | np.ndarray], sizes: Sequence[int] | np.ndarray,
+             capacities: Sequence[int], *, window: int | None = 64, known_ahead: int = 1,
+             schedule: bool = True) -> tuple[list[EpochReport], Actions]:
     """Runs the planner over the epochs with a reader that never waits for a
     fetch (unlimited PFS bandwidth).  known_ahead: how many epochs beyond the
     current one are known (1: the next epoch's order is known while the
-    current one runs; 0: each epoch's order arrives when it starts)."""
+    current one runs; 0: each epoch's order arrives when it starts).  Epochs
+    are taken from the iterable as they become known, so that at most
+    1 + known_ahead of them are held; schedule=False keeps no actions."""
     p = Planner(sizes, capacities, window=window)
-    reports = [EpochReport(hits=[0] * len(capacities)) for _ in epochs]
-    schedule: list[Action] = []
-    bounds: list[int] = []
-    total = 0
-    for ep in epochs:
-        bounds.append(total)
-        total += len(ep)
-    known = 0
+    reports: list[EpochReport] = []
+    kept: list[Actions] = []
+    source = iter(epochs)
+    known: deque[int] = deque()      # lengths of the epochs extended and not yet read
+    exhausted = False
+    log = _Log()
+    while True:
+        while len(known) < 1 + known_ahead and not exhausted:
+            order = next(source, None)
+            if order is None:
+                exhausted = True
+                break
+            ids = _as_ids(order)
+            p.extend(ids)
+            known.append(len(ids))
+        if not known:
+            break
+        r = EpochReport(hits=[0] * len(p.capacities))
+        reports.append(r)
+        pos = p.reader
+        stop = pos + known.popleft()
+        while pos < stop:
+            p._advance(log)
+            quiet = p._quiet_until(stop)
+            _read(p, r, pos, quiet)
+            pos = quiet
+            if len(log.kind) >= 1 << 16:
+                _account(p, r, log.take(), kept if schedule else None)
+        _account(p, r, log.take(), kept if schedule else None)
+    return reports, Actions.concat(kept)
 
-    def epoch_of(pos: int) -> int:
-        return bisect.bisect_right(bounds, pos) - 1
 
-    for e, order in enumerate(epochs):
-        while known < min(len(epochs), e + 1 + known_ahead):
-            p.extend(epochs[known])
-            known += 1
-        for pos in range(bounds[e], bounds[e] + len(order)):
-            for a in p.advance():
-                schedule.append(a)
-                r = reports[epoch_of(a.position)]
-                if a.kind == "fetch":
-                    r.fetches += 1
-                    r.pfs_bytes += sizes[a.file]
-                else:
-                    r.evictions += 1
-            f = p.file_at(pos)
-            r = reports[e]
-            r.accesses += 1
-            tier = p.resident.get(f)
-            if tier is None:
-                r.pfs_reads += 1
-                r.pfs_bytes += sizes[f]
-            else:
-                r.hits[tier] += 1
-            p.consume(pos)
-    return reports, schedule
+__all__ = ["INF", "Action", "Actions", "EpochReport", "Planner", "allocation", "simulate"]

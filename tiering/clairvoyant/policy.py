@@ -5,12 +5,15 @@ is known, and again if the reads stop following it."""
 from __future__ import annotations
 
 import logging
+from collections import deque
 from typing import Any
+
+import numpy as np
 
 from ..placement.api import Placement, Policy
 from ..placement.policies import FirstTouch
 from .feeds import EpochOrder, HookFeed, ListFeed
-from .planner import Planner
+from .planner import FETCH, Actions, Planner
 from .progress import Progress
 
 log = logging.getLogger("tiering")
@@ -21,7 +24,11 @@ class Clairvoyant(Policy):
 
     name = "clairvoyant"
     margin = 0.98        # of each tier's capacity, for allocation rounding
-    ahead = 2            # epochs of a ListFeed kept known beyond the reader's
+    ahead = 1            # epochs of a ListFeed kept known beyond the reader's
+    in_flight = 1024     # copies queued in the daemon at most; the plan's other fetches wait here
+    reorder = 8192       # how far ahead of the furthest match an open may match, at most
+    chunk = 1024         # actions handed to the daemon per turn
+    part = 4096          # opens matched at once (between them the next epoch may become known)
 
     def __init__(self, placement: Placement, feed: ListFeed | HookFeed | None = None, window: int = 64):
         super().__init__(placement)
@@ -32,14 +39,14 @@ class Clairvoyant(Policy):
         self.progress: Progress | None = None
         self.epoch_starts: list[int] = []   # stream position where each known epoch begins
         self.epochs: list[int] = []         # their numbers
-        self.predicted: dict[int, list[int]] = {}
+        self.predicted: dict[int, np.ndarray] = {}
         self.diverged = False
         self.resets = 0
         self.fetches = 0
         self.evictions = 0
         self.refused = 0
         self._loader: int | None = None
-        self._poll_seen = 0
+        self._actions: deque[Actions] = deque()   # planned, not yet handed to the daemon
 
     # -- the stream ----------------------------------------------------------
     def start(self) -> None:
@@ -57,20 +64,25 @@ class Clairvoyant(Policy):
             self.planner.adopt(i, tier)
         self.progress = Progress(self.planner, window=max(256, 4 * self.window))
         self.epoch_starts, self.epochs = [], []
+        self._actions.clear()
 
-    def _add(self, epoch: int, order: list[int]) -> None:
+    def _add(self, epoch: int, order: np.ndarray) -> None:
         if self.planner is None:
             self._fresh()
         assert self.planner is not None and self.progress is not None
         if not self.epochs:
             # opens match within this many positions of the reader: more than
-            # DataLoader workers read out of order, well under an epoch
-            self.progress.window = max(32, min(4 * self.window, len(order) // 4))
+            # DataLoader workers read out of order (workers x prefetch x batch),
+            # well under an epoch
+            self.progress.window = max(32, min(max(self.reorder, 4 * self.window), len(order) // 4))
+            # a worker lagging behind by a few windows (at most a third of an
+            # epoch, so that another order shows) is late, not reading another order
+            self.progress.late_span = min(4 * self.progress.window, len(order) // 3)
         self.epoch_starts.append(self.planner.end)
         self.epochs.append(epoch)
         self.planner.extend(order)
 
-    def _reset(self, epoch: int, orders: list[list[int]]) -> None:
+    def _reset(self, epoch: int, orders: list[np.ndarray]) -> None:
         self.resets += 1
         self.planner = None
         for k, order in enumerate(orders):
@@ -94,10 +106,10 @@ class Clairvoyant(Policy):
         return k
 
     def poll(self) -> None:
-        if not isinstance(self.feed, HookFeed):
-            return
-        for key, eo in self.feed.poll():
-            self._take(key, eo)
+        if isinstance(self.feed, HookFeed):
+            for key, eo in self.feed.poll():
+                self._take(key, eo)
+        self._issue()
 
     def _take(self, key: int, eo: EpochOrder) -> None:
         feed = self.feed
@@ -107,15 +119,15 @@ class Clairvoyant(Policy):
         if key != self._loader:           # a new main loader (e.g. after a validation pass)
             self._loader = key
             self.predicted.clear()
-            self._reset(eo.epoch, [eo.order] + ([eo.next] if eo.next else []))
+            self._reset(eo.epoch, [eo.order] + ([eo.next] if eo.next is not None else []))
         elif eo.epoch in self.predicted:
-            if self.predicted.pop(eo.epoch) != eo.order:
+            if not np.array_equal(self.predicted.pop(eo.epoch), eo.order):
                 log.info("epoch %d is not in the predicted order: planning anew", eo.epoch)
-                self._reset(eo.epoch, [eo.order] + ([eo.next] if eo.next else []))
+                self._reset(eo.epoch, [eo.order] + ([eo.next] if eo.next is not None else []))
             elif eo.next is not None and eo.epoch + 1 not in self.epochs:
                 self._add(eo.epoch + 1, eo.next)
         elif not self.epochs or eo.epoch != self.epochs[-1] + 1:
-            self._reset(eo.epoch, [eo.order] + ([eo.next] if eo.next else []))
+            self._reset(eo.epoch, [eo.order] + ([eo.next] if eo.next is not None else []))
         else:
             self._add(eo.epoch, eo.order)
             if eo.next is not None:
@@ -130,46 +142,82 @@ class Clairvoyant(Policy):
         return self.planner is not None and not self.diverged
 
     def on_open(self, i: int, from_tier: bool, pid: int = 0) -> None:
-        if not self.following:
-            self.first_touch.on_open(i, from_tier)
-            return
+        self.on_opens(np.array([i], np.int64), np.array([from_tier]), np.array([pid], np.int64))
+
+    def on_opens(self, files: np.ndarray, from_tier: np.ndarray, pids: np.ndarray) -> None:
+        # a late drain may span several epochs: the next epoch is made known
+        # between parts (each shorter than the matching window, so shorter
+        # than a quarter of an epoch) as the reader gets there
+        part = min(self.part, self.progress.window) if self.progress is not None else self.part
+        for k in range(0, len(files), part):
+            if not self.following:
+                self.first_touch.on_opens(files[k:], from_tier[k:], pids[k:])
+                return
+            self._follow(files[k:k + part], pids[k:k + part])
+
+    def _follow(self, files: np.ndarray, pids: np.ndarray) -> None:
         assert self.progress is not None
-        self.progress.sync()
-        if not self.progress.in_stream(i):
-            return  # not part of the planned data set: left on the PFS
-        if self.progress.on_open(i, pid) is not None:
+        planned = self.progress.in_stream(files)   # others are not part of the plan: left on the PFS
+        if not planned.any():
+            return
+        got = self.progress.on_opens(files[planned], pids[planned])
+        if (got >= 0).any():
             if isinstance(self.feed, ListFeed):
                 self._extend_from_list()
             self._pump()
-        elif self.progress.diverged:
+        if self.progress.diverged:
             self._diverge()
 
     def _diverge(self) -> None:
         assert self.progress is not None
         self.diverged = True
+        self._actions.clear()
         log.warning("the reads no longer follow the announced order (%d of the last opens did not "
                     "match: a different seed, a resumed run?); placing by first touch from now on",
                     self.progress.mismatched)
 
     def _pump(self) -> None:
         assert self.planner is not None
-        for a in self.planner.advance():
-            if a.kind == "evict":
-                self.evictions += 1
-                self.placement.evict(a.file)  # a copy still in flight is dropped when it lands
-            elif self.placement.place(a.file, a.tier):
-                self.fetches += 1
+        actions = self.planner.advance()
+        if len(actions):
+            self._actions.append(actions)
+        self._issue()
+
+    def _issue(self) -> None:
+        """Hands the planned actions to the daemon in order, while fewer than
+        in_flight copies are queued there (a plan of a million fetches is
+        not a million queued copies; NOTE [event batches])."""
+        p = self.placement
+        while self._actions and self.following:
+            room = self.in_flight - p.copies_in_flight()
+            if room <= 0:
+                return
+            head = self._actions[0]
+            part = head[:min(self.chunk, room)]     # at most room fetches
+            for kind, f, tier in zip(part.kind.tolist(), part.file.tolist(), part.tier.tolist()):
+                if kind != FETCH:
+                    self.evictions += 1
+                    p.evict(f)  # a copy still in flight is dropped when it lands
+                elif p.place(f, tier):
+                    self.fetches += 1
+                else:
+                    self.refused += 1
+                    assert self.planner is not None
+                    self.planner.drop(f)
+            if len(part) < len(head):
+                self._actions[0] = head[len(part):]
             else:
-                self.refused += 1
-                self.planner.drop(a.file)
+                self._actions.popleft()
 
     def on_placed(self, i: int, tier: int) -> None:
         if self.following and self.planner is not None and self.planner.resident.get(i) != tier:
             self.placement.evict(i)  # the plan changed while it was copied
+        self._issue()
 
     def on_failed(self, i: int) -> None:
         if self.planner is not None:
             self.planner.drop(i)
+        self._issue()
 
     def report(self) -> dict[str, Any]:
         p, pr = self.planner, self.progress
@@ -183,6 +231,9 @@ class Clairvoyant(Policy):
             "unmatched_opens": pr.mismatched if pr else 0,
             "duplicate_opens": pr.duplicates if pr else 0,
             "skipped_positions": pr.skipped if pr else 0,
+            "late_opens": pr.late if pr else 0,
+            "resyncs": pr.resyncs if pr else 0,
+            "planned_not_issued": sum(len(a) for a in self._actions),
             "fetches": self.fetches,
             "evictions": self.evictions,
             "refused": self.refused,

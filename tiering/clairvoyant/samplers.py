@@ -55,6 +55,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 if TYPE_CHECKING:  # torch is imported lazily, only when a shuffled order is asked for
     from torch import Generator, Tensor
 
@@ -123,7 +125,7 @@ def _check_args(spec: SamplerSpec, dataset_len: int, epoch: int = 0) -> None:
                          "passed to the DataLoader/RandomSampler, or use the hook or an order file")
 
 
-def _batch_cut(spec: SamplerSpec, order: list[int]) -> list[int]:
+def _batch_cut(spec: SamplerSpec, order: np.ndarray) -> np.ndarray:
     """The indices actually read: a BatchSampler with drop_last skips the last short batch."""
     if spec.batch_drop_last and spec.batch_size is not None:
         return order[: len(order) - len(order) % spec.batch_size]
@@ -205,11 +207,11 @@ def _generator_at(spec: SamplerSpec, n: int, epoch: int) -> Generator:
     return g
 
 
-def _random_orders(spec: SamplerSpec, n: int, first: int, epochs: int) -> Iterator[list[int]]:
+def _random_orders(spec: SamplerSpec, n: int, first: int, epochs: int) -> Iterator[np.ndarray]:
     g = _generator_at(spec, n, first)
     key = _StateCache.key(spec, n)
     for e in range(first, first + epochs):
-        order = _random_epoch(spec, n, g, e).tolist()
+        order = _random_epoch(spec, n, g, e).numpy()
         _STATES.record(key, e + 1, g.get_state())
         yield _batch_cut(spec, order)
 
@@ -227,24 +229,24 @@ def _distributed_sizes(spec: SamplerSpec, n: int) -> tuple[int, int]:
     return per_rank, per_rank * r
 
 
-def _distributed_epoch(spec: SamplerSpec, n: int, epoch: int) -> list[int]:
+def _distributed_epoch(spec: SamplerSpec, n: int, epoch: int) -> np.ndarray:
     """This rank's slots rank, rank + R, ... of the list padded cyclically to total_size."""
     per_rank, total = _distributed_sizes(spec, n)
     if not spec.shuffle:
-        return [i % n for i in range(spec.rank, total, spec.num_replicas)]
+        return np.arange(spec.rank, total, spec.num_replicas, dtype=np.int64) % n
     torch = _torch()
     g = torch.Generator()
     g.manual_seed((spec.seed or 0) + epoch)
     perm = torch.randperm(n, generator=g)
     slots = torch.arange(per_rank, dtype=torch.int64) * spec.num_replicas + spec.rank
-    return perm[slots % n].tolist()
+    return perm[slots % n].numpy()
 
 
 # ---------------------------------------------------------------- public API
 
-def epoch_order(spec: SamplerSpec, dataset_len: int, epoch: int) -> list[int]:
+def epoch_order_array(spec: SamplerSpec, dataset_len: int, epoch: int) -> np.ndarray:
     """The indices read in `epoch` (0-based), in order, exactly as the real sampler
-    (through a DataLoader when spec.dataloader) yields them.
+    (through a DataLoader when spec.dataloader) yields them, as an int64 array.
 
     For a generator-driven random sampler every earlier epoch's draws are replayed
     (states are cached, so asking epoch after epoch costs one epoch each); the training
@@ -256,28 +258,52 @@ def epoch_order(spec: SamplerSpec, dataset_len: int, epoch: int) -> list[int]:
         return next(_random_orders(spec, dataset_len, epoch, 1))
     if spec.kind == "distributed":
         return _batch_cut(spec, _distributed_epoch(spec, dataset_len, epoch))
-    return _batch_cut(spec, list(range(dataset_len)))
+    return _batch_cut(spec, np.arange(dataset_len, dtype=np.int64))
 
 
-def epoch_orders(spec: SamplerSpec, dataset_len: int, epochs: int) -> Iterator[list[int]]:
-    """Epochs 0 .. epochs-1, one list each; a random sampler's generator runs on from one
-    epoch to the next, as in the training. Bad arguments raise here, not at the first next()."""
+def epoch_order(spec: SamplerSpec, dataset_len: int, epoch: int) -> list[int]:
+    """epoch_order_array as a list."""
+    return epoch_order_array(spec, dataset_len, epoch).tolist()
+
+
+def epoch_arrays(spec: SamplerSpec, dataset_len: int, epochs: int) -> Iterator[np.ndarray]:
+    """Epochs 0 .. epochs-1, one array each, computed as they are asked for; a random
+    sampler's generator runs on from one epoch to the next, as in the training. Bad
+    arguments raise here, not at the first next()."""
     _check_args(spec, dataset_len)
     if not isinstance(epochs, int) or epochs < 0:
         raise OrderError(f"epochs must be an integer >= 0, not {epochs!r}")
     if spec.kind == "random":
         return _random_orders(spec, dataset_len, 0, epochs)
-    return (epoch_order(spec, dataset_len, e) for e in range(epochs))
+    return (epoch_order_array(spec, dataset_len, e) for e in range(epochs))
 
 
-def node_stream(specs: list[SamplerSpec], dataset_len: int, epoch: int) -> list[int]:
+def epoch_orders(spec: SamplerSpec, dataset_len: int, epochs: int) -> Iterator[list[int]]:
+    """epoch_arrays as lists."""
+    return (a.tolist() for a in epoch_arrays(spec, dataset_len, epochs))
+
+
+def node_stream_array(specs: list[SamplerSpec], dataset_len: int, epoch: int) -> np.ndarray:
     """What one node reads in `epoch`: its ranks' orders interleaved by position
     (specs[0][0], specs[1][0], ..., specs[0][1], ...); when one rank's order is shorter,
     the others go on alone. An index read by two ranks appears twice."""
     if not specs:
         raise OrderError("node_stream needs the sampler of at least one rank on this node")
-    orders = [epoch_order(s, dataset_len, epoch) for s in specs]
-    out: list[int] = []
-    for pos in range(max(len(o) for o in orders)):
-        out.extend(o[pos] for o in orders if pos < len(o))
-    return out
+    return interleave([epoch_order_array(s, dataset_len, epoch) for s in specs])
+
+
+def interleave(streams: list[np.ndarray]) -> np.ndarray:
+    """streams[0][0], streams[1][0], ..., streams[0][1], ...; a shorter stream
+    drops out when it ends (values are >= 0)."""
+    if len(streams) == 1:
+        return streams[0]
+    grid = np.full((max(map(len, streams)), len(streams)), -1, np.int64)
+    for k, o in enumerate(streams):
+        grid[:len(o), k] = o
+    flat = grid.ravel()
+    return flat[flat >= 0]
+
+
+def node_stream(specs: list[SamplerSpec], dataset_len: int, epoch: int) -> list[int]:
+    """node_stream_array as a list."""
+    return node_stream_array(specs, dataset_len, epoch).tolist()

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
+import numpy as np
+
 BLOCK = 4096
 NOT_PLACED = -1
 
@@ -85,6 +87,12 @@ class Policy:
 
     def on_open(self, i: int, from_tier: bool, pid: int = 0) -> None:
         """File i was opened by process pid of the job, from a tier or from the PFS."""
+
+    def on_opens(self, files: np.ndarray, from_tier: np.ndarray, pids: np.ndarray) -> None:
+        """A batch of opens in the order they happened (catalog ids, bools,
+        pids; NOTE [event batches]): on_open for each unless overridden."""
+        for i, t, pid in zip(files.tolist(), from_tier.tolist(), pids.tolist()):
+            self.on_open(i, bool(t), pid)
 
     def on_placed(self, i: int, tier: int) -> None:
         """A copy of file i was published on tier."""

@@ -25,9 +25,11 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ..catalog import Catalog, CatalogFile
 from .api import NOT_PLACED, Policy, allocation
-from .index import Event, SharedIndex, lib
+from .index import Event, SharedIndex, events_array, lib
 from .tiers import SourceChanged, TierState, copy_file
 
 log = logging.getLogger("tiering")
@@ -71,9 +73,8 @@ class Daemon:
         self._pfs = threading.BoundedSemaphore(self.pfs_threads)
         self._stop = threading.Event()
         # catalog index by slot, and where each file is (tier or NOT_PLACED)
-        self.file_of_slot = array("i", [-1]) * int(index.header.nslots)
-        for i, s in enumerate(slots):
-            self.file_of_slot[s] = i
+        self.file_of_slot = np.full(int(index.header.nslots), -1, np.int32)
+        self.file_of_slot[np.asarray(slots, np.int64)] = np.arange(len(slots), dtype=np.int32)
         self._where = array("b", [NOT_PLACED]) * len(self.files)
         self._pending: dict[int, int] = {}    # file -> tier of a copy in flight
         self._allocated: dict[int, int] = {}  # file -> bytes its published copy was counted for
@@ -178,7 +179,7 @@ class Daemon:
         # wait() would not see a future cancelled by shutdown() as done: leave them out
         running = {f for f in running if not f.cancelled()}
         not_done = wait(running, timeout=max(0.0, deadline - time.monotonic())).not_done
-        self._guarded(self._handle, self.index.drain(force=True))
+        self._guarded(self._handle, self.index.drain_batch(force=True))
         if not_done:
             self.stuck = len(not_done)
             log.warning("%d cop%s still blocked reading the PFS after %.0f s; not waiting for %s",
@@ -198,8 +199,8 @@ class Daemon:
             self._guarded(self.policy.poll)
             pending = self.index.pending_events()
             stuck = pending > 0 and pending == last_pending and time.monotonic() - last_tail_move > 0.5
-            events = self.index.drain(force=stuck)
-            if events or pending != last_pending:
+            events = self.index.drain_batch(force=stuck)
+            if len(events) or pending != last_pending:
                 last_tail_move = time.monotonic()
             last_pending = self.index.pending_events()
             self._guarded(self._handle, events)
@@ -230,20 +231,36 @@ class Daemon:
                 log.warning("placement error (placement goes on): %s", kind)
                 log.debug("placement error", exc_info=True)
 
-    def _handle(self, events: list[Event]) -> None:
-        self.stats.events += len(events)
-        for ev in events:
-            i = self.file_of_slot[ev.slot] if 0 <= ev.slot < len(self.file_of_slot) else -1
-            if i < 0:
-                continue
-            if ev.kind == lib.TIERING_EV_WRITE:
-                self._invalidate(i)
+    def _handle(self, events: np.ndarray | list[Event]) -> None:
+        """One drained batch (NOTE [event batches]): opens go to the policy as
+        arrays, in order; a write open invalidates its file where it stands."""
+        if isinstance(events, list):
+            events = events_array(events)
+        n = len(events)
+        self.stats.events += n
+        if not n:
+            return
+        slots = events["entry"].astype(np.int64)
+        files = np.full(n, -1, np.int64)
+        known = slots < len(self.file_of_slot)
+        files[known] = self.file_of_slot[slots[known]]
+        kinds = events["kind"]
+        catalogued = files >= 0
+        opens = catalogued & ((kinds == lib.TIERING_EV_OPEN_PFS) | (kinds == lib.TIERING_EV_OPEN_TIER))
+        writes = np.flatnonzero(catalogued & (kinds == lib.TIERING_EV_WRITE)).tolist()
+        start = 0
+        for w in [*writes, n]:
+            seg = start + np.flatnonzero(opens[start:w])
+            if seg.size:
+                self._guarded(self.policy.on_opens, files[seg], kinds[seg] == lib.TIERING_EV_OPEN_TIER,
+                              events["pid"][seg].astype(np.int64))
+            if w < n:
+                self._invalidate(int(files[w]))
                 # the file's other paths: NOTE [alias invalidation] in docs/design.md
-                for slot in self.index.aliases(ev.slot)[1:]:
+                for slot in self.index.aliases(int(slots[w]))[1:]:
                     if self.file_of_slot[slot] >= 0:
-                        self._invalidate(self.file_of_slot[slot])
-            elif ev.kind in (lib.TIERING_EV_OPEN_PFS, lib.TIERING_EV_OPEN_TIER):
-                self._guarded(self.policy.on_open, i, ev.kind == lib.TIERING_EV_OPEN_TIER, ev.pid)
+                        self._invalidate(int(self.file_of_slot[slot]))
+            start = w + 1
 
     def _invalidate(self, i: int) -> None:
         with self._lock:

@@ -22,7 +22,9 @@ import cffi
 import numpy as np
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent     # tiering/
-RING_EVENTS = 1 << 16
+RING_MIN = 1 << 16        # ring slots at least (1.5 MiB)
+RING_MAX = 1 << 21        # ... and at most (48 MiB)
+DRAIN = 1 << 16           # events copied out of the ring per call of the C helper
 
 
 def _first_existing(*candidates: Path) -> Path:
@@ -128,6 +130,29 @@ class Credentials:
     @classmethod
     def current(cls) -> Credentials:
         return cls(os.geteuid(), os.getegid(), tuple(sorted(set(os.getgroups()))))
+
+
+# struct tiering_event as numpy sees it (checked against the header's size below)
+EVENT_DTYPE = np.dtype([("seq", "<u8"), ("entry", "<u4"), ("pid", "<u4"), ("kind", "<u2"), ("tier", "<u2"),
+                        ("tag", "<u4")])
+assert EVENT_DTYPE.itemsize == ffi.sizeof("struct tiering_event"), "struct tiering_event changed"
+
+
+def ring_events(files: int) -> int:
+    """Ring slots for a catalog of this many files (NOTE [event batches]): a
+    power of two that holds two epochs' opens and closes (four events per
+    file: a daemon starved of CPU by a fast reader catches up before the ring
+    laps), between RING_MIN and RING_MAX."""
+    want = min(max(4 * files, RING_MIN), RING_MAX)
+    return 1 << (want - 1).bit_length()
+
+
+def events_array(events: Sequence[Event]) -> np.ndarray:
+    """Event records as the ring's drain gives them."""
+    out = np.zeros(len(events), EVENT_DTYPE)
+    for k, e in enumerate(events):
+        out[k] = (0, e.slot, e.pid, e.kind, e.tier, e.tag)
+    return out
 
 
 def fingerprint(root: int, rel: str) -> tuple[int, int]:
@@ -253,7 +278,7 @@ class SharedIndex:
                                             offset=int(h.files_offset))
         self._tail = ffi.new("uint64_t *", 0)
         self._dropped = ffi.new("uint64_t *", 0)
-        self._out = ffi.new("struct tiering_event[]", 4096)
+        self._out = ffi.new("struct tiering_event[]", DRAIN)
 
     # -- creation ---------------------------------------------------------
     @classmethod
@@ -262,7 +287,7 @@ class SharedIndex:
                mtimes: Sequence[int], devs: Sequence[int] | None = None,
                inos: Sequence[int] | None = None, links: Sequence[bool] | None = None,
                stats: FileStats | None = None, scanner: Credentials | None = None,
-               ring_events: int = RING_EVENTS) -> tuple[SharedIndex, list[int]]:
+               ring_size: int | None = None) -> tuple[SharedIndex, list[int]]:
         """Writes a new index at path (mode 0600) and returns it with the slot
         of every catalogued file, in the order given.  devs and inos are the
         files' st_dev and st_ino (0: unknown), which link the entries of one
@@ -271,7 +296,9 @@ class SharedIndex:
         symlink (None: unknown, so O_NOFOLLOW opens and lstat of every path go
         to the PFS); stats is the rest of the scan's stat (None: no stat is
         answered from the index), scanner who scanned (default: this
-        process); tiers are directories that exist now."""
+        process); tiers are directories that exist now.  The ring has
+        ring_size slots (a power of two; default: ring_events of the file
+        count)."""
         if len(roots) > lib.TIERING_MAX_ROOTS:
             raise ValueError(f"at most {lib.TIERING_MAX_ROOTS} data roots (with aliases), got {len(roots)}")
         if len(tiers) > lib.TIERING_MAX_TIERS:
@@ -282,6 +309,9 @@ class SharedIndex:
         if stats is not None and any(len(getattr(stats, k)) != n for k in FileStats.__dataclass_fields__):
             raise ValueError("stats must give one value per file")
         nslots = _table_slots(n)
+        ring_size = ring_events(n) if ring_size is None else ring_size
+        if ring_size < 1 or ring_size & (ring_size - 1):
+            raise ValueError(f"the event ring needs a power of two of slots, not {ring_size}")
         hsize = ffi.sizeof("struct tiering_header")
         esize = ffi.sizeof("struct tiering_entry")
         fsize = ffi.sizeof("struct tiering_file")
@@ -290,7 +320,7 @@ class SharedIndex:
         idents_offset = _aligned(entries_offset + nslots * esize)
         files_offset = _aligned(idents_offset + nslots * 4)
         ring_offset = _aligned(files_offset + n * fsize)
-        total = ring_offset + ring_events * evsize
+        total = ring_offset + ring_size * evsize
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
             os.ftruncate(fd, total)
@@ -305,7 +335,7 @@ class SharedIndex:
         h.event_size = evsize
         h.file_size = fsize
         h.nslots = nslots
-        h.nevents = ring_events
+        h.nevents = ring_size
         h.nfiles = n
         h.entries_offset = entries_offset
         h.idents_offset = idents_offset
@@ -411,18 +441,27 @@ class SharedIndex:
             "events_dropped": int(c.events_dropped),
         }
 
-    def drain(self, force: bool = False) -> list[Event]:
-        """Events posted since the last drain (one consumer only)."""
-        events: list[Event] = []
+    def drain_batch(self, force: bool = False) -> np.ndarray:
+        """Events posted since the last drain (one consumer only), as an
+        EVENT_DTYPE array: the C helper copies complete records out of the
+        ring (its seqlock check) into a buffer numpy then reads in place."""
+        parts: list[np.ndarray] = []
         while True:
-            n = lib.tiering_ring_drain(self.base, self._tail, self._out, len(self._out),
-                                       1 if force else 0, self._dropped)
-            events.extend(Event(int(e.kind), int(e.entry), int(e.pid), int(e.tier), int(e.tag))
-                          for e in self._out[0:n])
-            if n < len(self._out):
+            n = int(lib.tiering_ring_drain(self.base, self._tail, self._out, DRAIN, 1 if force else 0,
+                                           self._dropped))
+            if n:
+                parts.append(np.frombuffer(ffi.buffer(self._out, n * EVENT_DTYPE.itemsize), EVENT_DTYPE).copy())
+            if n < DRAIN:
                 break
         self.header.counters.events_dropped = self._dropped[0]
-        return events
+        if len(parts) == 1:
+            return parts[0]
+        return np.concatenate(parts) if parts else np.zeros(0, EVENT_DTYPE)
+
+    def drain(self, force: bool = False) -> list[Event]:
+        """drain_batch as Event objects (for tests and tools)."""
+        return [Event(int(e["kind"]), int(e["entry"]), int(e["pid"]), int(e["tier"]), int(e["tag"]))
+                for e in self.drain_batch(force)]
 
     def pending_events(self) -> int:
         return int(self.header.ring_head) - int(self._tail[0])

@@ -1,0 +1,312 @@
+"""The planner as it was before it kept its state in arrays, unchanged: the
+reference the array planner is tested against, decision for decision
+(tests/test_planner_equivalence.py).
+
+The clairvoyant planner: from the access stream, the file sizes and the tier
+capacities, decide which file lives in which tier and when.
+
+The stream is the sequence of catalog file ids the job will open, epoch after
+epoch, as far as it is known.  The planner is used in two ways:
+
+- offline (`simulate`, `tiering plan`): it runs the whole stream with a
+  reader that never waits, and predicts hits per tier and PFS bytes;
+- online (the daemon's clairvoyant policy): `extend` appends each epoch's
+  order as it becomes known, `consume` reports what the reader has used and
+  `advance` returns the fetches to issue now.
+
+Rules (Belady's rule with prefetching):
+
+- Fetch ahead in stream order: into free room as far as the tiers hold,
+  and, within `window` positions of the reader, also by evicting.  A file is
+  put in the fastest tier with free room.
+- When no tier has room, make room by evicting the resident files whose next
+  use is farthest in the future, across all tiers (the tier whose farthest
+  file is farthest goes first), but only files needed later than the one
+  being fetched; if that is not possible, prefetching pauses until the
+  reader moves on.  A prefetched file that has not been read yet is never
+  evicted for a later one.
+- A file with no further known use is the first to go; among those, the one
+  this node reads least often over the known stream (HDMLP's frequency rule)
+  goes first.  Such files are evicted lazily, when room is needed, so a data
+  set that fits stays in place from one epoch to the next even when the next
+  epoch's order is only published when it starts.
+- Nothing is ever scheduled beyond a tier's capacity.
+"""
+from __future__ import annotations
+
+import bisect
+import heapq
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from tiering.placement.api import BLOCK, allocation
+
+INF = 1 << 62
+TRIM_MIN = 1 << 16   # consumed positions kept before the stream's head is trimmed
+
+
+@dataclass(frozen=True)
+class Action:
+    kind: str        # "fetch" or "evict"
+    file: int        # catalog file id
+    tier: int        # tier it goes to (fetch) or leaves (evict)
+    position: int    # reader position when the action is taken
+    need: int = -1   # fetch: the stream position that needs the file
+
+
+class Planner:
+    def __init__(self, sizes: Sequence[int], capacities: Sequence[int], *,
+                 window: int | None = None, alloc: Callable[[int], int] = allocation):
+        self.sizes = sizes
+        self.capacities = list(capacities)
+        self.window = window
+        self.alloc = alloc
+        # stream positions are absolute (they count from the start of the run);
+        # the lists hold positions base.. only: consumed ones are trimmed away
+        self.base = 0
+        self.stream: list[int] = []
+        self.next_pos: list[int] = []         # next position of the same file, INF if unknown
+        self._last: dict[int, int] = {}       # file -> its last position in the stream so far
+        self.remaining: dict[int, int] = {}   # file -> known uses not yet consumed
+        self.uses: dict[int, int] = {}        # file -> its uses in the known stream (frequency)
+        self.need: dict[int, int] = {}        # file -> next unconsumed use (INF if none known)
+        self.resident: dict[int, int] = {}    # file -> tier
+        self.used = [0] * len(self.capacities)
+        self._heaps: list[list[tuple[int, int, int]]] = [[] for _ in self.capacities]
+        self.cursor = 0                       # next stream position to consider fetching
+        self.reader = 0                       # every position below is consumed or skipped
+        self._consumed: set[int] = set()      # consumed positions at or above self.reader
+
+    # -- the stream ----------------------------------------------------------
+    @property
+    def end(self) -> int:
+        """The position after the last one known."""
+        return self.base + len(self.stream)
+
+    def file_at(self, pos: int) -> int:
+        """The file at stream position pos (not yet trimmed: pos >= base)."""
+        return self.stream[pos - self.base]
+
+    def extend(self, order: Iterable[int]) -> None:
+        """Appends the next part of the stream (usually one epoch)."""
+        start = self.end
+        for pos, f in enumerate(order, start):
+            self.stream.append(f)
+            self.next_pos.append(INF)
+            prev = self._last.get(f)
+            if prev is not None and prev >= self.base:
+                self.next_pos[prev - self.base] = pos
+            self._last[f] = pos
+            self.remaining[f] = self.remaining.get(f, 0) + 1
+            self.uses[f] = self.uses.get(f, 0) + 1
+            if self.need.get(f, INF) == INF:
+                self.need[f] = pos
+                if f in self.resident:
+                    self._push(f)
+
+    # -- the reader's progress ---------------------------------------------------
+    def consume(self, pos: int) -> None:
+        """The reader has read stream position pos."""
+        if pos < self.reader or pos in self._consumed or pos >= self.end:
+            return
+        self._consumed.add(pos)
+        f = self.file_at(pos)
+        self.remaining[f] -= 1
+        if self.need.get(f) == pos:
+            self.need[f] = self._next_unconsumed(pos)
+        if f in self.resident:
+            self._push(f)  # its key changed
+        while self.reader in self._consumed:
+            self._consumed.discard(self.reader)
+            self.reader += 1
+        self._trim()
+
+    def _trim(self) -> None:
+        """Drops the consumed head of the stream once it outweighs the rest,
+        so that memory follows the known future, not the whole run."""
+        k = self.reader - self.base
+        if k >= TRIM_MIN and k >= len(self.stream) - k:
+            del self.stream[:k]
+            del self.next_pos[:k]
+            self.base += k
+
+    def skip_to(self, pos: int) -> None:
+        """Treats every position below pos as consumed (lost events, a jump)."""
+        for q in range(self.reader, min(pos, self.end)):
+            if q not in self._consumed:
+                self.consume(q)
+        self.reader = max(self.reader, pos)
+
+    def _next_unconsumed(self, pos: int) -> int:
+        q = self.next_pos[pos - self.base]
+        while q != INF and q in self._consumed:
+            q = self.next_pos[q - self.base]
+        return q
+
+    # -- placement ---------------------------------------------------------------
+    def advance(self) -> list[Action]:
+        """Fetches to issue now, in the order they are needed."""
+        actions: list[Action] = []
+        self.cursor = max(self.cursor, self.reader)
+        window_end = INF if self.window is None else self.reader + self.window
+        while self.cursor < self.end:
+            pos = self.cursor
+            f = self.file_at(pos)
+            if f not in self.resident and pos not in self._consumed:
+                if all(self.alloc(self.sizes[f]) > cap for cap in self.capacities):
+                    self.cursor += 1
+                    continue  # fits no tier: read from the PFS, no reason to pause
+                if pos >= window_end and self._free_tier(f) is None:
+                    break  # beyond the window, fetch only into free room
+                tier = self._make_room(f, pos, actions)
+                if tier is None:
+                    break  # every resident file is needed sooner: wait for the reader
+                self.resident[f] = tier
+                self.used[tier] += self.alloc(self.sizes[f])
+                self._push(f)
+                actions.append(Action("fetch", f, tier, self.reader, pos))
+            self.cursor += 1
+        return actions
+
+    def adopt(self, f: int, tier: int) -> None:
+        """Records a copy that already exists (placed before the plan began)."""
+        if f in self.resident:
+            return
+        self.resident[f] = tier
+        self.used[tier] += self.alloc(self.sizes[f])
+        self._push(f)
+
+    def drop(self, f: int) -> None:
+        """Forgets a resident file (its copy failed or was invalidated)."""
+        tier = self.resident.pop(f, None)
+        if tier is not None:
+            self.used[tier] -= self.alloc(self.sizes[f])
+
+    def _key(self, f: int) -> tuple[int, int]:
+        # farthest next use first; among files with none, the least used first
+        n = self.need.get(f, INF)
+        return (-n, self.uses.get(f, 0) if n == INF else 0)
+
+    def _push(self, f: int) -> None:
+        tier = self.resident[f]
+        neg, freq = self._key(f)
+        heap = self._heaps[tier]
+        heapq.heappush(heap, (neg, freq, f))
+        if len(heap) > 4 * (self.used[tier] // BLOCK + 16):
+            # stale entries pile up when nothing needs room (data that fits):
+            # rebuild from what is resident in this tier
+            heap[:] = [(*self._key(g), g) for g, t in self.resident.items() if t == tier]
+            heapq.heapify(heap)
+
+    def _top(self, tier: int) -> tuple[int, int, int] | None:
+        """The valid entry of the tier's heap with the farthest next use."""
+        h = self._heaps[tier]
+        while h:
+            neg, freq, f = h[0]
+            if self.resident.get(f) == tier and self._key(f) == (neg, freq):
+                return h[0]
+            heapq.heappop(h)
+        return None
+
+    def _free_tier(self, f: int) -> int | None:
+        size = self.alloc(self.sizes[f])
+        for k, cap in enumerate(self.capacities):
+            if cap - self.used[k] >= size:
+                return k
+        return None
+
+    def _make_room(self, f: int, need: int, actions: list[Action]) -> int | None:
+        size = self.alloc(self.sizes[f])
+        candidates = [k for k, cap in enumerate(self.capacities) if size <= cap]
+        victims: list[tuple[int, int]] = []
+        while True:
+            for k in candidates:
+                if self.capacities[k] - self.used[k] >= size:
+                    for v, t in victims:
+                        if t == k:
+                            actions.append(Action("evict", v, t, self.reader))
+                        else:  # it made no room where f goes: it stays
+                            self.resident[v] = t
+                            self.used[t] += self.alloc(self.sizes[v])
+                            self._push(v)
+                    return k
+            # evict the file needed farthest in the future, across tiers, if it
+            # is needed after `need`; otherwise undo and wait for the reader.
+            # (A prefetched file not read yet is never the victim.  Belady
+            # would sometimes rather wait for the reader to read it and evict
+            # it then; that saves PFS bytes only when the window is a large
+            # share of the tier, and costs the prefetch its lead.)
+            tops = [t for t in (self._top(k) for k in candidates) if t is not None]
+            best = min(tops) if tops else None
+            if best is None or -best[0] <= need:
+                for v, t in victims:
+                    self.resident[v] = t
+                    self.used[t] += self.alloc(self.sizes[v])
+                    self._push(v)
+                return None
+            victim = best[2]
+            tier = self.resident[victim]
+            heapq.heappop(self._heaps[tier])
+            self.drop(victim)
+            victims.append((victim, tier))
+
+
+# -- offline simulation -----------------------------------------------------------
+
+@dataclass
+class EpochReport:
+    accesses: int = 0
+    hits: list[int] = field(default_factory=list)   # per tier
+    pfs_reads: int = 0          # accesses served from the PFS
+    pfs_bytes: int = 0          # bytes read from the PFS: fetches + misses
+    fetches: int = 0
+    evictions: int = 0
+
+    def as_dict(self) -> dict[str, object]:
+        return {"accesses": self.accesses, "hits_by_tier": self.hits, "pfs_reads": self.pfs_reads,
+                "pfs_bytes": self.pfs_bytes, "fetches": self.fetches, "evictions": self.evictions}
+
+
+def simulate(epochs: Sequence[Sequence[int]], sizes: Sequence[int], capacities: Sequence[int], *,
+             window: int | None = 64, known_ahead: int = 1) -> tuple[list[EpochReport], list[Action]]:
+    """Runs the planner over the epochs with a reader that never waits for a
+    fetch (unlimited PFS bandwidth).  known_ahead: how many epochs beyond the
+    current one are known (1: the next epoch's order is known while the
+    current one runs; 0: each epoch's order arrives when it starts)."""
+    p = Planner(sizes, capacities, window=window)
+    reports = [EpochReport(hits=[0] * len(capacities)) for _ in epochs]
+    schedule: list[Action] = []
+    bounds: list[int] = []
+    total = 0
+    for ep in epochs:
+        bounds.append(total)
+        total += len(ep)
+    known = 0
+
+    def epoch_of(pos: int) -> int:
+        return bisect.bisect_right(bounds, pos) - 1
+
+    for e, order in enumerate(epochs):
+        while known < min(len(epochs), e + 1 + known_ahead):
+            p.extend(epochs[known])
+            known += 1
+        for pos in range(bounds[e], bounds[e] + len(order)):
+            for a in p.advance():
+                schedule.append(a)
+                r = reports[epoch_of(a.position)]
+                if a.kind == "fetch":
+                    r.fetches += 1
+                    r.pfs_bytes += sizes[a.file]
+                else:
+                    r.evictions += 1
+            f = p.file_at(pos)
+            r = reports[e]
+            r.accesses += 1
+            tier = p.resident.get(f)
+            if tier is None:
+                r.pfs_reads += 1
+                r.pfs_bytes += sizes[f]
+            else:
+                r.hits[tier] += 1
+            p.consume(pos)
+    return reports, schedule

@@ -1,0 +1,194 @@
+"""The event path in batches (NOTE [event batches]): the ring sized from the
+catalog and drained into numpy arrays, the daemon handing opens to its policy
+as arrays in order, and the clairvoyant policy handing a large plan to the
+daemon a bounded number of copies at a time."""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from helpers import make_data, private_dir
+from tiering.catalog import scan
+from tiering.clairvoyant.feeds import ListFeed
+from tiering.clairvoyant.policy import Clairvoyant
+from tiering.placement.api import NOT_PLACED, Policy
+from tiering.placement.daemon import Daemon
+from tiering.placement.index import (
+    DRAIN,
+    RING_MAX,
+    RING_MIN,
+    Event,
+    Root,
+    SharedIndex,
+    ffi,
+    lib,
+    ring_events,
+)
+from tiering.placement.tiers import TierState
+
+
+def test_ring_size_follows_the_catalog() -> None:
+    assert ring_events(0) == ring_events(1000) == RING_MIN == 1 << 16
+    assert ring_events(100_000) == 1 << 19          # two epochs' opens and closes
+    assert ring_events(1_281_167) == RING_MAX == 1 << 21
+    assert ring_events(14_000_000) == RING_MAX       # 48 MiB at most
+    for n in (5, 40_000, 70_000, 300_000):
+        r = ring_events(n)
+        assert r & (r - 1) == 0 and r >= min(4 * n, RING_MAX)
+
+
+def make_index(tmp: Path, files: int, ring_size: int | None = None) -> tuple[SharedIndex, list[int]]:
+    data = tmp / "pfs"
+    make_data(data, {f"f{i:05d}": 10 for i in range(files)})
+    cat = scan([str(data)])
+    run = private_dir(tmp / "run")
+    return SharedIndex.create(run / "index", [Root(cat.roots[0], 0)], [str(tmp / "tier")],
+                              [f.rel for f in cat.files], [0] * files, [f.size for f in cat.files],
+                              [f.mtime_ns for f in cat.files], ring_size=ring_size)
+
+
+def post(index: SharedIndex, records: list[tuple[int, int, int, int]]) -> None:
+    """Appends records (kind, slot, pid, tier) the way the shim does (seqlock)."""
+    h = index.header
+    ring = ffi.cast("struct tiering_event *", ffi.cast("char *", index.base) + h.ring_offset)
+    for kind, slot, pid, tier in records:
+        pos = int(h.ring_head)
+        ev = ring[pos & (h.nevents - 1)]
+        ev.seq = 0
+        ev.entry, ev.pid, ev.kind, ev.tier = slot, pid, kind, tier
+        ev.seq = pos + 1
+        h.ring_head = pos + 1
+
+
+def test_index_rings_by_catalog_and_drains_in_batches(tmp_path: Path) -> None:
+    index, slots = make_index(tmp_path / "default", 40)
+    assert int(index.header.nevents) == RING_MIN
+    index.close()
+    index, slots = make_index(tmp_path, 40, ring_size=1 << 17)
+    n = DRAIN + 1000                                 # more than one call of the C helper
+    records = [(lib.TIERING_EV_OPEN_TIER, slots[k % 40], 1000 + k % 7, 0) for k in range(n)]
+    post(index, records)
+    got = index.drain_batch()
+    assert len(got) == n and got.dtype.names[:5] == ("seq", "entry", "pid", "kind", "tier")
+    assert got["entry"].tolist() == [r[1] for r in records]
+    assert got["pid"].tolist() == [r[2] for r in records]
+    assert (got["seq"] == np.arange(1, n + 1)).all()
+    assert len(index.drain_batch()) == 0 and index.counters()["events_dropped"] == 0
+    # lapped: the oldest records are gone and counted, the rest come in order
+    records = records * 2
+    post(index, records[:(1 << 17) + 500])
+    got = index.drain_batch()
+    assert len(got) == 1 << 17 and index.counters()["events_dropped"] == 500
+    assert got["entry"].tolist() == [r[1] for r in records[500:(1 << 17) + 500]]
+    index.close()
+    with pytest.raises(ValueError, match="power of two"):
+        make_index(tmp_path / "other", 3, ring_size=1000)
+
+
+class Recorder(Policy):
+    name = "recorder"
+
+    def __init__(self, placement: Any) -> None:
+        super().__init__(placement)
+        self.calls: list[tuple[list[int], list[bool], list[int], bool]] = []
+
+    def on_opens(self, files: np.ndarray, from_tier: np.ndarray, pids: np.ndarray) -> None:
+        d = self.placement
+        self.calls.append((files.tolist(), from_tier.tolist(), pids.tolist(), 3 in d._invalid))
+
+
+def test_daemon_hands_opens_to_the_policy_as_arrays_in_order(tmp_path: Path) -> None:
+    index, slots = make_index(tmp_path, 8)
+    data = tmp_path / "pfs"
+    cat = scan([str(data)])
+    root = private_dir(tmp_path / "tier")   # as tier-run makes it
+    d = Daemon(index, cat, slots, [TierState("ram", "memory", root, 1 << 20, 1)], 1, Recorder)
+    k = lib
+    events = [Event(k.TIERING_EV_OPEN_PFS, slots[0], 11, 0), Event(k.TIERING_EV_CLOSE, slots[0], 11, 0),
+              Event(k.TIERING_EV_OPEN_TIER, slots[1], 12, 0), Event(k.TIERING_EV_OPEN_PFS, 1 << 30, 12, 0),
+              Event(k.TIERING_EV_WRITE, slots[3], 13, 0), Event(k.TIERING_EV_OPEN_PFS, slots[2], 11, 0)]
+    d._handle(events)
+    rec = d.policy
+    assert isinstance(rec, Recorder)
+    # the write splits the batch: the open after it sees file 3 invalidated, the ones before do not
+    assert rec.calls == [([0, 1], [False, True], [11, 12], False), ([2], [False], [11], True)]
+    assert d.stats.events == 6
+    index.close()
+
+
+def test_simple_policies_get_each_open() -> None:
+    seen: list[tuple[int, bool, int]] = []
+
+    class One(Policy):
+        def on_open(self, i: int, from_tier: bool, pid: int = 0) -> None:
+            seen.append((i, from_tier, pid))
+
+    One(None).on_opens(np.array([4, 2]), np.array([True, False]), np.array([7, 8]))  # type: ignore[arg-type]
+    assert seen == [(4, True, 7), (2, False, 8)]
+
+
+class FakePlacement:
+    """Copies that land only when the test says so."""
+
+    def __init__(self, files: int, capacity: int):
+        self.sizes = [4096] * files
+        self.capacities = [capacity]
+        self.stopping = False
+        self.pending: list[int] = []
+        self.placed: list[int] = []
+
+    def where(self, i: int) -> int:
+        return 0 if i in self.placed else NOT_PLACED
+
+    def place(self, i: int, tier: int) -> bool:
+        self.pending.append(i)
+        return True
+
+    def evict(self, i: int) -> bool:
+        return False
+
+    def placements(self) -> Iterator[tuple[int, int]]:
+        return iter([])
+
+    def copies_in_flight(self) -> int:
+        return len(self.pending)
+
+
+def test_a_large_plan_reaches_the_daemon_a_bounded_number_of_copies_at_a_time() -> None:
+    n = 5000
+    order = np.random.default_rng(1).permutation(n)
+    fake = FakePlacement(n, 10 * 4096 * n)
+    policy = Clairvoyant(fake, ListFeed(iter([order, order[::-1].copy()])))  # type: ignore[arg-type]
+    policy.start()
+    assert len(fake.pending) == policy.in_flight                # not 5000 copies queued at once
+    while fake.pending:
+        landed = fake.pending[:300]
+        del fake.pending[:300]
+        for f in landed:
+            fake.placed.append(f)
+            policy.on_placed(f, 0)
+        assert len(fake.pending) <= policy.in_flight
+    assert fake.placed == order.tolist()                         # every fetch, in the plan's order
+    assert policy.report()["planned_not_issued"] == 0 and policy.fetches == n
+
+
+def test_a_late_drain_spanning_several_epochs_is_followed() -> None:
+    """A daemon starved of CPU drains opens of several epochs at once, more
+    than the plan knew ahead: the next epochs become known as the reader
+    gets to them, and the reads are still followed."""
+    n = 3000
+    rng = np.random.default_rng(2)
+    orders = [rng.permutation(n) for _ in range(5)]
+    fake = FakePlacement(n, 10 * 4096 * n)
+    policy = Clairvoyant(fake, ListFeed(iter(orders)))  # type: ignore[arg-type]
+    policy.start()
+    assert policy.report()["epochs_known"] == 2
+    files = np.concatenate(orders)
+    policy.on_opens(files, np.ones(len(files), bool), np.full(len(files), 9))
+    report = policy.report()
+    assert report["following"] and report["epochs_known"] == 5
+    assert report["matched_opens"] == 5 * n and report["unmatched_opens"] == 0
