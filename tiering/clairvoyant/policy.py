@@ -4,9 +4,11 @@ reader through the open events (progress.py).  First-touch until the stream
 is known, and again if the reads stop following it."""
 from __future__ import annotations
 
+import bisect
 import logging
 from typing import Any
 
+from ..observe.epochs import EpochLog
 from ..placement.api import Placement, Policy
 from ..placement.policies import FirstTouch
 from .feeds import EpochOrder, HookFeed, ListFeed
@@ -40,6 +42,7 @@ class Clairvoyant(Policy):
         self.refused = 0
         self._loader: int | None = None
         self._poll_seen = 0
+        self.epoch_log = EpochLog()         # opens per epoch, for the report
 
     # -- the stream ----------------------------------------------------------
     def start(self) -> None:
@@ -130,19 +133,45 @@ class Clairvoyant(Policy):
         return self.planner is not None and not self.diverged
 
     def on_open(self, i: int, from_tier: bool, pid: int = 0) -> None:
+        q = self._follow(i, from_tier, pid)
+        # observation: the epoch of the matched position (else the reader's)
+        self.epoch_log.opened(self._epoch_at(q), from_tier, self.placement.sizes[i], self.lead())
+
+    def _follow(self, i: int, from_tier: bool, pid: int) -> int | None:
+        """The open's stream position, when it matched one."""
         if not self.following:
             self.first_touch.on_open(i, from_tier)
-            return
+            return None
         assert self.progress is not None
         self.progress.sync()
         if not self.progress.in_stream(i):
-            return  # not part of the planned data set: left on the PFS
-        if self.progress.on_open(i, pid) is not None:
+            return None  # not part of the planned data set: left on the PFS
+        q = self.progress.on_open(i, pid)
+        if q is not None:
             if isinstance(self.feed, ListFeed):
                 self._extend_from_list()
             self._pump()
         elif self.progress.diverged:
             self._diverge()
+        return q
+
+    # -- observation ---------------------------------------------------------------
+    def _epoch_at(self, q: int | None) -> int | None:
+        """The epoch number of stream position q (None: the reader's), None
+        when no order is followed."""
+        if not self.following or not self.epochs:
+            return None
+        assert self.planner is not None
+        pos = self.planner.reader if q is None else q
+        return self.epochs[max(0, bisect.bisect_right(self.epoch_starts, pos) - 1)]
+
+    def lead(self) -> int | None:
+        """Stream positions ahead of the reader whose copies have landed
+        (issued less in flight), None when no order is followed."""
+        if not self.following:
+            return None
+        assert self.planner is not None
+        return max(0, self.planner.cursor - self.planner.reader - self.placement.copies_in_flight())
 
     def _diverge(self) -> None:
         assert self.progress is not None
@@ -188,4 +217,6 @@ class Clairvoyant(Policy):
             "refused": self.refused,
             "replans": self.resets,
             "hook_errors": list(self.feed.errors) if isinstance(self.feed, HookFeed) else [],
+            "prefetch_lead": self.lead(),
+            "per_epoch": self.epoch_log.records(),
         }
