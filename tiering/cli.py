@@ -16,6 +16,7 @@ from .cliopts import order_from as _order
 from .cliopts import order_options as _order_options
 from .console import flush_quietly, reserve_standard_fds, say, setup_logging
 from .job import POLICY_NAMES, Job, JobError, JobOptions, run
+from .observe.live import choose_display
 from .profile import ProfileError, check_profile, format_profile, list_profiles, load_profile
 from .units import human_bytes
 
@@ -50,20 +51,32 @@ def _run_options(f):  # type: ignore[no-untyped-def]
         click.option("--keep", is_flag=True, help="Keep the index and the tier copies after exit."),
         click.option("-v", "--verbose", count=True,
                      help="-v: placement log and a status line every 5 s; -vv: also the shim's log."),
+        click.option("-q", "--quiet", is_flag=True,
+                     help="No progress and no summary on stderr; warnings and errors only (--stats-json still "
+                          "has everything)."),
+        click.option("--progress", type=click.Choice(["auto", "bar", "plain", "off"]), default="auto",
+                     show_default=True,
+                     help="Progress on stderr: a bar while the data set is scanned and a status line now and "
+                          "then while COMMAND runs (auto: bar on a terminal, plain lines in a log)."),
+        click.option("--progress-every", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+                     help="Seconds between status lines while COMMAND runs [default: 30 on a terminal, 10 in "
+                          "a log, 5 with -v; 0: none]."),
         click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED),
     ]
     return _order_options(_apply(f, opts))
 
 
 def _do_run(profile: str, data: tuple[str, ...], policy: str | None, hook: bool | None, window: int,
-            stats_json: Path | None, keep: bool, verbose: int, command: tuple[str, ...], **kw: Any) -> None:
+            stats_json: Path | None, keep: bool, verbose: int, quiet: bool, progress: str,
+            progress_every: float | None, command: tuple[str, ...], **kw: Any) -> None:
     reserve_standard_fds()
     order = _order(kw)
-    setup_logging(verbose)
+    setup_logging(0 if quiet else verbose)
+    display = choose_display(progress, quiet, verbose, progress_every)
     try:
         prof = load_profile(profile)
         job = Job(JobOptions(list(data), list(command), prof, policy=policy, order=order, hook=hook, window=window,
-                             stats_json=stats_json, keep=keep, verbose=verbose))
+                             stats_json=stats_json, keep=keep, verbose=verbose, display=display))
         code = run(job)
     except ProfileError as e:
         _leave(2, f"tier-run: profile error: {e}")
