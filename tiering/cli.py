@@ -182,6 +182,66 @@ def plan_cmd(profile_name: str, data: tuple[str, ...], window: int, as_json: boo
     click.echo(format_prediction(predicted))
 
 
+@main.command("status")
+@click.argument("job", required=False)
+@click.option("--watch", is_flag=True, help="Refresh until the job ends (Ctrl-C stops watching).")
+@click.option("--interval", type=click.FloatRange(min=0.2), default=2.0, show_default=True, metavar="SECONDS",
+              help="Seconds between refreshes with --watch.")
+@click.option("--window", type=click.FloatRange(min=1, max=60), default=10.0, show_default=True, metavar="SECONDS",
+              help="Hit ratio and rates over the last SECONDS.")
+@click.option("--json", "as_json", is_flag=True, help="The status as JSON (one object per line with --watch).")
+def status_cmd(job: str | None, watch: bool, interval: float, window: float, as_json: bool) -> None:
+    """The live view of a running tier-run job of yours on this node: JOB is
+    a PID (tier-run's or COMMAND's) or a job id; without it, the only job
+    running.  Read-only: attaching changes nothing in the job."""
+    import json as json_mod
+    import time
+
+    from .observe.status import StatusError, find_job, fresh, read_status
+    from .observe.view import status_view
+    try:
+        d, st = find_job(job)
+    except StatusError as e:
+        raise click.ClickException(str(e)) from None
+    terminal = sys.stdout.isatty()
+    try:
+        while True:
+            view = fresh(d, st, window)
+            if as_json:
+                click.echo(json_mod.dumps(view, indent=None if watch else 2))
+            else:
+                click.echo(("\x1b[H\x1b[2J" if watch and terminal else "") + status_view(view))
+            if not watch:
+                return
+            time.sleep(interval)
+            latest = read_status(d)
+            if latest is None or not d.path.exists():
+                if not as_json:
+                    click.echo(f"job {d.name} has ended")
+                return
+            st = latest
+    except KeyboardInterrupt:
+        return
+
+
+@main.command("report")
+@click.argument("stats", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
+              help="The picture: a .png, .svg or .pdf, or a .html page with the picture and the summary "
+                   "[default: STATS with .png].")
+def report_cmd(stats: Path, output: Path | None) -> None:
+    """Draw what a tier-run job did, from its --stats-json file: the tiers
+    filling over time, the hit ratio per epoch, and the PFS traffic over
+    time with the reader's epochs marked."""
+    from .observe.plot import PlotError, write_report
+    out = output or stats.with_suffix(".png")
+    try:
+        write_report(stats, out)
+    except PlotError as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(f"tiering report: {out}")
+
+
 @main.group()
 def profile() -> None:
     """Show, list and check cluster profiles."""

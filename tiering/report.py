@@ -192,15 +192,13 @@ def summary_text(s: dict[str, Any]) -> str:
     lines.append(f"  time     COMMAND {_seconds(sec.get('command'))}, scan {_seconds(sec.get('scan'))}, "
                  + (f"tiers warm after {warm:.1f} s" if warm is not None else "tiers never warm"))
     o = s["opens"]
-    served = o["total"] - o["pfs"]
     per_tier = ", ".join(f"{n} {v:,}" for n, v in o["by_tier"].items())
     lines.append(f"  hits     {_pct(s['hit_ratio'])} of {o['total']:,} opens of data-set files from tiers"
                  f"{f' ({per_tier})' if per_tier else ''}, {o['pfs']:,} from the PFS")
     lines.append(f"  {pfs_line(s)}")
-    lines.append(f"           (COMMAND opened {human_bytes(s['pfs']['bytes_of_files_opened_by_job'])} of files there, "
-                 f"copies read {human_bytes(s['pfs']['bytes_read_by_daemon'])}; sizes of files opened are "
-                 f"upper bounds of the bytes read: {served:,} opens from tiers, files of "
-                 f"{human_bytes(o['bytes_of_files_served'])})")
+    lines.append(f"           COMMAND opened files of {human_bytes(s['pfs']['bytes_of_files_opened_by_job'])} there, "
+                 f"the copies read {human_bytes(s['pfs']['bytes_read_by_daemon'])} (sizes of the files opened "
+                 "are upper bounds of the bytes read)")
     for t in s["tiers"]:
         lines.append(f"  tier {t['name']:<8} {t['files']:>9,} files {human_bytes(t['bytes']):>11} placed"
                      f" (capacity {human_bytes(t['capacity'])})")

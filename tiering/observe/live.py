@@ -270,13 +270,6 @@ class JobWatch:
     def _say_changes(self, st: dict[str, Any]) -> None:
         info = self.info
         assert info is not None
-        if self.warm_after is None and st["placed"]["share_of_fit"] >= WARM_SHARE and info.files:
-            self.warm_after = st["elapsed"]
-            st["warm_after"] = self.warm_after
-            p = st["placed"]
-            if self.display.mode != "off":
-                say(f"tiering: tiers warm after {self.warm_after:.1f} s: {count(p['files'])} files "
-                    f"({human_bytes(p['bytes'])}), {pct(p['share_of_fit'])} of what fits")
         kind = st["phase_kind"]
         if kind != self._phase:
             before, self._phase = self._phase, kind
@@ -284,6 +277,13 @@ class JobWatch:
             if self.display.mode != "off" and kind in ("prefetching", "following") \
                     and before not in ("prefetching", "following"):
                 say("tiering: order received: prefetching ahead of the reader")
+        if self.warm_after is None and st["placed"]["share_of_fit"] >= WARM_SHARE and info.files:
+            self.warm_after = st["elapsed"]
+            st["warm_after"] = self.warm_after
+            p = st["placed"]
+            if self.display.mode != "off":
+                say(f"tiering: tiers warm after {self.warm_after:.1f} s: {count(p['files'])} files "
+                    f"({human_bytes(p['bytes'])}), {pct(p['share_of_fit'])} of what fits")
 
     def status(self, s: Sample, snap: DaemonSnapshot | None, rep: dict[str, Any],
                c: dict[str, Any]) -> dict[str, Any]:
