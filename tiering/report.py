@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from .observe.epochs import epoch_records
+from .observe.view import pct
 from .placement.daemon import DaemonStats
 from .units import human_bytes
 
@@ -167,16 +168,12 @@ def _seconds(v: float | None) -> str:
     return "-" if v is None else f"{v:.1f} s"
 
 
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:.0f}%"
-
-
 def epoch_table(epochs: list[dict[str, Any]], limit: int = 8) -> list[str]:
     head = ("  epoch   seconds     opens  from tiers   PFS opens      PFS bytes   lead (samples)")
     rows = []
     for e in epochs:
         lead = "-" if e["prefetch_lead"] is None else f"{e['prefetch_lead']:,.0f}"
-        rows.append(f"  {e['epoch']:>5} {e['seconds']:>9.1f} {e['opens']:>9,} {_pct(e['hit_ratio']):>11}"
+        rows.append(f"  {e['epoch']:>5} {e['seconds']:>9.1f} {e['opens']:>9,} {pct(e['hit_ratio']):>11}"
                     f" {e['pfs_opens']:>11,} {human_bytes(e['pfs_bytes']):>14} {lead:>16}")
     if len(rows) > limit:
         rows = rows[:limit // 2] + [f"  ... {len(rows) - limit + 1} more epochs ..."] + rows[-(limit // 2 - 1):]
@@ -193,7 +190,7 @@ def summary_text(s: dict[str, Any]) -> str:
                  + (f"tiers warm after {warm:.1f} s" if warm is not None else "tiers never warm"))
     o = s["opens"]
     per_tier = ", ".join(f"{n} {v:,}" for n, v in o["by_tier"].items())
-    lines.append(f"  hits     {_pct(s['hit_ratio'])} of {o['total']:,} opens of data-set files from tiers"
+    lines.append(f"  hits     {pct(s['hit_ratio'])} of {o['total']:,} opens of data-set files from tiers"
                  f"{f' ({per_tier})' if per_tier else ''}, {o['pfs']:,} from the PFS")
     lines.append(f"  {pfs_line(s)}")
     lines.append(f"           COMMAND opened files of {human_bytes(s['pfs']['bytes_of_files_opened_by_job'])} there, "

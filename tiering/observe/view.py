@@ -21,10 +21,12 @@ def clock(seconds: float | None) -> str:
 
 
 def pct(x: float | None) -> str:
+    """A share in percent: whole numbers, but one decimal near 0 and 100
+    (99.7% is not 100%)."""
     if x is None:
         return "-"
     v = 100 * x
-    return f"{v:.0f}%" if v >= 10 or v == 0 else f"{v:.1f}%"
+    return f"{v:.1f}%" if 0 < v < 10 or 99.5 <= v < 100 else f"{v:.0f}%"
 
 
 def count(n: int) -> str:
