@@ -102,8 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         pfs, why_not = (data, "--local") if a.local else mount(stack, data, a.dir / "pfs", a)
         if why_not:
             where = "local disk: FUSE is not available, so no slow PFS"
-            print(f"\ndemo: no slow PFS: FUSE cannot be mounted here ({why_not}); both runs read the local copy {data}, "
-                  "from the page cache, so they show no benefit: run `make bench-deps` (root installs "
+            print(f"\ndemo: no slow PFS: FUSE cannot be mounted here ({why_not}); both runs read the local "
+                  f"copy {data}, from the page cache, so they show no benefit: run `make bench-deps` (root installs "
                   "fuse3) on a machine with /dev/fuse to see one", flush=True)
         else:
             where = (f"slowfs: {a.meta_latency_ms:g} ms per metadata operation, {a.read_latency_ms:g} ms per read, "

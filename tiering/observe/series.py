@@ -102,7 +102,7 @@ def series_json(samples: list[Sample], tier_names: list[str], stride: int) -> di
         opens_s.append(round(rate(prev, s, "opens"), 2))
         h = hit_ratio(prev, s)
         hits.append(None if h is None else round(h, 4))
-        pfs.append(round(rate(prev, s, "pfs_bytes") / MIB, 3))
+        pfs.append(round(rate(prev, s, "pfs_bytes") / MIB, 6))
         prev = s
     return {
         "interval": float(stride),

@@ -83,7 +83,8 @@ def _alive(d: JobDir) -> bool:
     """The tier-run that made d still runs (pid and start time of its owner record)."""
     try:
         owner = json.loads((d.path / OWNER_FILE).read_text())
-        return start_ticks(int(owner["pid"])) == owner.get("start")
+        ticks = start_ticks(int(owner["pid"]))
+        return ticks is not None and ticks == owner.get("start")
     except (OSError, ValueError, KeyError, TypeError):
         return False
 
