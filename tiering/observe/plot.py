@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..units import human_bytes
+from .view import pct
 
 PICTURE_SUFFIXES = (".png", ".svg", ".pdf")
 COLORS = ["tab:blue", "tab:orange", "tab:green", "tab:purple"]
@@ -85,7 +86,7 @@ def _hits_panel(ax: Any, s: dict[str, Any]) -> None:
         ys = [100 * (e["hit_ratio"] or 0) for e in epochs]
         bars = ax.bar(xs, ys, color="tab:green", label="opens served from tiers")
         for b, e in zip(bars, epochs):
-            ax.annotate(f"{100 * (e['hit_ratio'] or 0):.0f}%", (b.get_x() + b.get_width() / 2, b.get_height()),
+            ax.annotate(pct(e["hit_ratio"]), (b.get_x() + b.get_width() / 2, b.get_height()),
                         ha="center", va="bottom", fontsize=7)
         ax.set_xlabel("epoch")
         ax.set_xticks(xs if len(xs) <= 20 else xs[::max(1, len(xs) // 20)])
