@@ -342,3 +342,22 @@ def test_bench_tables_use_mib_and_name_their_ratios():
     assert "x slower than the lower bound" in text and "speed-up over the PFS" in text
     assert " MB" not in text and " MB" not in header([res], "python -m bench.run")
     assert "381 MiB/s" in header([res], "python -m bench.run")
+
+
+def test_a_job_still_scanning_has_a_status_that_says_how_far_the_scan_got(tmp_path):
+    now = [10.0]
+    w = JobWatch(Display("off", 0.0), clock=lambda: now[0])
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(mode=0o700)
+    w.scanning_in(run_dir, {"job": "tiering-me-1-abc", "pid": 1, "user": "me", "command": ["python", "t.py"],
+                            "data": ["/pfs/ds"], "policy": "default"})
+    w.on_scan(ScanProgress(files=10, dirs=1))
+    now[0] = 10.5
+    w.on_scan(ScanProgress(files=5000, dirs=40, bytes=5 * MIB))      # within the second: not written
+    st = json.loads((run_dir / STATUS_FILE).read_text())
+    assert (st["state"], st["scan"]["files"]) == ("scanning", 10)
+    now[0] = 12.0
+    w.on_scan(ScanProgress(files=20_000, dirs=400, bytes=2 * 1024 * MIB))
+    st = fresh_from(tmp_path, json.loads((run_dir / STATUS_FILE).read_text()))
+    assert status_view(st) == ("job tiering-me-1-abc (tier-run pid 1): python t.py\n"
+                               "  scanning the data set 0:02: 20,000 files (2 GiB) in 400 directories found so far")

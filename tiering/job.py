@@ -131,8 +131,14 @@ def child_environment(env: dict[str, str], index_path: Path | None, lib: Path,
 def setup(job: Job) -> None:
     opts = job.opts
     sweep_leftovers([index_parent()] + [t.path for t in opts.profile.tiers], job.user)
+    try:
+        job.run_dir = make_private_dir(index_parent(), job.user)
+    except OSError as e:
+        raise JobError(f"cannot make the index directory: {e}") from None
     t0 = time.monotonic()
     watch = job.watch = JobWatch(opts.display)
+    watch.scanning_in(job.run_dir, {"job": job.run_dir.name, "pid": os.getpid(), "user": job.user,
+                                    "command": opts.command, "data": opts.data, "policy": opts.policy or "default"})
     try:
         job.catalog = catalog_mod.scan(opts.data, threads=opts.scan_threads, cache_dir=opts.scan_cache,
                                        progress=watch.on_scan)
@@ -154,10 +160,6 @@ def setup(job: Job) -> None:
     cat = job.catalog
     # a symlinked root is matched by its real path too (same id)
     roots = [Root(prefix, i, cat.dir_links[i]) for prefix, i in catalog_mod.RootMap(cat.roots).prefixes]
-    try:
-        job.run_dir = make_private_dir(index_parent(), job.user)
-    except OSError as e:
-        raise JobError(f"cannot make the index directory: {e}") from None
     job.index, slots = SharedIndex.create(
         job.run_dir / "index", roots, [str(t.data) for t in job.tiers],
         [f.rel for f in cat.files], [f.root for f in cat.files],

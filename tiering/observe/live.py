@@ -150,8 +150,16 @@ class JobWatch:
     _scan_last: float = 0.0
     _last_line: float = 0.0
     _phase: str | None = None
+    _scan_dir: Path | None = None
+    _scan_head: dict[str, Any] = field(default_factory=dict)
+    _scan_written: float | None = None
 
     # -- the scan ------------------------------------------------------------------
+    def scanning_in(self, run_dir: Path, head: dict[str, Any]) -> None:
+        """While scanning, a status file of what the scan found (job, pid,
+        user, command, data, policy in head) goes in run_dir."""
+        self._scan_dir, self._scan_head = run_dir, head
+
     def on_scan(self, p: ScanProgress) -> None:
         try:
             self._on_scan(p)
@@ -162,6 +170,12 @@ class JobWatch:
         now = self.clock()
         if self._scan_t0 is None:
             self._scan_t0 = self._scan_last = now
+        if self._scan_dir is not None and (self._scan_written is None or now - self._scan_written >= 1.0):
+            self._scan_written = now
+            write_status(self._scan_dir, {
+                **self._scan_head, "version": STATUS_VERSION, "state": "scanning", "started": self.started_wall,
+                "updated": time.time(), "elapsed": round(now - self._scan_t0, 2),
+                "scan": {"phase": p.phase, "files": p.files, "dirs": p.dirs, "bytes": p.bytes}})
         if self.display.mode == "off" or p.phase == "done":
             return
         if self.display.mode == "bar":

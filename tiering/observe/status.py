@@ -152,6 +152,8 @@ def fresh(d: JobDir, st: dict[str, Any], window: float, now: float | None = None
     age = now - float(st.get("updated", now))
     out["stale_seconds"] = round(age, 1) if age > STALE else None
     out["elapsed"] = round(float(st.get("elapsed", 0.0)) + max(0.0, age), 2)
+    if st.get("state") == "scanning":
+        return out
     counters = _counters(d.path / "index")
     if counters:
         total = counters["opens"]

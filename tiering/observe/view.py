@@ -85,6 +85,12 @@ def status_view(st: dict[str, Any]) -> str:
     """The several lines of `tiering status`."""
     cmd = " ".join(st.get("command", []))
     stale = st.get("stale_seconds")
+    if st.get("state") == "scanning":
+        sc = st["scan"]
+        return (f"job {st['job']} (tier-run pid {st['pid']}): {cmd}\n"
+                f"  {sc['phase']} the data set {clock(st.get('elapsed'))}: {count(sc['files'])} files "
+                f"({human_bytes(sc['bytes'])}) in {count(sc['dirs'])} directories found so far"
+                + (f"  [no update for {stale:.0f} s]" if stale else ""))
     lines = [f"job {st['job']} (tier-run pid {st['pid']}, COMMAND pid {st.get('command_pid') or '-'}): {cmd}",
              f"  {st['state']} {clock(st.get('elapsed'))}, policy {st['policy']}: {phase_text(st)}"
              + (f"  [no update for {stale:.0f} s]" if stale else "")]
