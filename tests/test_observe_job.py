@@ -228,6 +228,8 @@ def test_status_attaches_to_a_running_job_read_only_and_refuses_another_user(tmp
             if r.returncode != 0:
                 return None
             st = json.loads(r.stdout)
+            if st["state"] == "scanning":
+                return None
             return st if st["opens"]["total"] == N_FILES and st["placed"]["files"] == N_FILES else None
         st = wait_for(settled, "the job's status: every file read once and placed")
         assert st["pid"] == job.pid and st["state"] == "running" and st["policy"] == "first-touch"
