@@ -143,8 +143,9 @@ def setup(job: Job) -> None:
         job.catalog = catalog_mod.scan(opts.data, threads=opts.scan_threads, cache_dir=opts.scan_cache,
                                        progress=watch.on_scan)
     except catalog_mod.CatalogError as e:
-        watch.scan_done(0, 0, 0, time.monotonic() - t0, False)
         raise JobError(str(e)) from None
+    finally:
+        watch.close_bar()     # also when a signal interrupts the scan
     job.timings["scan"] = time.monotonic() - t0
     cat = job.catalog
     watch.scan_done(len(cat.files), cat.total_bytes, len(cat.dirs), job.timings["scan"], cat.from_cache)

@@ -197,13 +197,17 @@ class JobWatch:
                              mininterval=0.2, dynamic_ncols=True, leave=False)
         return self._bar
 
-    def scan_done(self, files: int, nbytes: int, dirs: int, seconds: float, from_cache: bool) -> None:
+    def close_bar(self) -> None:
+        """Ends the scan's bar (its line is cleared); a scan that failed says nothing more."""
         if self._bar is not None:
             try:
                 self._bar.close()
             except Exception:
                 log.debug("closing the bar failed", exc_info=True)
             self._bar = None
+
+    def scan_done(self, files: int, nbytes: int, dirs: int, seconds: float, from_cache: bool) -> None:
+        self.close_bar()
         if self.display.mode == "off":
             return
         rate_text = f", {files / seconds:,.0f} files/s" if seconds > 0 and not from_cache else ""
