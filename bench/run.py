@@ -40,7 +40,6 @@ from typing import Any
 
 from bench.datagen import generate
 from bench.slowfs import SlowFs, SlowFsOptions, ensure_built, sweep_stale_mounts
-from tiering.units import human_bytes
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
@@ -248,33 +247,55 @@ def later_mean(entry: dict[str, Any]) -> float:
     return sum(e["seconds"] for e in eps) / len(eps)
 
 
+MIB = 1 << 20
+CONFIG_TEXT = {
+    "pfs": "the PFS directly, no tier-run",
+    "off": "tier-run, shim loaded, nothing placed",
+    "first-touch": "copy a file when first opened",
+    "stage": "copy everything at start",
+    "lru": "first touch, evict least recently used",
+    "clairvoyant": "prefetch in the sampler's order",
+    "lower-bound": "a copy in /dev/shm, no shim",
+}
+
+
+def mib(n: float) -> str:
+    return f"{n / MIB:.1f} MiB"
+
+
+def tiers_text(result: dict[str, Any]) -> str:
+    ds = result["dataset"]
+    return (f"{ds['files']} files, {mib(ds['bytes'])}; tiers: "
+            + ", ".join(f"{t['name']} {mib(t['capacity'])}" for t in result["tiers"]))
+
+
 def table(result: dict[str, Any]) -> str:
     by = {c["name"]: c for c in result["configurations"]}
     lb, pfs = by["lower-bound"], by["pfs"]
-    ds = result["dataset"]
     lines = [f"### {result['scenario']}: {result['description']}",
              "",
-             f"{ds['files']} files, {human_bytes(ds['bytes'])}; tiers: " +
-             ", ".join(f"{t['name']} {human_bytes(t['capacity'])}" for t in result["tiers"]) + ".",
+             tiers_text(result) + ".",
              "",
-             "| configuration | epoch 1 s | epochs 2+ s | epoch 1 vs lower bound | epochs 2+ vs lower bound "
-             "| speed-up vs PFS (2+) | PFS opens / epoch (2+) | PFS MB / epoch (2+) | checksum |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "| configuration | what it is | epoch 1 s | epochs 2+ s | epoch 1: x slower than the lower bound "
+             "| epochs 2+: x slower than the lower bound | speed-up over the PFS (2+) | PFS opens / epoch (2+) "
+             "| PFS MiB / epoch (2+) | checksum |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for c in result["configurations"]:
         e1 = c["epochs"][0]["seconds"]
         rest = later_mean(c)
         later = c["epochs"][1:] or c["epochs"]
         opens = sum(e["pfs_opens"] for e in later) / len(later)
-        mb = sum(e["pfs_bytes"] for e in later) / len(later) / 1e6
+        mb = sum(e["pfs_bytes"] for e in later) / len(later) / MIB
         same = "same" if c["checksum"] == lb["checksum"] else "DIFFERENT"
-        lines.append(f"| {c['name']} | {e1:.2f} | {rest:.2f} | {e1 / lb['epochs'][0]['seconds']:.2f}x | "
-                     f"{rest / later_mean(lb):.2f}x | {later_mean(pfs) / rest:.2f}x | {opens:.0f} | {mb:.1f} "
-                     f"| {same} |")
+        lines.append(f"| {c['name']} | {CONFIG_TEXT.get(c['name'], '')} | {e1:.2f} | {rest:.2f} | "
+                     f"{e1 / lb['epochs'][0]['seconds']:.2f}x | {rest / later_mean(lb):.2f}x | "
+                     f"{later_mean(pfs) / rest:.2f}x | {opens:.0f} | {mb:.1f} | {same} |")
     bound = bounds(result)
     if bound:
         lines += ["", f"Bound for epochs 2+: max(compute {bound['compute_s']:.2f} s, (D − C) / bandwidth "
                       f"{bound['transfer_s']:.2f} s) = {bound['bound_s']:.2f} s; clairvoyant "
-                      f"{bound['clairvoyant_s']:.2f} s ({bound['ratio']:.2f}x the bound)."]
+                      f"{bound['clairvoyant_s']:.2f} s: {bound['ratio']:.2f}x the bound (its time / the bound: "
+                      "1.00x is at the bound, more is slower)."]
     return "\n".join(lines)
 
 
@@ -297,7 +318,7 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 4), squeeze=False)
+    fig, axes = plt.subplots(1, len(results), figsize=(5.5 * len(results), 5.2), squeeze=False)
     for ax, res in zip(axes[0], results):
         configs = res["configurations"]
         epochs = len(configs[0]["epochs"])
@@ -305,13 +326,46 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
         for k in range(epochs):
             ax.bar([i + k * width for i in range(len(configs))], [c["epochs"][k]["seconds"] for c in configs],
                    width, label=f"epoch {k + 1}")
+        by = {c["name"]: c for c in configs}
+        if "lower-bound" in by:
+            ax.axhline(later_mean(by["lower-bound"]), color="black", linestyle="--", linewidth=1,
+                       label="lower bound (copy in /dev/shm), epochs 2+")
+        b = bounds(res)
+        if b and b["bound_s"] > later_mean(by["lower-bound"]) * 1.02:
+            ax.axhline(b["bound_s"], color="tab:red", linestyle=":", linewidth=1,
+                       label="bound with the PFS: max(compute, (D - C) / bandwidth)")
         ax.set_xticks([i + 0.4 - width / 2 for i in range(len(configs))])
         ax.set_xticklabels([c["name"] for c in configs], rotation=40, ha="right")
-        ax.set_title(f"{res['scenario']}: {res['dataset']['files']} files")
+        ax.set_title(f"{res['scenario']}: {res['description']}\n{tiers_text(res)}", fontsize=9)
         ax.set_ylabel("seconds per epoch")
-        ax.legend(fontsize=8)
-    fig.tight_layout()
+        top = max(e["seconds"] for c in configs for e in c["epochs"])
+        ax.set_ylim(0, 1.45 * top)      # room for the legend above the bars
+        ax.legend(fontsize=7, ncol=2, loc="upper center")
+    key = "; ".join(f"{n}: {t}" for n, t in CONFIG_TEXT.items())
+    fig.text(0.01, 0.01, key, fontsize=7, wrap=True)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
     fig.savefig(path, dpi=90)
+
+
+def header(results: list[dict[str, Any]], command: str) -> str:
+    w, pfs = results[0]["workload"], results[0]["pfs"]
+    seconds = [r["seconds"] for r in results if "seconds" in r]
+    took = f"; {sum(seconds):.0f} s in all" if len(seconds) == len(results) else ""
+    loader = f", {w['workers']} DataLoader workers" if w["reader"] != "c" else ""
+    return (f"Measured with `{command}` ({results[0]['dataset']['files']} files, {w['epochs']} epochs, "
+            f"{w['compute_ms_per_batch']:g} ms compute per batch of {w['batch_size']}{loader}; slowfs: "
+            f"{pfs['meta_latency_ms']:g} ms per metadata operation, {pfs['read_latency_ms']:g} ms per read, "
+            f"{pfs['bandwidth_mbps'] * 1e6 / MIB:.0f} MiB/s, {pfs['max_inflight']} in flight). Sizes in MiB "
+            f"(2^20 bytes). Ratios are within this run{took}. \"x slower than the lower bound\": the "
+            "configuration's time / the lower bound's (1.00x is as fast as a copy in /dev/shm; more is slower). "
+            "\"speed-up over the PFS\": the PFS's time / the configuration's (more is faster).")
+
+
+def write_summary(results: list[dict[str, Any]], out: Path, command: str) -> str:
+    md = "\n".join([header(results, command), ""] + [table(r) + "\n" for r in results])
+    (out / "summary.md").write_text(md)
+    plot(results, out / "epochs.png")
+    return md
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -326,11 +380,20 @@ def main(argv: list[str] | None = None) -> int:
                         "or a C program reading with pread")
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "tiering-bench")
+    p.add_argument("--report-only", action="store_true",
+                   help="write summary.md and epochs.png again from the <scenario>.json files in --out")
     a = p.parse_args(argv)
     s = Settings(files=a.files or (40 if a.quick else 2000), epochs=a.epochs or (2 if a.quick else 3),
                  compute_ms=a.compute_ms if a.compute_ms is not None else (0.0 if a.quick else 30.0),
                  workers=0 if a.quick else 2, batch_size=32, reader=a.reader, pfs=SlowFsOptions(),
                  work=a.work, out=a.out)
+    names = a.scenario or list(SCENARIOS)
+    command = (f"python -m bench.run{' --quick' if a.quick else ''}"
+               f"{'' if s.reader == 'dataloader' else ' --reader ' + s.reader}")
+    if a.report_only:
+        results = [json.loads((a.out / f"{name}.json").read_text()) for name in names]
+        print(write_summary(results, a.out, command))
+        return 0
     ensure_built()
     a.work.mkdir(parents=True, exist_ok=True)
     if s.reader == "c":
@@ -338,28 +401,19 @@ def main(argv: list[str] | None = None) -> int:
                        check=True)
     sweep_stale_mounts(a.work)
     a.out.mkdir(parents=True, exist_ok=True)
-    names = a.scenario or list(SCENARIOS)
     results = []
-    t0 = time.monotonic()
     for name in names:
+        t0 = time.monotonic()
         res = run_scenario(SCENARIOS[name], s)
         res["bound"] = bounds(res)
+        res["seconds"] = round(time.monotonic() - t0, 1)
         (a.out / f"{name}.json").write_text(json.dumps(res, indent=1) + "\n")
         results.append(res)
         sums = {c["checksum"] for c in res["configurations"]}
         if len(sums) != 1:
             print(f"bench: {name}: configurations read different bytes: {sums}", file=sys.stderr)
             return 1
-    md = [f"Measured with `python -m bench.run{' --quick' if a.quick else ''}"
-          f"{'' if s.reader == 'dataloader' else ' --reader ' + s.reader}` "
-          f"({s.files} files, {s.epochs} epochs, {s.compute_ms:g} ms compute per batch of {s.batch_size}, "
-          f"{s.workers} DataLoader workers; slowfs: {s.pfs.meta_latency_ms:g} ms per metadata operation, "
-          f"{s.pfs.read_latency_ms:g} ms per read, {s.pfs.bandwidth_mbps:g} MB/s, {s.pfs.max_inflight} in flight). "
-          f"Ratios are within this run; {time.monotonic() - t0:.0f} s in all.", ""]
-    md += [table(r) + "\n" for r in results]
-    (a.out / "summary.md").write_text("\n".join(md))
-    plot(results, a.out / "epochs.png")
-    print("\n".join(md))
+    print(write_summary(results, a.out, command))
     return 0
 
 

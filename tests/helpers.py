@@ -150,6 +150,25 @@ def alias_tree(tmp_path: Path) -> tuple[Path, dict[str, bytes]]:
 
 
 PYTHON = sys.executable
+OTHER_UID = 54321          # a user that is not us (the tests run as root: they chown and setuid)
+
+
+def as_other_user(fn) -> int:  # type: ignore[no-untyped-def]
+    """Runs fn() in a child process that has become another user; its exit
+    status (0 when fn returned, 1 when it raised)."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.setgid(OTHER_UID)
+            os.setuid(OTHER_UID)
+            fn()
+            code = 0
+        except BaseException:
+            code = 1
+        finally:
+            os._exit(code)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 
 
 # -- tier-run end to end ------------------------------------------------------

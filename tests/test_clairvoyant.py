@@ -38,7 +38,7 @@ def test_unchanged_script_is_followed_through_the_hook(tmp_path):
     data = tmp_path / "pfs"
     contents = dataset(data)
     stats, rd, r = run(tmp_path, data, profile(tmp_path))
-    assert stats["policy"] == "clairvoyant"
+    assert stats["policy"] == "clairvoyant", r.stderr
     order = stats["order"]
     assert order["following"] and not order["diverged"], r.stderr
     assert order["epochs_known"] == 4          # the three read, and the next one predicted

@@ -13,28 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers import dataset, sweep_with_boot_time_off, tier_run
+from helpers import OTHER_UID, as_other_user, dataset, sweep_with_boot_time_off, tier_run
 from tiering import rundirs
 from tiering.rundirs import UnsafeParent, make_private_dir, parent_problem, start_ticks, sweep_leftovers
-
-OTHER_UID = 54321          # a user that is not us (the tests run as root: they chown and setuid)
-
-
-def as_other_user(fn) -> int:  # type: ignore[no-untyped-def]
-    """Runs fn() in a child process that has become another user; its exit status."""
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            os.setgid(OTHER_UID)
-            os.setuid(OTHER_UID)
-            fn()
-            code = 0
-        except BaseException:
-            code = 1
-        finally:
-            os._exit(code)
-    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 
 
 def mkdir(path: Path, mode: int) -> Path:

@@ -16,6 +16,7 @@ from .cliopts import order_from as _order
 from .cliopts import order_options as _order_options
 from .console import flush_quietly, reserve_standard_fds, say, setup_logging
 from .job import POLICY_NAMES, Job, JobError, JobOptions, run
+from .observe.live import choose_display
 from .profile import ProfileError, check_profile, format_profile, list_profiles, load_profile
 from .units import human_bytes
 
@@ -50,20 +51,32 @@ def _run_options(f):  # type: ignore[no-untyped-def]
         click.option("--keep", is_flag=True, help="Keep the index and the tier copies after exit."),
         click.option("-v", "--verbose", count=True,
                      help="-v: placement log and a status line every 5 s; -vv: also the shim's log."),
+        click.option("-q", "--quiet", is_flag=True,
+                     help="No progress and no summary on stderr; warnings and errors only (--stats-json still "
+                          "has everything)."),
+        click.option("--progress", type=click.Choice(["auto", "bar", "plain", "off"]), default="auto",
+                     show_default=True,
+                     help="Progress on stderr: a bar while the data set is scanned and a status line now and "
+                          "then while COMMAND runs (auto: bar on a terminal, plain lines in a log)."),
+        click.option("--progress-every", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+                     help="Seconds between status lines while COMMAND runs [default: 30 on a terminal, 10 in "
+                          "a log, 5 with -v; 0: none]."),
         click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED),
     ]
     return _order_options(_apply(f, opts))
 
 
 def _do_run(profile: str, data: tuple[str, ...], policy: str | None, hook: bool | None, window: int,
-            stats_json: Path | None, keep: bool, verbose: int, command: tuple[str, ...], **kw: Any) -> None:
+            stats_json: Path | None, keep: bool, verbose: int, quiet: bool, progress: str,
+            progress_every: float | None, command: tuple[str, ...], **kw: Any) -> None:
     reserve_standard_fds()
     order = _order(kw)
-    setup_logging(verbose)
+    setup_logging(0 if quiet else verbose)
+    display = choose_display(progress, quiet, verbose, progress_every)
     try:
         prof = load_profile(profile)
         job = Job(JobOptions(list(data), list(command), prof, policy=policy, order=order, hook=hook, window=window,
-                             stats_json=stats_json, keep=keep, verbose=verbose))
+                             stats_json=stats_json, keep=keep, verbose=verbose, display=display))
         code = run(job)
     except ProfileError as e:
         _leave(2, f"tier-run: profile error: {e}")
@@ -212,6 +225,66 @@ def _predict(prof: Any, sizes: Any, first: list[Any], batch_size: int | None,
         p[key], p[sum_key] = per, sum(per)
     p["gain"] = p["pfs_seconds"] / p["clairvoyant_seconds"] if p["clairvoyant_seconds"] > 0 else None
     return p
+
+
+@main.command("status")
+@click.argument("job", required=False)
+@click.option("--watch", is_flag=True, help="Refresh until the job ends (Ctrl-C stops watching).")
+@click.option("--interval", type=click.FloatRange(min=0.2), default=2.0, show_default=True, metavar="SECONDS",
+              help="Seconds between refreshes with --watch.")
+@click.option("--window", type=click.FloatRange(min=1, max=60), default=10.0, show_default=True, metavar="SECONDS",
+              help="Hit ratio and rates over the last SECONDS.")
+@click.option("--json", "as_json", is_flag=True, help="The status as JSON (one object per line with --watch).")
+def status_cmd(job: str | None, watch: bool, interval: float, window: float, as_json: bool) -> None:
+    """The live view of a running tier-run job of yours on this node: JOB is
+    a PID (tier-run's or COMMAND's) or a job id; without it, the only job
+    running.  Read-only: attaching changes nothing in the job."""
+    import json as json_mod
+    import time
+
+    from .observe.status import StatusError, find_job, fresh, read_status
+    from .observe.view import status_view
+    try:
+        d, st = find_job(job)
+    except StatusError as e:
+        raise click.ClickException(str(e)) from None
+    terminal = sys.stdout.isatty()
+    try:
+        while True:
+            view = fresh(d, st, window)
+            if as_json:
+                click.echo(json_mod.dumps(view, indent=None if watch else 2))
+            else:
+                click.echo(("\x1b[H\x1b[2J" if watch and terminal else "") + status_view(view))
+            if not watch:
+                return
+            time.sleep(interval)
+            latest = read_status(d)
+            if latest is None or not d.path.exists():
+                if not as_json:
+                    click.echo(f"job {d.name} has ended")
+                return
+            st = latest
+    except KeyboardInterrupt:
+        return
+
+
+@main.command("report")
+@click.argument("stats", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
+              help="The picture: a .png, .svg or .pdf, or a .html page with the picture and the summary "
+                   "[default: STATS with .png].")
+def report_cmd(stats: Path, output: Path | None) -> None:
+    """Draw what a tier-run job did, from its --stats-json file: the tiers
+    filling over time, the hit ratio per epoch, and the PFS traffic over
+    time with the reader's epochs marked."""
+    from .observe.plot import PlotError, write_report
+    out = output or stats.with_suffix(".png")
+    try:
+        write_report(stats, out)
+    except PlotError as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(f"tiering report: {out}")
 
 
 @main.group()

@@ -20,17 +20,44 @@ def stderr_gone() -> bool:
 
 def say(text: str) -> None:
     """One message (one or more lines) on stderr, or nothing when stderr is gone."""
+    write(text + "\n")
+
+
+def write(text: str) -> None:
+    """Text as it is (a progress bar's redraw), or nothing when stderr is gone."""
     global _gone
     stream = sys.stderr
     if _gone or stream is None:    # None: started with fd 2 closed
         _gone = True
         return
     try:
-        stream.write(text + "\n")
+        stream.write(text)
         stream.flush()
     except (OSError, ValueError):  # EPIPE, EIO, ENOSPC, a closed stream
         _gone = True
         _to_devnull(2)
+
+
+class Stderr:
+    """A file-like stderr for libraries that draw on it (the progress bar):
+    every write goes through write(), so a broken stderr only silences it."""
+
+    def write(self, text: str) -> int:
+        write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return stderr_is_terminal()
+
+
+def stderr_is_terminal() -> bool:
+    try:
+        return not _gone and sys.stderr is not None and os.isatty(sys.stderr.fileno())
+    except (OSError, ValueError):
+        return False
 
 
 def _to_devnull(fd: int) -> None:

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from . import catalog as catalog_mod
 from .clairvoyant.feeds import HookFeed, HookWatch, ListFeed
@@ -30,22 +31,21 @@ from .command import (
     wait_forwarding,
 )
 from .console import say
-from .placement.api import Policy
-from .placement.daemon import Daemon
+from .observe.live import Display, JobInfo, JobWatch, fits_bytes
+from .placement.api import Policy, allocation
+from .placement.daemon import Daemon, DaemonSnapshot
 from .placement.index import Root, SharedIndex, library_path
 from .placement.policies import POLICIES as SIMPLE_POLICIES
 from .placement.tiers import TierState
 from .profile import Profile
 from .report import JobRecord, stats_path_problem, summary_text, to_json, write_stats
 from .rundirs import current_user, index_parent, make_private_dir, remove_tree, sweep_leftovers
-from .units import human_bytes
 
 log = logging.getLogger("tiering")
 
 SHIM_NAME = "libtiershim.so"
 HOOK_DIR = Path(__file__).resolve().parent / "hook"
 POLICY_NAMES = sorted([*SIMPLE_POLICIES, Clairvoyant.name])
-STATUS_EVERY = 5.0     # seconds between status lines with -v
 ORDER_HINT = ("to prefetch in the training's order, give the order explicitly: --sampler random --seed N "
               "--epochs E (N: the seed of the DataLoader's generator; --sampler distributed for a "
               "DistributedSampler) or --order-file FILE")
@@ -73,6 +73,7 @@ class JobOptions:
     keep: bool = False
     verbose: int = 0
     scan_threads: int = 16
+    display: Display = field(default_factory=lambda: Display("plain", 10.0))   # progress on stderr
 
 
 @dataclass
@@ -89,6 +90,7 @@ class Job:
     hook_watch: HookWatch | None = None
     no_order: str | None = None         # why no order can come (the hook is missing, did not start)
     timings: dict[str, float] = field(default_factory=dict)
+    watch: JobWatch | None = None       # progress, status file, time series
 
     @property
     def order_dir(self) -> Path | None:
@@ -129,12 +131,27 @@ def child_environment(env: dict[str, str], index_path: Path | None, lib: Path,
 def setup(job: Job) -> None:
     opts = job.opts
     sweep_leftovers([index_parent()] + [t.path for t in opts.profile.tiers], job.user)
-    t0 = time.monotonic()
     try:
-        job.catalog = catalog_mod.scan(opts.data, threads=opts.scan_threads, cache_dir=opts.scan_cache)
+        job.run_dir = make_private_dir(index_parent(), job.user)
+    except OSError as e:
+        raise JobError(f"cannot make the index directory: {e}") from None
+    t0 = time.monotonic()
+    watch = job.watch = JobWatch(opts.display)
+    watch.scanning_in(job.run_dir, {"job": job.run_dir.name, "pid": os.getpid(), "user": job.user,
+                                    "command": opts.command, "data": opts.data, "policy": opts.policy or "default"})
+    try:
+        job.catalog = catalog_mod.scan(opts.data, threads=opts.scan_threads, cache_dir=opts.scan_cache,
+                                       progress=watch.on_scan)
     except catalog_mod.CatalogError as e:
         raise JobError(str(e)) from None
+    finally:
+        watch.close_bar()     # also when a signal interrupts the scan
     job.timings["scan"] = time.monotonic() - t0
+    cat = job.catalog
+    watch.scan_done(len(cat.files), cat.total_bytes, len(cat.dirs), job.timings["scan"], cat.from_cache)
+    if not cat.files:
+        log.warning("the data set is empty: no regular file under %s; nothing will be placed (check --data)",
+                    ", ".join(cat.roots))
     feed = _choose_policy(job)
     for t in opts.profile.tiers:
         try:
@@ -144,10 +161,6 @@ def setup(job: Job) -> None:
     cat = job.catalog
     # a symlinked root is matched by its real path too (same id)
     roots = [Root(prefix, i, cat.dir_links[i]) for prefix, i in catalog_mod.RootMap(cat.roots).prefixes]
-    try:
-        job.run_dir = make_private_dir(index_parent(), job.user)
-    except OSError as e:
-        raise JobError(f"cannot make the index directory: {e}") from None
     job.index, slots = SharedIndex.for_catalog(job.run_dir / "index", roots, [str(t.data) for t in job.tiers], cat)
     if job.hooked:
         (job.run_dir / "orders").mkdir(mode=0o700)
@@ -160,6 +173,27 @@ def setup(job: Job) -> None:
         return SIMPLE_POLICIES[job.policy](d)
 
     job.daemon = Daemon(job.index, cat, slots, job.tiers, opts.profile.pfs.read_threads, make_policy)
+    sizes = [f.size for f in cat.files]
+    info = JobInfo(job.run_dir.name, os.getpid(), job.user, opts.command, cat.roots, opts.profile.name, job.policy,
+                   len(cat.files), cat.total_bytes, fits_bytes(sizes, sum(t.capacity for t in job.tiers), allocation),
+                   [(t.name, t.capacity) for t in job.tiers], job.run_dir)
+    watch.attach(info, _Probe(job), lambda: job.no_order)
+
+
+class _Probe:
+    """The job's numbers, for the watch (observe/live.py)."""
+
+    def __init__(self, job: Job):
+        self.job = job
+
+    def counters(self) -> dict[str, Any]:
+        return self.job.index.counters() if self.job.index is not None else {}
+
+    def snapshot(self) -> DaemonSnapshot | None:
+        return self.job.daemon.snapshot() if self.job.daemon is not None else None
+
+    def report(self) -> dict[str, Any]:
+        return self.job.daemon.policy.report() if self.job.daemon is not None else {}
 
 
 def _choose_policy(job: Job) -> ListFeed | HookFeed | None:
@@ -262,6 +296,8 @@ def run(job: Job) -> int:
         except CommandError as e:
             raise JobError(str(e), e.exit_code) from None
         _start_daemon(job)   # after the fork: COMMAND never inherits a thread
+        if job.watch is not None:
+            job.watch.command_started(proc.pid)
         exit_code = wait_forwarding(proc.pid, ignored, _ticker(job))
         proc.returncode = exit_code   # reaped here, not by Popen
         job.timings["command"] = time.monotonic() - t0
@@ -285,14 +321,11 @@ def _start_daemon(job: Job) -> None:
 
 
 def _ticker(job: Job) -> Callable[[], None]:
-    last = [time.monotonic()]
-
     def tick() -> None:   # never ends the wait for COMMAND
         try:
             _check_hook(job, command_done=False)
-            if job.opts.verbose and time.monotonic() - last[0] >= STATUS_EVERY:
-                last[0] = time.monotonic()
-                _print_status(job)
+            if job.watch is not None:
+                job.watch.tick()
         except Exception:
             log.debug("status failed", exc_info=True)
 
@@ -308,8 +341,12 @@ def _finish(job: Job, exit_code: int, t_start: float) -> None:
         if job.daemon is not None:
             job.daemon.stop()
         job.timings["total"] = time.monotonic() - t_start
-        stats = to_json(_record(job, exit_code))
-        say(summary_text(stats))
+        record = _record(job, exit_code)
+        if job.watch is not None:
+            record.observed = job.watch.finish()
+        stats = to_json(record)
+        if opts.display.mode != "off":
+            say(summary_text(stats))
         if opts.stats_json and (problem := write_stats(opts.stats_json, stats)):
             say(f"tier-run: {problem} (COMMAND exited {exit_code})")
         if opts.keep and job.run_dir:
@@ -344,12 +381,3 @@ def _record(job: Job, exit_code: int) -> JobRecord:
         r.tiers, r.daemon, r.abandoned, r.order = d.tier_summary(), d.stats, d.stuck, d.policy.report()
     return r
 
-
-def _print_status(job: Job) -> None:
-    if job.index is None or job.daemon is None:
-        return
-    c = job.index.counters()
-    placed = sum(t.files for t in job.tiers)
-    placed_bytes = sum(t.placed_bytes for t in job.tiers)
-    say(f"tiering: {placed} files ({human_bytes(placed_bytes)}) placed; "
-        f"{c['opens']} opens, {c['opens'] - c['opens_pfs']} from tiers")

@@ -10,8 +10,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .observe.epochs import epoch_records
+from .observe.view import pct
 from .placement.daemon import DaemonStats
 from .units import human_bytes
+
+MANY_FALLBACKS = 0.01     # of the opens served from tiers: worth a warning
 
 
 @dataclass
@@ -32,6 +36,7 @@ class JobRecord:
     order: dict[str, Any] = field(default_factory=dict)          # the policy's report
     seconds: dict[str, float] = field(default_factory=dict)
     no_order: str | None = None   # why no order can come (the hook is missing, did not start)
+    observed: dict[str, Any] = field(default_factory=dict)      # JobWatch.finish(): series, warm_after, t0
 
 
 def in_force(r: JobRecord) -> tuple[str, str | None]:
@@ -59,8 +64,18 @@ def to_json(r: JobRecord) -> dict[str, Any]:
     opens_tier = c.get("opens_tier", [0] * len(r.tiers))
     by_tier = {t["name"]: opens_tier[k] for k, t in enumerate(r.tiers)}
     job_pfs = c.get("opens_pfs", 0)
+    total = c.get("opens", 0)
+    served = sum(by_tier.values())
     policy, reason = in_force(r)
-    return {
+    order = dict(r.order)
+    per_epoch = order.pop("per_epoch", [])
+    obs = r.observed
+    series = obs.get("series") or {}
+    seconds: dict[str, float | None] = {k: round(v, 3) for k, v in r.seconds.items()}
+    seconds["warm"] = round(obs["warm_after"], 3) if obs.get("warm_after") is not None else None
+    with_tiering = d.job_pfs_bytes + d.pfs_bytes
+    without = d.job_pfs_bytes + c.get("bytes_tier", 0)
+    out = {
         "policy": policy,
         "policy_requested": r.policy,
         "policy_reason": reason,
@@ -72,19 +87,26 @@ def to_json(r: JobRecord) -> dict[str, Any]:
         "bytes": r.bytes,
         "tiers": r.tiers,
         "opens": {
-            "total": c.get("opens", 0),
+            "total": total,
             "pfs": job_pfs,
             "by_tier": by_tier,
             "fallbacks": c.get("fallbacks", 0),
             # what the shim knows at open time: an upper bound of the bytes read from tiers
             "bytes_of_files_served": c.get("bytes_tier", 0),
         },
+        "hit_ratio": round(served / total, 4) if total else None,
         "pfs": {
             "opens": job_pfs + d.pfs_opens,
             "opens_by_job": job_pfs,
             "opens_by_daemon": d.pfs_opens,
             "bytes_read_by_daemon": d.pfs_bytes,
-            "opens_avoided": sum(by_tier.values()),
+            # sizes of the files COMMAND opened on the PFS: an upper bound of what it read there
+            "bytes_of_files_opened_by_job": d.job_pfs_bytes,
+            "bytes": with_tiering,
+            "opens_without_tiering": total,
+            "bytes_without_tiering": without,
+            "bytes_are_upper_bounds": True,
+            "opens_avoided": served,
         },
         "placement": {
             "copies": d.copies,
@@ -97,36 +119,96 @@ def to_json(r: JobRecord) -> dict[str, Any]:
             "placement_errors": d.placement_errors,
             "errors": d.errors[:20],
         },
-        "order": r.order,
+        "order": order,
+        "epochs": epoch_records(per_epoch, obs.get("t0"), series),
         "events": c.get("events_posted", 0),
         "events_dropped": c.get("events_dropped", 0),
-        "seconds": {k: round(v, 3) for k, v in r.seconds.items()},
+        "seconds": seconds,
+        "series": series,
     }
+    out["warnings"] = warnings(out)
+    return out
+
+
+def warnings(s: dict[str, Any]) -> list[str]:
+    """What the user should know and do something about."""
+    out = []
+    o, pl = s["opens"], s["placement"]
+    served = o["total"] - o["pfs"]
+    if not s["files"]:
+        out.append(f"the data set is empty: no regular file under {', '.join(s['data'])}; check --data")
+    elif not o["total"]:
+        out.append(f"COMMAND opened no file of the data set: does it read from {', '.join(s['data'])}? "
+                   "(a path to another copy of the data, or a different --data?)")
+    if pl["copies"] and not served:
+        out.append(f"{pl['copies']:,} copies made, none served: COMMAND read each file before its copy landed "
+                   "or never again (one epoch?); --warm fills the tiers before COMMAND starts")
+    if o["fallbacks"] and o["fallbacks"] >= max(10, MANY_FALLBACKS * served):
+        out.append(f"{o['fallbacks']:,} opens fell back to the PFS because their copy went away between lookup "
+                   "and open (evicted while the reader came for it): the tiers are tight for this reader")
+    if s["events_dropped"]:
+        out.append(f"{s['events_dropped']:,} of {s['events']:,} events dropped (ring full): the daemon missed "
+                   "opens, so the per-epoch numbers and COMMAND's PFS bytes are undercounted")
+    return out
+
+
+def _change(now: int, before: int) -> str:
+    return f"{100 * (now - before) / before:+.0f}%" if before else "n/a"
+
+
+def pfs_line(s: dict[str, Any]) -> str:
+    """The net effect on the PFS, in one line."""
+    p = s["pfs"]
+    return (f"PFS traffic: {human_bytes(p['bytes'])} instead of {human_bytes(p['bytes_without_tiering'])} "
+            f"({_change(p['bytes'], p['bytes_without_tiering'])}), {p['opens']:,} opens instead of "
+            f"{p['opens_without_tiering']:,} ({_change(p['opens'], p['opens_without_tiering'])})")
+
+
+def _seconds(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f} s"
+
+
+def epoch_table(epochs: list[dict[str, Any]], limit: int = 8) -> list[str]:
+    head = ("  epoch   seconds     opens  from tiers   PFS opens      PFS bytes   lead (samples)")
+    rows = []
+    for e in epochs:
+        lead = "-" if e["prefetch_lead"] is None else f"{e['prefetch_lead']:,.0f}"
+        rows.append(f"  {e['epoch']:>5} {e['seconds']:>9.1f} {e['opens']:>9,} {pct(e['hit_ratio']):>11}"
+                    f" {e['pfs_opens']:>11,} {human_bytes(e['pfs_bytes']):>14} {lead:>16}")
+    if len(rows) > limit:
+        rows = rows[:limit // 2] + [f"  ... {len(rows) - limit + 1} more epochs ..."] + rows[-(limit // 2 - 1):]
+    return [head] + rows
 
 
 def summary_text(s: dict[str, Any]) -> str:
     why = f" ({s['policy_reason']})" if s.get("policy_reason") else ""
-    lines = [f"tiering: policy {s['policy']}{why}, {s['files']} files ({human_bytes(s['bytes'])}) "
+    lines = [f"tiering: policy {s['policy']}{why}, {s['files']:,} files ({human_bytes(s['bytes'])}) "
              f"in {', '.join(s['data'])}; COMMAND exited {s['exit_code']}"]
-    for t in s["tiers"]:
-        lines.append(f"  tier {t['name']:<8} {t['files']:>9} files {human_bytes(t['bytes']):>11} placed"
-                     f" (capacity {human_bytes(t['capacity'])})")
+    sec = s["seconds"]
+    warm = sec.get("warm")
+    lines.append(f"  time     COMMAND {_seconds(sec.get('command'))}, scan {_seconds(sec.get('scan'))}, "
+                 + (f"tiers warm after {warm:.1f} s" if warm is not None else "tiers never warm"))
     o = s["opens"]
-    per_tier = ", ".join(f"{n} {v}" for n, v in o["by_tier"].items())
-    lines.append(f"  opens    {o['total']} of data-set files: {o['total'] - o['pfs']} from tiers"
-                 f"{f' ({per_tier})' if per_tier else ''}, {o['pfs']} from the PFS")
-    p = s["pfs"]
-    lines.append(f"  PFS      {p['opens_avoided']} opens avoided (files of {human_bytes(o['bytes_of_files_served'])}"
-                 f" served from tiers); the daemon read {human_bytes(p['bytes_read_by_daemon'])}"
-                 f" in {p['opens_by_daemon']} opens")
+    per_tier = ", ".join(f"{n} {v:,}" for n, v in o["by_tier"].items())
+    lines.append(f"  hits     {pct(s['hit_ratio'])} of {o['total']:,} opens of data-set files from tiers"
+                 f"{f' ({per_tier})' if per_tier else ''}, {o['pfs']:,} from the PFS")
+    lines.append(f"  {pfs_line(s)}")
+    lines.append(f"           COMMAND opened files of {human_bytes(s['pfs']['bytes_of_files_opened_by_job'])} there, "
+                 f"the copies read {human_bytes(s['pfs']['bytes_read_by_daemon'])} (sizes of the files opened "
+                 "are upper bounds of the bytes read)")
+    for t in s["tiers"]:
+        lines.append(f"  tier {t['name']:<8} {t['files']:>9,} files {human_bytes(t['bytes']):>11} placed"
+                     f" (capacity {human_bytes(t['capacity'])})")
+    if s.get("epochs"):
+        lines += epoch_table(s["epochs"])
     pl = s["placement"]
     if pl["copy_failures"] or pl["evictions"] or pl["invalidated"] or pl["changed_sources"]:
-        lines.append(f"  copies   {pl['copies']} done, {pl['copy_failures']} failed, {pl['evictions']} evicted,"
+        lines.append(f"  copies   {pl['copies']:,} done, {pl['copy_failures']:,} failed, {pl['evictions']:,} evicted,"
                      f" {pl['invalidated']} invalidated by writes, {pl['changed_sources']} changed on the PFS")
     o = s.get("order") or {}
     if s["policy"] == "clairvoyant":   # else the policy line says why not
-        lines.append(f"  order    {o['epochs_known']} epochs known, {o['matched_opens']} opens followed,"
-                     f" {o['fetches']} files fetched ahead, {o['evictions']} evicted")
+        lines.append(f"  order    {o['epochs_known']} epochs known, {o['matched_opens']:,} opens followed,"
+                     f" {o['fetches']:,} files fetched ahead, {o['evictions']:,} evicted")
     for err in o.get("hook_errors", []):
         lines.append(f"  order    hook: {err}")
     if pl.get("abandoned"):
@@ -135,8 +217,8 @@ def summary_text(s: dict[str, Any]) -> str:
     if pl.get("placement_errors"):
         lines.append(f"  errors   {pl['placement_errors']} placement errors (see placement.errors in --stats-json);"
                      " placement went on")
-    if s["events_dropped"]:
-        lines.append(f"  events   {s['events_dropped']} of {s['events']} dropped (ring full)")
+    for w in s.get("warnings", []):
+        lines.append(f"  warning  {w}")
     return "\n".join(lines)
 
 

@@ -20,6 +20,11 @@ Entries that are neither regular files nor directories (dangling symlinks,
 fifos, sockets, devices, entries that cannot be stat'ed) are not catalogued;
 their paths are kept in `Catalog.skipped`, since ImageFolder would list them as
 samples when their names match.
+
+Progress: `scan(..., progress=f)` calls f with a `ScanProgress` (files and
+directories found so far, over all roots, and whether the catalog came from the
+cache) after every batch of results, on the calling thread; f decides what to
+show and how often.  The scan itself never prints.
 """
 from __future__ import annotations
 
@@ -30,6 +35,7 @@ import stat
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +46,26 @@ from .roots import join
 log = logging.getLogger("tiering")
 
 STAT_BATCH = 64           # entries stat'ed by one task
+
+
+@dataclass
+class ScanProgress:
+    """What the scan has found so far, over every root."""
+
+    files: int = 0
+    dirs: int = 0
+    bytes: int = 0
+    phase: str = "scanning"      # "checking the cache" | "scanning" | "done"
+    roots_from_cache: int = 0
+    roots_done: int = 0
+    roots: int = 0
+
+
+ScanCallback = Callable[[ScanProgress], None]
+
+
+def _no_progress(_p: ScanProgress) -> None:
+    pass
 
 
 def normalise_roots(dirs: list[str]) -> list[str]:
@@ -107,8 +133,10 @@ class _Tasks:
             yield item
 
 
-def _walk_root(root: str, pool: ThreadPoolExecutor) -> RootScan:
+def _walk_root(root: str, pool: ThreadPoolExecutor, progress: ScanProgress | None = None,
+               report: ScanCallback = _no_progress) -> RootScan:
     res = RootScan(scanned_ns=time.time_ns())
+    prog = progress if progress is not None else ScanProgress()
     st = os.stat(root)
     seen: dict[tuple[int, int], str] = {}
     tasks = _Tasks(pool)
@@ -121,6 +149,7 @@ def _walk_root(root: str, pool: ThreadPoolExecutor) -> RootScan:
             return
         seen[key] = rel
         res.dirs.append((rel, s.st_ino, s.st_dev, s.st_mtime_ns))
+        prog.dirs += 1
         tasks.submit("list", _list_dir, os.path.join(root, rel), rel)
 
     def take(stats: list[_Stat]) -> None:
@@ -137,6 +166,8 @@ def _walk_root(root: str, pool: ThreadPoolExecutor) -> RootScan:
                 res.files.append((rel, s.st_size, s.st_mtime_ns, s.st_dev, s.st_ino, is_link,
                                   s.st_mode, s.st_uid, s.st_gid, s.st_nlink, s.st_atime_ns, s.st_ctime_ns,
                                   s.st_blocks, s.st_blksize))
+                prog.files += 1
+                prog.bytes += s.st_size
             else:
                 res.skipped.append(rel)
 
@@ -155,6 +186,7 @@ def _walk_root(root: str, pool: ThreadPoolExecutor) -> RootScan:
                 take(stats)
             else:
                 take(out)
+            report(prog)
         if not later:
             break
         round_, later = sorted(later, key=lambda x: x[0]), []
@@ -178,10 +210,14 @@ def _cached(cache_dir: Path, root: str, pool: ThreadPoolExecutor) -> tuple[RootS
         return None, False
 
 
-def scan(dirs: list[str], threads: int = 16, cache_dir: Path | None = None) -> Catalog:
+def scan(dirs: list[str], threads: int = 16, cache_dir: Path | None = None,
+         progress: ScanCallback | None = None) -> Catalog:
     """The catalog of the data roots `dirs`; with cache_dir, each root's
-    catalog is reused from there when the root has not changed (module doc)."""
+    catalog is reused from there when the root has not changed (module doc);
+    progress is called as the scan goes (module doc)."""
     roots = normalise_roots(dirs)
+    report = progress or _no_progress
+    prog = ScanProgress(roots=len(roots))
     cache = Path(cache_dir) if cache_dir is not None else None
     if cache is not None and (problem := cache_dir_problem(cache)) is not None:
         log.warning("not using the catalog cache: %s; scanning without it", problem)
@@ -190,13 +226,27 @@ def scan(dirs: list[str], threads: int = 16, cache_dir: Path | None = None) -> C
     from_cache: list[bool] = []
     with ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="tiering-scan") as pool:
         for r in roots:
+            if cache is not None:
+                prog.phase = "checking the cache"
+                report(prog)
             part, writable = _cached(cache, r, pool) if cache is not None else (None, False)
             from_cache.append(part is not None)
-            if part is None:
-                part = _walk_root(r, pool)
+            if part is not None:
+                prog.roots_from_cache += 1
+                prog.files += len(part.files)
+                prog.dirs += len(part.dirs)
+                prog.bytes += sum(f[1] for f in part.files)
+            else:
+                prog.phase = "scanning"
+                report(prog)
+                part = _walk_root(r, pool, prog, report)
                 if cache is not None and writable:
                     save_cache(cache, r, part)
+            prog.roots_done += 1
+            report(prog)
             parts.append(part)
+    prog.phase = "done"
+    report(prog)
     cat = Catalog(list(roots), [], [], from_cache=cache is not None and all(from_cache),
                   cached=from_cache)
     for i, p in enumerate(parts):

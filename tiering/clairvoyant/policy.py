@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from ..observe.epochs import EpochLog
 from ..placement.api import Placement, Policy
 from ..placement.policies import FirstTouch
 from .feeds import EpochOrder, HookFeed, ListFeed
@@ -47,6 +48,8 @@ class Clairvoyant(Policy):
         self.refused = 0
         self._loader: int | None = None
         self._actions: deque[Actions] = deque()   # planned, not yet handed to the daemon
+        self.epoch_log = EpochLog()         # opens per epoch, for the report
+        self._sizes = np.asarray(placement.sizes, dtype=np.int64)
 
     # -- the stream ----------------------------------------------------------
     def start(self) -> None:
@@ -152,21 +155,53 @@ class Clairvoyant(Policy):
         for k in range(0, len(files), part):
             if not self.following:
                 self.first_touch.on_opens(files[k:], from_tier[k:], pids[k:])
+                self._observe(files[k:], from_tier[k:], None)
                 return
-            self._follow(files[k:k + part], pids[k:k + part])
+            got = self._follow(files[k:k + part], pids[k:k + part])
+            self._observe(files[k:k + part], from_tier[k:k + part], got)
 
-    def _follow(self, files: np.ndarray, pids: np.ndarray) -> None:
+    def _follow(self, files: np.ndarray, pids: np.ndarray) -> np.ndarray:
+        """The stream position each open matched (-1: none)."""
         assert self.progress is not None
+        out = np.full(len(files), -1, np.int64)
         planned = self.progress.in_stream(files)   # others are not part of the plan: left on the PFS
         if not planned.any():
-            return
+            return out
         got = self.progress.on_opens(files[planned], pids[planned])
+        out[planned] = got
         if (got >= 0).any():
             if isinstance(self.feed, ListFeed):
                 self._extend_from_list()
             self._pump()
         if self.progress.diverged:
             self._diverge()
+        return out
+
+    # -- observation ---------------------------------------------------------------
+    def _observe(self, files: np.ndarray, from_tier: np.ndarray, matched: np.ndarray | None) -> None:
+        """Counts the opens per epoch for the report: the epoch of the matched
+        position, else the reader's; none while no order is followed."""
+        sizes = self._sizes[files]
+        epochs = self._epochs_at(matched) if matched is not None else None
+        self.epoch_log.opened_many(epochs, from_tier, sizes, self.lead())
+
+    def _epochs_at(self, positions: np.ndarray) -> np.ndarray | None:
+        """The epoch number of each stream position (-1: the reader's), None
+        when no order is followed."""
+        if not self.following or not self.epochs:
+            return None
+        assert self.planner is not None
+        pos = np.where(positions >= 0, positions, self.planner.reader)
+        k = np.maximum(0, np.searchsorted(np.asarray(self.epoch_starts), pos, side="right") - 1)
+        return np.asarray(self.epochs, np.int64)[k]
+
+    def lead(self) -> int | None:
+        """Stream positions ahead of the reader whose copies have landed
+        (issued less in flight), None when no order is followed."""
+        if not self.following:
+            return None
+        assert self.planner is not None
+        return max(0, self.planner.cursor - self.planner.reader - self.placement.copies_in_flight())
 
     def _diverge(self) -> None:
         assert self.progress is not None
@@ -239,4 +274,6 @@ class Clairvoyant(Policy):
             "refused": self.refused,
             "replans": self.resets,
             "hook_errors": list(self.feed.errors) if isinstance(self.feed, HookFeed) else [],
+            "prefetch_lead": self.lead(),
+            "per_epoch": self.epoch_log.records(),
         }

@@ -49,11 +49,39 @@ class DaemonStats:
     invalidated: int = 0            # copies dropped after a write open
     events: int = 0
     placement_errors: int = 0       # exceptions raised by the policy (the job goes on)
+    job_pfs_bytes: int = 0          # sizes of the files COMMAND opened from the PFS (from the events)
     errors: list[str] = field(default_factory=list)
 
     def note(self, message: str) -> None:
         if len(self.errors) < MAX_ERRORS and message not in self.errors:
             self.errors.append(message)
+
+
+@dataclass(frozen=True)
+class TierFill:
+    name: str
+    capacity: int
+    used: int              # bytes taken by copies and reservations (whole blocks)
+    files: int             # published copies
+    bytes: int             # their sizes
+
+
+@dataclass(frozen=True)
+class DaemonSnapshot:
+    """What the daemon has done so far (Daemon.snapshot)."""
+
+    tiers: list[TierFill]
+    copies: int
+    copy_failures: int
+    evictions: int
+    in_flight: int         # copies queued or running
+    reading: int           # of which reading the PFS now
+    pfs_opens: int         # by the daemon
+    pfs_bytes: int         # read by the daemon
+    job_pfs_bytes: int     # sizes of the files COMMAND opened from the PFS (an upper bound of its reads)
+    events: int
+    invalidated: int
+    changed_sources: int
 
 
 class Daemon:
@@ -68,6 +96,7 @@ class Daemon:
         self.tiers = tiers
         self.stats = DaemonStats()
         self._sizes = [f.size for f in catalog.files]
+        self._sizes_array = np.asarray(self._sizes, dtype=np.int64)
         self._lock = threading.Lock()
         self.pfs_threads = max(1, pfs_threads)
         self._pfs = threading.BoundedSemaphore(self.pfs_threads)
@@ -84,6 +113,7 @@ class Daemon:
         self._thread: threading.Thread | None = None
         self._error_kinds: set[str] = set()
         self.stuck = 0                      # copies stop() gave up waiting for
+        self._reading = 0                   # copies reading the PFS now (inside the semaphore)
         self.policy = policy_factory(self)
 
     # -- the Placement contract ----------------------------------------------
@@ -248,6 +278,9 @@ class Daemon:
         catalogued = files >= 0
         opens = catalogued & ((kinds == lib.TIERING_EV_OPEN_PFS) | (kinds == lib.TIERING_EV_OPEN_TIER))
         writes = np.flatnonzero(catalogued & (kinds == lib.TIERING_EV_WRITE)).tolist()
+        from_pfs = files[opens & (kinds == lib.TIERING_EV_OPEN_PFS)]
+        if from_pfs.size:   # observation (snapshot): sizes of the files COMMAND opened on the PFS
+            self.stats.job_pfs_bytes += int(self._sizes_array[from_pfs].sum())
         start = 0
         for w in [*writes, n]:
             seg = start + np.flatnonzero(opens[start:w])
@@ -313,7 +346,12 @@ class Daemon:
             with self._pfs:
                 with self._lock:
                     self.stats.pfs_opens += 1
-                allocated = self._copy(src, f, t)
+                    self._reading += 1
+                try:
+                    allocated = self._copy(src, f, t)
+                finally:
+                    with self._lock:
+                        self._reading -= 1
             with self._lock:
                 if allocated is not None and i not in self._invalid and not self._stop.is_set():
                     # the copy is complete under its final name: publish it
@@ -343,6 +381,19 @@ class Daemon:
                     if allocated is not None:
                         t.remove_copy(f)
         self._landed.put((i, tier, published))
+
+    # -- observation (NOTE [status file]) -------------------------------------------
+    def snapshot(self) -> DaemonSnapshot:
+        """A consistent copy of the counters and the tiers' fill, for the
+        progress display, the status file and the time series (any thread)."""
+        with self._lock:
+            st = self.stats
+            return DaemonSnapshot(
+                tiers=[TierFill(t.name, t.capacity, t.used, t.files, t.placed_bytes) for t in self.tiers],
+                copies=st.copies, copy_failures=st.copy_failures, evictions=st.evictions,
+                in_flight=len(self._pending), reading=self._reading,
+                pfs_opens=st.pfs_opens, pfs_bytes=st.pfs_bytes, job_pfs_bytes=st.job_pfs_bytes,
+                events=st.events, invalidated=st.invalidated, changed_sources=st.changed_sources)
 
     # -- reporting -------------------------------------------------------------
     def tier_summary(self) -> list[dict[str, object]]:

@@ -381,11 +381,13 @@ class SharedIndex:
                           links=[f.link for f in files], stats=file_stats(cat))
 
     @classmethod
-    def open(cls, path: Path) -> SharedIndex:
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    def open(cls, path: Path, readonly: bool = False) -> SharedIndex:
+        """An existing index; readonly maps it for reading only (`tiering
+        status` reads the counters of a running job that way)."""
+        fd = os.open(path, (os.O_RDONLY if readonly else os.O_RDWR) | os.O_CLOEXEC)
         try:
             size = os.fstat(fd).st_size
-            mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | (0 if readonly else mmap.PROT_WRITE))
         finally:
             os.close(fd)
         buf = ffi.from_buffer(mm)

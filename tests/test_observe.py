@@ -1,0 +1,363 @@
+"""What a job shows and keeps, without running one: the time series, the
+per-epoch records, the watch's lines and status file, the summary's
+numbers and warnings, `tiering status`'s choice of job, the scan's progress
+callback and the benchmark tables."""
+from __future__ import annotations
+
+import json
+import os
+import stat
+import time
+from pathlib import Path
+
+import pytest
+
+from tiering.catalog import ScanProgress, scan
+from tiering.observe.epochs import EpochLog, epoch_records
+from tiering.observe.live import STATUS_FILE, Display, JobInfo, JobWatch, choose_display, fits_bytes
+from tiering.observe.series import Sample, Series, series_json
+from tiering.observe.status import StatusError, find_job, fresh
+from tiering.observe.view import pct, status_view
+from tiering.placement.api import allocation
+from tiering.placement.daemon import DaemonSnapshot, DaemonStats, TierFill
+from tiering.report import JobRecord, summary_text, to_json
+
+MIB = 1 << 20
+
+
+def sample(t: float, opens: int = 0, served: int = 0, pfs: int = 0, copy: int = 0, tiers=(0,)) -> Sample:
+    return Sample(t, tuple(tiers), opens, served, opens - served, pfs, 0, copy)
+
+
+# -- the time series ---------------------------------------------------------------
+
+def test_the_series_stays_bounded_and_its_rates_add_up_to_the_totals():
+    s = Series(cap=64)
+    for k in range(1, 10_001):
+        s.add(sample(float(k), opens=10 * k, served=7 * k, pfs=1000 * k))
+    s.finish(sample(10_000.5, opens=100_005, served=70_003, pfs=10_000_500))
+    assert len(s.samples) <= 65 and s.stride == 256
+    assert s.samples[-1].t == 10_000.5            # the last sample is always kept
+    js = series_json(s.samples, ["ram"], s.stride)
+    t = [0.0] + js["t"]
+    opens = sum(r * (t[k + 1] - t[k]) for k, r in enumerate(js["opens_per_s"]))
+    assert round(opens) == 100_005                 # coarser, never wrong
+    pfs = sum(r * MIB * (t[k + 1] - t[k]) for k, r in enumerate(js["pfs_mib_per_s"]))
+    assert abs(pfs - 10_000_500) < 1e-3 * 10_000_500   # rates are rounded to 1 byte/s
+    assert js["pfs_bytes"][-1] == 10_000_500 and js["opens"][-1] == 100_005   # the totals, exact
+    assert len(s.recent) == 60 and s.recent[-1].t == 10_000.5
+
+
+def test_the_window_is_the_recent_samples_that_many_seconds_apart():
+    s = Series()
+    for k in range(30):
+        s.add(sample(float(k), opens=k * 10, served=k * 5 if k < 20 else 95 + (k - 19) * 10))
+    a, b = s.window(10.0)
+    assert (a.t, b.t) == (19.0, 29.0)
+    assert (b.from_tiers - a.from_tiers) / (b.opens - a.opens) == 1.0   # all recent opens served
+
+
+# -- per-epoch records ----------------------------------------------------------------
+
+def test_opens_before_the_first_order_belong_to_the_first_epoch_and_none_after_divergence():
+    now = [100.0]
+    log = EpochLog(clock=lambda: now[0])
+    log.opened(None, False, 10)        # before the order arrived
+    log.opened(None, True, 10)
+    now[0] = 101.0
+    log.opened(0, True, 10, lead=4)
+    log.opened(1, False, 30, lead=2)
+    log.opened(1, True, 30, lead=0)
+    log.opened(None, False, 50)        # the reads stopped following
+    recs = log.records()
+    assert [(r["epoch"], r["opens"], r["from_tiers"], r["pfs_bytes"]) for r in recs] == [(0, 3, 2, 10), (1, 2, 1, 30)]
+    assert recs[0]["first"] == 100.0 and recs[0]["last"] == 101.0
+    assert recs[0]["lead"] == 4.0 and recs[1]["lead"] == 1.0
+    assert log.unattributed == 1
+
+
+def test_epoch_records_split_the_daemons_traffic_at_the_epochs_first_opens():
+    t0 = 1000.0
+    per_epoch = [{"epoch": 0, "opens": 100, "from_tiers": 40, "pfs_bytes": 600, "first": t0 + 2, "last": t0 + 9,
+                  "lead": 5.0},
+                 {"epoch": 1, "opens": 100, "from_tiers": 100, "pfs_bytes": 0, "first": t0 + 10, "last": t0 + 14,
+                  "lead": 10.0}]
+    # the daemon copied 1000 bytes a second from t=0 to t=12, one file per 100 bytes
+    samples = [sample(float(k), copy=min(k, 12) * 1000) for k in range(1, 16)]
+    samples = [Sample(s.t, s.tier_bytes, s.opens, s.from_tiers, s.copy_bytes // 100, s.pfs_bytes, 0, s.copy_bytes)
+               for s in samples]
+    recs = epoch_records(per_epoch, t0, series_json(samples, ["ram"], 1))
+    assert [r["epoch"] for r in recs] == [1, 2]
+    assert [r["start"] for r in recs] == [2.0, 10.0] and [r["seconds"] for r in recs] == [8.0, 4.0]
+    assert [r["pfs_bytes_read_by_daemon"] for r in recs] == [10_000, 2_000]   # before epoch 1 counts in it
+    assert [r["pfs_opens"] for r in recs] == [60 + 100, 0 + 20]
+    assert [r["pfs_bytes"] for r in recs] == [10_600, 2_000]
+    assert [r["hit_ratio"] for r in recs] == [0.4, 1.0]
+    assert recs[0]["prefetch_lead_seconds"] == 0.4   # 5 samples at 100 opens in 8 s
+
+
+# -- the watch: lines, phases, status file ------------------------------------------------
+
+class FakeProbe:
+    def __init__(self) -> None:
+        self.c = {"opens": 0, "opens_pfs": 0, "events_dropped": 0}
+        self.tier_bytes = 0
+        self.tier_files = 0
+        self.copies = 0
+        self.rep: dict = {"epochs_known": 0}
+
+    def counters(self):
+        return dict(self.c)
+
+    def snapshot(self):
+        return DaemonSnapshot([TierFill("ram", 1000 * MIB, self.tier_bytes, self.tier_files, self.tier_bytes)],
+                              copies=self.copies, copy_failures=0, evictions=0, in_flight=3, reading=2,
+                              pfs_opens=self.copies, pfs_bytes=self.tier_bytes, job_pfs_bytes=0, events=0,
+                              invalidated=0, changed_sources=0)
+
+    def report(self):
+        return dict(self.rep)
+
+
+def make_watch(tmp: Path, lines: list[str], monkeypatch, every: float = 10.0) -> tuple[JobWatch, FakeProbe, list]:
+    now = [0.0]
+    monkeypatch.setattr("tiering.observe.live.say", lines.append)
+    w = JobWatch(Display("plain", every), clock=lambda: now[0])
+    probe = FakeProbe()
+    run_dir = tmp / "run"
+    run_dir.mkdir(mode=0o700)
+    info = JobInfo("tiering-me-1-abc", 1, "me", ["python", "train.py"], ["/pfs/ds"], "test", "clairvoyant",
+                   100, 100 * MIB, 100 * MIB, [("ram", 1000 * MIB)], run_dir)
+    w.attach(info, probe, lambda: None)
+    w.command_started(4242)
+    return w, probe, now
+
+
+def test_the_watch_says_what_changes_and_a_status_line_at_its_rate(tmp_path, monkeypatch):
+    lines: list[str] = []
+    w, probe, now = make_watch(tmp_path, lines, monkeypatch)
+    assert lines == ["tiering: starting COMMAND; tiers ram 1000 MiB: the data set fits"]
+    for k in range(1, 31):
+        now[0] = float(k)
+        if k == 3:
+            probe.rep = {"epochs_known": 2, "prefetch_lead": 40, "following": True}
+        probe.c = {"opens": 10 * k, "opens_pfs": 10 * min(k, 5), "events_dropped": 0}
+        probe.tier_bytes = min(100, 10 * k) * MIB
+        probe.tier_files = min(100, 10 * k)
+        probe.copies = probe.tier_files
+        w.tick()
+    said = [ln for ln in lines[1:]]
+    assert said[0] == "tiering: order received: prefetching ahead of the reader"
+    assert said[1] == "tiering: tiers warm after 10.0 s: 100 files (100 MiB), 100% of what fits"
+    status = [ln for ln in said if ln.startswith("tiering 0:")]
+    assert [ln.split()[1] for ln in status] == ["0:10", "0:20", "0:30"]
+    assert "prefetching 40 samples, 4.0 s ahead of the reader" in status[-1]
+    assert "10 opens/s, 100% from tiers (last 10 s; 83% in all)" in status[-1]
+    assert len(said) == 5
+    st = json.loads((tmp_path / "run" / STATUS_FILE).read_text())
+    assert stat.S_IMODE(os.stat(tmp_path / "run" / STATUS_FILE).st_mode) == 0o600
+    assert st["opens"] == {"total": 300, "from_tiers": 250, "pfs": 50}
+    assert st["command_pid"] == 4242 and st["warm_after"] == 10.0 and st["copies"]["queued"] == 1
+    assert st["placed"]["share"] == 1.0 and st["phase_kind"] == "prefetching"
+    view = status_view(fresh_from(tmp_path, st))
+    assert "tier ram" in view and "100 files" in view and "250 of 300" in view
+    assert "2 reading the PFS, 1 queued" in view
+    finished = w.finish()
+    assert finished["warm_after"] == 10.0 and finished["series"]["t"][-1] == 30.0
+
+
+def fresh_from(tmp: Path, st: dict) -> dict:
+    from tiering.observe.status import JobDir
+    return fresh(JobDir(tmp / "run", os.getuid(), 1), st, 10.0, now=st["updated"])
+
+
+def test_quiet_and_off_say_nothing_but_still_write_the_status_file(tmp_path, monkeypatch):
+    lines: list[str] = []
+    monkeypatch.setattr("tiering.observe.live.say", lines.append)
+    w = JobWatch(choose_display("auto", True, 0), clock=lambda: 5.0)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    w.attach(JobInfo("j", 1, "me", ["x"], ["/d"], "p", "first-touch", 1, 1, 1, [("ram", 10)], run_dir),
+             FakeProbe(), lambda: None)
+    w.on_scan(ScanProgress(files=5))
+    w.scan_done(5, 5, 1, 0.1, False)
+    w.command_started(7)
+    w.tick()
+    assert lines == [] and (run_dir / STATUS_FILE).exists()
+
+
+@pytest.mark.parametrize("progress, quiet, verbose, terminal, every, want", [
+    ("auto", False, 0, True, None, Display("bar", 30.0)),
+    ("auto", False, 0, False, None, Display("plain", 10.0)),
+    ("auto", False, 1, False, None, Display("plain", 5.0)),
+    ("plain", False, 0, True, None, Display("plain", 10.0)),
+    ("bar", False, 0, False, 2.0, Display("bar", 2.0)),
+    ("auto", True, 1, True, None, Display("off", 0.0)),
+    ("off", False, 0, True, None, Display("off", 0.0)),
+])
+def test_choose_display(progress, quiet, verbose, terminal, every, want):
+    assert choose_display(progress, quiet, verbose, every, terminal=terminal) == want
+
+
+def test_what_fits_counts_whole_blocks():
+    sizes = [1000] * 100                       # 100 KB in 100 blocks of 4 KiB
+    assert fits_bytes(sizes, 10 ** 9, allocation) == 100_000
+    assert fits_bytes(sizes, 50 * 4096, allocation) == 50_000
+
+
+def test_percentages_keep_a_decimal_near_the_ends():
+    assert [pct(x) for x in (None, 0, 0.004, 0.5, 0.997, 1.0)] == ["-", "0%", "0.4%", "50%", "99.7%", "100%"]
+
+
+# -- the summary ----------------------------------------------------------------------------
+
+def record(**kw) -> JobRecord:
+    r = JobRecord("first-touch", 0, ["python", "train.py"], "test", ["/pfs/ds"], files=100, bytes=100 * MIB,
+                  tiers=[{"name": "ram", "kind": "memory", "path": "/dev/shm/x", "capacity": 1 << 30, "files": 100,
+                          "bytes": 100 * MIB, "used": 100 * MIB, "copy_failures": 0}],
+                  counters={"opens": 300, "opens_pfs": 100, "opens_tier": [200], "bytes_tier": 200 * MIB,
+                            "fallbacks": 0, "writes": 0, "events_posted": 600, "events_dropped": 0},
+                  daemon=DaemonStats(pfs_opens=100, pfs_bytes=100 * MIB, copies=100, job_pfs_bytes=100 * MIB),
+                  seconds={"scan": 1.5, "command": 42.0, "total": 44.0},
+                  observed={"warm_after": 12.5, "t0": 0.0, "series": {}})
+    for k, v in kw.items():
+        setattr(r, k, v)
+    return r
+
+
+def test_the_summary_says_times_hit_ratio_and_the_net_pfs_traffic():
+    s = to_json(record())
+    assert s["hit_ratio"] == round(200 / 300, 4)
+    assert s["pfs"]["bytes"] == 200 * MIB and s["pfs"]["bytes_without_tiering"] == 300 * MIB
+    assert s["pfs"]["bytes_are_upper_bounds"] is True
+    assert s["seconds"]["warm"] == 12.5 and s["warnings"] == []
+    text = summary_text(s)
+    assert "  time     COMMAND 42.0 s, scan 1.5 s, tiers warm after 12.5 s" in text
+    assert "  hits     67% of 300 opens of data-set files from tiers (ram 200), 100 from the PFS" in text
+    assert "PFS traffic: 200 MiB instead of 300 MiB (-33%), 200 opens instead of 300 (-33%)" in text
+    assert "saved" not in text and "avoided" not in text
+
+
+@pytest.mark.parametrize("change, warning", [
+    ({"files": 0, "bytes": 0}, "the data set is empty: no regular file under /pfs/ds; check --data"),
+    ({"counters": {"opens": 0, "opens_pfs": 0, "opens_tier": [0]}},
+     "COMMAND opened no file of the data set: does it read from /pfs/ds?"),
+    ({"counters": {"opens": 100, "opens_pfs": 100, "opens_tier": [0]}},
+     "100 copies made, none served: COMMAND read each file before its copy landed or never again (one epoch?); "
+     "--warm fills the tiers before COMMAND starts"),
+    ({"counters": {"opens": 300, "opens_pfs": 100, "opens_tier": [200], "fallbacks": 20}},
+     "20 opens fell back to the PFS because their copy went away"),
+    ({"counters": {"opens": 300, "opens_pfs": 100, "opens_tier": [200], "events_posted": 600,
+                   "events_dropped": 7}},
+     "7 of 600 events dropped (ring full): the daemon missed opens"),
+])
+def test_warnings_a_user_needs(change, warning):
+    s = to_json(record(**change))
+    assert any(w.startswith(warning) for w in s["warnings"]), s["warnings"]
+    assert f"  warning  {warning}" in summary_text(s)
+
+
+# -- tiering status: which job ------------------------------------------------------------------
+
+def job_dir(parent: Path, name: str, pid: int, command_pid: int, uid: int | None = None) -> Path:
+    from tiering.rundirs import start_ticks
+    d = parent / name
+    d.mkdir(mode=0o700)
+    (d / "owner.json").write_text(json.dumps({"pid": pid, "start": start_ticks(pid)}))
+    (d / STATUS_FILE).write_text(json.dumps({"version": 1, "pid": pid, "command_pid": command_pid,
+                                             "command": ["python", name], "started": pid}))
+    if uid is not None:
+        os.chown(d, uid, uid)
+    return d
+
+
+def test_status_finds_the_only_job_or_the_one_named_and_refuses_another_users(tmp_path):
+    me = os.getpid()
+    parent = str(tmp_path)
+    with pytest.raises(StatusError, match="no tier-run job of user .* is running on this node"):
+        find_job(None, [parent])
+    job_dir(tmp_path, f"tiering-me-{me}-aaaa1111", me, 777)
+    d, st = find_job(None, [parent])
+    assert d.name == f"tiering-me-{me}-aaaa1111"
+    job_dir(tmp_path, f"tiering-me-{os.getppid()}-bbbb2222", os.getppid(), 888)
+    with pytest.raises(StatusError, match="2 tier-run jobs are running; name one"):
+        find_job(None, [parent])
+    assert find_job("888", [parent])[0].name.endswith("bbbb2222")       # COMMAND's pid
+    assert find_job(str(me), [parent])[0].name.endswith("aaaa1111")      # tier-run's pid
+    assert find_job("bbbb2222", [parent])[0].name.endswith("bbbb2222")   # the job id
+    job_dir(tmp_path, "tiering-other-4321-cccc3333", 4321, 999, uid=54321)
+    with pytest.raises(StatusError, match="job 4321 belongs to user .*54321.*: tiering status shows only your own"):
+        find_job("4321", [parent])
+    with pytest.raises(StatusError, match="no running tier-run job of yours has PID 5"):
+        find_job("5", [parent])
+    dead = job_dir(tmp_path, "tiering-me-999999-dddd4444", 999999, 1)   # a leftover: not running
+    with pytest.raises(StatusError, match="no running tier-run job of yours is called dddd4444"):
+        find_job(dead.name.rsplit("-", 1)[-1], [parent])
+
+
+# -- the scan's progress ---------------------------------------------------------------------
+
+def test_the_scan_reports_what_it_found_and_when_the_cache_served(tmp_path):
+    for k in range(150):
+        p = tmp_path / "ds" / f"c{k % 3}" / f"f{k}.bin"
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(b"x" * k)
+    past = time.time() - 3600     # a tree made just now is too recent to be cached
+    for d, _, _ in os.walk(tmp_path / "ds"):
+        os.utime(d, (past, past))
+    seen: list[ScanProgress] = []
+
+    def take(p: ScanProgress) -> None:
+        seen.append(ScanProgress(**vars(p)))
+
+    cat = scan([str(tmp_path / "ds")], cache_dir=tmp_path / "cache", progress=take)
+    assert len(cat.files) == 150
+    assert [p.files for p in seen] == sorted(p.files for p in seen)       # never goes down
+    last = seen[-1]
+    assert (last.phase, last.files, last.dirs, last.bytes, last.roots_from_cache) == ("done", 150, 4, sum(range(150)), 0)
+    assert any(p.phase == "scanning" for p in seen)
+    seen.clear()
+    cat = scan([str(tmp_path / "ds")], cache_dir=tmp_path / "cache", progress=take)
+    assert cat.from_cache and seen[-1].roots_from_cache == 1 and seen[-1].files == 150
+    assert not any(p.phase == "scanning" for p in seen)
+
+
+# -- the benchmark's tables --------------------------------------------------------------------
+
+def test_bench_tables_use_mib_and_name_their_ratios():
+    from bench.run import header, table
+    def config(name: str, secs: list[float], opens: int) -> dict:
+        return {"name": name, "checksum": "x", "epochs": [{"seconds": s, "pfs_opens": opens, "pfs_bytes": 3 * MIB}
+                                                           for s in secs]}
+    res = {"scenario": "fits-ram", "description": "d", "dataset": {"files": 10, "bytes": 10 * MIB},
+           "tiers": [{"name": "ram", "capacity": 13 * MIB}],
+           "pfs": {"meta_latency_ms": 1.0, "read_latency_ms": 0.5, "bandwidth_mbps": 400.0, "max_inflight": 16},
+           "workload": {"reader": "dataloader", "workers": 2, "batch_size": 32, "compute_ms_per_batch": 30,
+                        "epochs": 2},
+           "configurations": [config("pfs", [8, 8], 10), config("clairvoyant", [3, 2], 0),
+                              config("lower-bound", [2, 2], 0)]}
+    text = table(res)
+    assert "10 files, 10.0 MiB; tiers: ram 13.0 MiB." in text
+    assert "| clairvoyant | prefetch in the sampler's order | 3.00 | 2.00 | 1.50x | 1.00x | 4.00x | 0 | 3.0 |" in text
+    assert "x slower than the lower bound" in text and "speed-up over the PFS" in text
+    assert " MB" not in text and " MB" not in header([res], "python -m bench.run")
+    assert "381 MiB/s" in header([res], "python -m bench.run")
+
+
+def test_a_job_still_scanning_has_a_status_that_says_how_far_the_scan_got(tmp_path):
+    now = [10.0]
+    w = JobWatch(Display("off", 0.0), clock=lambda: now[0])
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(mode=0o700)
+    w.scanning_in(run_dir, {"job": "tiering-me-1-abc", "pid": 1, "user": "me", "command": ["python", "t.py"],
+                            "data": ["/pfs/ds"], "policy": "default"})
+    w.on_scan(ScanProgress(files=10, dirs=1))
+    now[0] = 10.5
+    w.on_scan(ScanProgress(files=5000, dirs=40, bytes=5 * MIB))      # within the second: not written
+    st = json.loads((run_dir / STATUS_FILE).read_text())
+    assert (st["state"], st["scan"]["files"]) == ("scanning", 10)
+    now[0] = 12.0
+    w.on_scan(ScanProgress(files=20_000, dirs=400, bytes=2 * 1024 * MIB))
+    st = fresh_from(tmp_path, json.loads((run_dir / STATUS_FILE).read_text()))
+    assert status_view(st) == ("job tiering-me-1-abc (tier-run pid 1): python t.py\n"
+                               "  scanning the data set 0:02: 20,000 files (2 GiB) in 400 directories found so far")

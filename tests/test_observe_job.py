@@ -1,0 +1,320 @@
+"""What tier-run shows while a real job runs and what it keeps: progress in a
+log and on a terminal (a pty), --quiet, per-epoch numbers against what the
+reader itself counted, `tiering status` attached to a running job (and
+refused to another user), `tiering report`'s picture, and `make demo`'s
+driver."""
+from __future__ import annotations
+
+import json
+import os
+import pty
+import re
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import N_FILES, PYTHON, READER, REPO, as_other_user, dataset, profile, tier_run, wait_for
+
+pytestmark = pytest.mark.usefixtures("no_leftovers")
+
+# reads every file of the data set once, says how many, then waits for a file to appear
+READ_AND_WAIT = """
+import os, sys, time
+root, go = sys.argv[1], sys.argv[2]
+n = 0
+for d, _, files in sorted(os.walk(root)):
+    for f in sorted(files):
+        with open(os.path.join(d, f), "rb") as fh:
+            fh.read()
+        n += 1
+print("read", n, flush=True)
+while not os.path.exists(go):
+    time.sleep(0.02)
+"""
+
+
+def reader_args(data: Path, out: Path, *extra: str) -> list[str]:
+    return [PYTHON, str(READER), "--data", str(data), "--epochs", "3", "--out", str(out), *extra]
+
+
+# -- progress ------------------------------------------------------------------------
+
+def test_a_log_gets_plain_lines_and_commands_stdout_stays_its_own(tmp_path):
+    data = tmp_path / "pfs"
+    dataset(data)
+    out = tmp_path / "reader.json"
+    r = tier_run(["--profile", str(profile(tmp_path)), "--data", str(data), "--policy", "first-touch",
+                  "--progress-every", "1", "--", *reader_args(data, out, "--epoch-pause", "1.5")])
+    assert r.returncode == 0, r.stderr
+    assert "\r" not in r.stderr
+    lines = r.stderr.splitlines()
+    assert lines[0] == f"tiering: scanned: {N_FILES} files ({_size(data)}) in 6 directories, " + lines[0].split(", ")[-2] + \
+        ", " + lines[0].split(", ")[-1]
+    assert lines[1] == "tiering: starting COMMAND; tiers ram 1 GiB: the data set fits"
+    status = [ln for ln in lines if re.match(r"tiering \d+:\d\d ", ln)]
+    assert len(status) >= 2, r.stderr                   # the job runs > 3 s: a line a second
+    assert all("copying what COMMAND opens (first touch)" in ln and "opens/s" in ln for ln in status)
+    assert any(ln.startswith("tiering: tiers warm after ") for ln in lines)
+    # stdout: COMMAND's lines only
+    assert [ln.split(":")[0] for ln in r.stdout.splitlines()] == ["reader"] * 4
+
+
+def _size(data: Path) -> str:
+    from tiering.units import human_bytes
+    return human_bytes(sum(p.stat().st_size for p in data.rglob("*") if p.is_file()))
+
+
+def run_in_pty(cmd: list[str], timeout: float = 300) -> tuple[int, str]:
+    """cmd with its stdin, stdout and stderr a terminal; what it wrote there."""
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(cmd, stdin=slave, stdout=slave, stderr=slave, close_fds=True)
+    os.close(slave)
+    chunks = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([master], [], [], 1.0)
+        if ready:
+            try:
+                data = os.read(master, 65536)
+            except OSError:      # EIO: every writer has closed the terminal
+                break
+            if not data:
+                break
+            chunks.append(data)
+        elif proc.poll() is not None:
+            break
+    os.close(master)
+    return proc.wait(timeout=60), b"".join(chunks).decode(errors="replace")
+
+
+def test_a_terminal_gets_a_bar_while_scanning_and_whole_lines_once_command_runs(tmp_path):
+    data = tmp_path / "pfs"
+    dataset(data, n=2000)
+    code, out = run_in_pty([PYTHON, "-m", "tiering", "run", "--profile", str(profile(tmp_path)), "--data", str(data),
+                            "--policy", "first-touch", "--progress-every", "1", "--", PYTHON, "-c",
+                            "import time\nfor k in range(3):\n    print('step', k, flush=True)\n    time.sleep(1)"])
+    assert code == 0, out
+    start = out.index("tiering: starting COMMAND")
+    before, after = out[:start], out[start:]
+    assert "\rtiering: scanning: " in before            # the bar, redrawn in place
+    assert "tiering: scanned: 2,000 files" in before
+    assert re.search(r"\r(?!\n)", after) is None, after   # after COMMAND starts: whole lines only
+    assert [ln for ln in after.splitlines() if ln.startswith("step")] == ["step 0", "step 1", "step 2"]
+    assert re.search(r"^tiering \d:\d\d copying what COMMAND opens", after, re.M)
+    assert "tiering: policy first-touch, 2,000 files" in after
+
+
+def test_quiet_prints_nothing_but_the_json_has_everything(tmp_path):
+    data = tmp_path / "pfs"
+    dataset(data)
+    stats = tmp_path / "s.json"
+    r = tier_run(["--profile", str(profile(tmp_path)), "--data", str(data), "--policy", "first-touch", "-q",
+                  "--stats-json", str(stats), "--", *reader_args(data, tmp_path / "r.json")])
+    assert r.returncode == 0 and r.stderr == ""
+    s = json.loads(stats.read_text())
+    assert s["opens"]["total"] == 3 * N_FILES and len(s["series"]["t"]) >= 1
+
+
+# -- per-epoch numbers against the reader's own ---------------------------------------------
+
+@pytest.fixture(scope="module")
+def hooked_run(tmp_path_factory) -> tuple[dict, dict, dict[str, bytes], Path]:
+    tmp = tmp_path_factory.mktemp("hooked")
+    data = tmp / "pfs"
+    contents = dataset(data)
+    stats, out = tmp / "stats.json", tmp / "reader.json"
+    r = tier_run(["--profile", str(profile(tmp)), "--data", str(data), "--stats-json", str(stats), "--",
+                  *reader_args(data, out, "--epoch-pause", "1.2")])
+    assert r.returncode == 0, r.stderr
+    return json.loads(stats.read_text()), json.loads(out.read_text()), contents, stats
+
+
+def check_epochs(stats: dict, rd: dict, contents: dict[str, bytes]) -> None:
+    ep = stats["epochs"]
+    assert [e["epoch"] for e in ep] == [1, 2, 3]
+    assert [e["opens"] for e in ep] == [e["opens"] for e in rd["epochs"]] == [N_FILES] * 3
+    assert [e["from_tiers"] for e in ep] == [e["local"] for e in rd["epochs"]]
+    # COMMAND's PFS bytes of an epoch: the sizes of the files it did not read from a tier
+    total = sum(map(len, contents.values()))
+    assert [e["pfs_bytes_of_files_opened_by_job"] for e in ep] == \
+        [total - sum(len(contents[f]) for f in e["local_files"]) for e in rd["epochs"]]
+    assert [e["pfs_opens_by_job"] for e in ep] == [N_FILES - e["local"] for e in rd["epochs"]]
+    assert sum(e["pfs_bytes_read_by_daemon"] for e in ep) == stats["pfs"]["bytes_read_by_daemon"]
+    assert sum(e["pfs_opens"] for e in ep) == stats["pfs"]["opens"]
+    assert stats["hit_ratio"] == round(sum(e["local"] for e in rd["epochs"]) / (3 * N_FILES), 4)
+    assert [e["start"] for e in ep] == sorted(e["start"] for e in ep)
+
+
+def test_per_epoch_numbers_agree_with_what_the_reader_counted_through_the_hook(hooked_run):
+    stats, rd, contents, _ = hooked_run
+    assert stats["policy"] == "clairvoyant" and "per_epoch" not in stats["order"]
+    check_epochs(stats, rd, contents)
+
+
+def test_per_epoch_numbers_agree_with_what_the_reader_counted_with_the_sampler_given(tmp_path):
+    data = tmp_path / "pfs"
+    contents = dataset(data)
+    stats, out = tmp_path / "stats.json", tmp_path / "reader.json"
+    r = tier_run(["--profile", str(profile(tmp_path)), "--data", str(data), "--stats-json", str(stats),
+                  "--sampler", "random", "--seed", "0", "--epochs", "3", "--layout", "sorted", "--",
+                  *reader_args(data, out, "--epoch-pause", "0.5")])
+    assert r.returncode == 0, r.stderr
+    check_epochs(json.loads(stats.read_text()), json.loads(out.read_text()), contents)
+
+
+def test_the_summary_shows_the_epochs_and_the_net_pfs_traffic(tmp_path):
+    data = tmp_path / "pfs"
+    dataset(data)
+    stats = tmp_path / "s.json"
+    r = tier_run(["--profile", str(profile(tmp_path)), "--data", str(data), "--stats-json", str(stats), "--",
+                  *reader_args(data, tmp_path / "r.json", "--epoch-pause", "0.5")])
+    assert r.returncode == 0, r.stderr
+    s = json.loads(stats.read_text())
+    p = s["pfs"]
+    assert p["bytes"] == p["bytes_read_by_daemon"] + p["bytes_of_files_opened_by_job"]
+    assert p["bytes_without_tiering"] == p["bytes_of_files_opened_by_job"] + s["opens"]["bytes_of_files_served"]
+    assert p["opens_without_tiering"] == 3 * N_FILES
+    from tiering.report import pfs_line
+    assert "  " + pfs_line(s) in r.stderr and f"{s['pfs']['opens']:,} opens instead of 600" in r.stderr
+    table = r.stderr[r.stderr.index("  epoch   seconds"):].splitlines()[1:4]
+    assert [row.split()[0] for row in table] == ["1", "2", "3"]
+    assert [int(row.split()[2].replace(",", "")) for row in table] == [N_FILES] * 3
+
+
+# -- tiering status ------------------------------------------------------------------------------
+
+def status(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PYTHON, "-m", "tiering", "status", *args], capture_output=True, text=True, timeout=120)
+
+
+def status_as_other_user(*args: str) -> tuple[int, str]:
+    """`tiering status ARGS` in a child process that has become another user
+    (this interpreter: the other user may not run the venv's); exit status
+    and output."""
+    from click.testing import CliRunner
+
+    from tiering.cli import main
+    rd, wr = os.pipe()
+
+    def run() -> None:
+        os.close(rd)
+        res = CliRunner().invoke(main, ["status", *args])
+        os.write(wr, res.output.encode())
+        if res.exit_code:
+            raise SystemExit(res.exit_code)
+
+    code = as_other_user(run)
+    os.close(wr)
+    with os.fdopen(rd) as f:
+        return code, f.read()
+
+
+def test_status_attaches_to_a_running_job_read_only_and_refuses_another_user(tmp_path):
+    data = tmp_path / "pfs"
+    dataset(data)
+    go = tmp_path / "go"
+    script = tmp_path / "read_and_wait.py"
+    script.write_text(READ_AND_WAIT)
+    job = subprocess.Popen([PYTHON, "-m", "tiering", "run", "--profile", str(profile(tmp_path)), "--data", str(data),
+                            "--policy", "first-touch", "--no-hook", "--", PYTHON, str(script), str(data), str(go)],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        def settled() -> dict | None:
+            r = status(str(job.pid), "--json")
+            if r.returncode != 0:
+                return None
+            st = json.loads(r.stdout)
+            if st["state"] == "scanning":
+                return None
+            return st if st["opens"]["total"] == N_FILES and st["placed"]["files"] == N_FILES else None
+        st = wait_for(settled, "the job's status: every file read once and placed")
+        assert st["pid"] == job.pid and st["state"] == "running" and st["policy"] == "first-touch"
+        assert st["dataset"]["files"] == N_FILES and st["tiers"][0]["name"] == "ram"
+        assert st["tiers"][0]["files"] == N_FILES and st["copies"]["done"] == N_FILES
+        assert st["opens"] == {"total": N_FILES, "from_tiers": 0, "pfs": N_FILES}
+        assert st["events_dropped"] == 0 and st["warm_after"] is not None
+        # by COMMAND's pid and by the job id too, and the view for people
+        assert json.loads(status(str(st["command_pid"]), "--json").stdout)["job"] == st["job"]
+        view = status(st["job"].rsplit("-", 1)[-1])
+        assert view.returncode == 0, view.stderr
+        assert view.stdout.startswith(f"job {st['job']} (tier-run pid {job.pid}, COMMAND pid {st['command_pid']})")
+        assert "tier ram" in view.stdout and f"0 of {N_FILES}" in view.stdout
+        # another user sees the job's directory but is refused by name
+        code, text = status_as_other_user(str(job.pid))
+        assert code == 1, text
+        assert f"job {job.pid} belongs to user root: tiering status shows only your own jobs" in text
+        # a --watch that ends with the job
+        watch = subprocess.Popen([PYTHON, "-m", "tiering", "status", str(job.pid), "--watch", "--interval", "0.2"],
+                                 stdout=subprocess.PIPE, text=True)
+        assert watch.stdout is not None
+        first = watch.stdout.readline()          # attached: its first view is out
+        assert first.startswith(f"job {st['job']} "), first
+        go.touch()
+        assert job.wait(timeout=120) == 0
+        rest = watch.stdout.read()               # (communicate() would skip what readline buffered)
+        assert watch.wait(timeout=120) == 0
+        w_out = first + rest
+        assert w_out.rstrip().endswith(f"job {st['job']} has ended") and "tier ram" in w_out
+    finally:
+        go.touch()
+        if job.poll() is None:
+            job.kill()
+        job.wait()
+    gone = status(str(job.pid))
+    assert gone.returncode != 0 and f"no running tier-run job of yours has PID {job.pid}" in gone.stderr
+
+
+# -- tiering report -----------------------------------------------------------------------------------
+
+def test_report_draws_three_panels_that_are_not_empty(hooked_run, tmp_path):
+    import numpy as np
+    from PIL import Image
+    _, _, _, stats = hooked_run
+    png = tmp_path / "report.png"
+    r = subprocess.run([PYTHON, "-m", "tiering", "report", str(stats), "-o", str(png)], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    img = Image.open(png).convert("RGB")
+    assert img.size == (900, 1000)
+    w, h = img.size
+    for k in range(3):   # the panels stand one above the other: each has colored marks (not only axes and text)
+        band = np.asarray(img.crop((0, k * h // 3, w, (k + 1) * h // 3))).astype(int)
+        colored = int(((band.max(axis=2) - band.min(axis=2)) > 60).sum())
+        assert colored > 800, f"panel {k + 1} looks empty ({colored} colored pixels)"
+    page = tmp_path / "report.html"
+    assert subprocess.run([PYTHON, "-m", "tiering", "report", str(stats), "-o", str(page)],
+                          timeout=120).returncode == 0
+    text = page.read_text()
+    assert "data:image/png;base64," in text and "PFS traffic:" in text
+
+
+def test_report_says_what_is_wrong_with_its_input(tmp_path):
+    bad = tmp_path / "x.json"
+    bad.write_text('{"hello": 1}')
+    r = subprocess.run([PYTHON, "-m", "tiering", "report", str(bad)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "not a tier-run --stats-json file" in r.stderr and "Traceback" not in r.stderr
+
+
+# -- make demo ----------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.parametrize("local", [pytest.param(False, marks=pytest.mark.fuse), True], ids=["slowfs", "local"])
+def test_the_demo_prints_both_runs_side_by_side(tmp_path, local):
+    r = subprocess.run([sys.executable, str(REPO / "examples" / "demo.py"), "--dir", str(tmp_path / "demo"),
+                        "--classes", "4", "--per-class", "25", "--epochs", "2", *(["--local"] if local else [])],
+                       capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    out = r.stdout
+    table = out[out.index("epoch times, same script and data"):].splitlines()
+    assert table[1].split() == ["epoch", "directly", "tier-run", "speed-up"]
+    assert [row.split()[0] for row in table[2:5]] == ["1", "2", "all"]
+    assert "tiering: policy clairvoyant" in r.stderr and "PFS traffic:" in r.stderr
+    assert (tmp_path / "demo" / "report.png").stat().st_size > 10_000
+    if local:
+        assert "no slow PFS: FUSE cannot be mounted here (--local)" in out
+    else:
+        assert "served at" in out and "by slowfs" in out

@@ -1,0 +1,161 @@
+"""Opens per epoch of the reader, as the clairvoyant policy attributes them.
+
+The policy matches each open to a position of the stream it plans; the
+position says the epoch (`EpochLog.opened`).  An open that matches no
+position counts in the epoch the reader is in; opens made before the first
+epoch's order was known (the hook's order and the first opens race) count
+in the first epoch; after the reads stopped following the order, nothing is
+attributed (the totals of the summary still count them).
+
+Called on the daemon's event thread, read from any thread: one small lock.
+"""
+from __future__ import annotations
+
+import bisect
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class EpochCount:
+    epoch: int                 # the policy's number (0 for the first epoch)
+    opens: int = 0
+    from_tiers: int = 0
+    pfs_bytes: int = 0         # sizes of the files opened from the PFS (an upper bound of the bytes read)
+    first: float = 0.0         # time.monotonic() of the first and the last open
+    last: float = 0.0
+    lead_sum: int = 0          # prefetch lead (samples) summed over the opens that saw one
+    lead_n: int = 0
+
+
+class EpochLog:
+    def __init__(self, clock: Any = time.monotonic):
+        self._lock = threading.Lock()
+        self._epochs: dict[int, EpochCount] = {}
+        self._pending = EpochCount(-1)      # before any epoch was known
+        self.unattributed = 0               # opens after the reads stopped following
+        self._clock = clock
+
+    def opened(self, epoch: int | None, from_tier: bool, size: int, lead: int | None = None) -> None:
+        now = self._clock()
+        with self._lock:
+            if epoch is None:
+                if self._epochs:
+                    self.unattributed += 1
+                    return
+                rec = self._pending
+            else:
+                rec = self._epochs.get(epoch) or self._new(epoch)
+            if not rec.opens:
+                rec.first = now
+            rec.last = now
+            rec.opens += 1
+            if from_tier:
+                rec.from_tiers += 1
+            else:
+                rec.pfs_bytes += size
+            if lead is not None:
+                rec.lead_sum += lead
+                rec.lead_n += 1
+
+    def opened_many(self, epochs: np.ndarray | None, from_tier: np.ndarray, sizes: np.ndarray,
+                    lead: int | None = None) -> None:
+        """opened() for a batch of opens (the policy's batches), one update per epoch in it."""
+        if not len(from_tier):
+            return
+        if epochs is None:
+            for ft, size in zip(from_tier.tolist(), sizes.tolist()):
+                self.opened(None, bool(ft), int(size), lead)
+            return
+        now = self._clock()
+        with self._lock:
+            for e in np.unique(epochs).tolist():
+                sel = epochs == e
+                rec = self._epochs.get(e) or self._new(e)
+                n = int(sel.sum())
+                if not rec.opens:
+                    rec.first = now
+                rec.last = now
+                rec.opens += n
+                tier = from_tier[sel]
+                rec.from_tiers += int(tier.sum())
+                rec.pfs_bytes += int(sizes[sel][~tier].sum())
+                if lead is not None:
+                    rec.lead_sum += lead * n
+                    rec.lead_n += n
+
+    def _new(self, epoch: int) -> EpochCount:
+        rec = self._epochs[epoch] = EpochCount(epoch)
+        if not [e for e in self._epochs if e != epoch] and self._pending.opens:
+            p = self._pending   # the opens that came before the first order belong to it
+            rec.opens, rec.from_tiers, rec.pfs_bytes = p.opens, p.from_tiers, p.pfs_bytes
+            rec.first, rec.last = p.first, p.last
+            self._pending = EpochCount(-1)
+        return rec
+
+    def records(self) -> list[dict[str, Any]]:
+        """One dict per epoch with an open, in epoch order (times are
+        time.monotonic() values; the report makes them relative)."""
+        with self._lock:
+            return [{"epoch": r.epoch, "opens": r.opens, "from_tiers": r.from_tiers, "pfs_bytes": r.pfs_bytes,
+                     "first": r.first, "last": r.last,
+                     "lead": round(r.lead_sum / r.lead_n, 1) if r.lead_n else None}
+                    for _, r in sorted(self._epochs.items())]
+
+
+def _at(t: list[float], values: list[int], x: float) -> float:
+    """values (cumulative, sampled at times t) at time x, linearly between samples."""
+    if not t:
+        return 0.0
+    if x <= t[0]:
+        return values[0] * (x / t[0]) if t[0] > 0 and x > 0 else (0.0 if x <= 0 else float(values[0]))
+    if x >= t[-1]:
+        return float(values[-1])
+    k = bisect.bisect_right(t, x)
+    t0, t1, v0, v1 = t[k - 1], t[k], values[k - 1], values[k]
+    return v0 + (v1 - v0) * (x - t0) / (t1 - t0) if t1 > t0 else float(v1)
+
+
+def epoch_records(per_epoch: list[dict[str, Any]], t0: float | None, series: dict[str, Any]) -> list[dict[str, Any]]:
+    """The report's per-epoch records (epochs numbered from 1, times in
+    seconds since COMMAND started).  COMMAND's opens are the policy's
+    counts; the daemon's PFS opens and bytes come from the time series,
+    split at the epochs' first opens (what it read before the first epoch
+    counts in the first, after the last in the last)."""
+    if not per_epoch or t0 is None:
+        return []
+    t = series.get("t", [])
+    copy_bytes = series.get("copy_bytes", [])
+    daemon_opens = [p - (o - f) for p, o, f in zip(series.get("pfs_opens", []), series.get("opens", []),
+                                                   series.get("from_tiers", []))]
+    starts = [e["first"] - t0 for e in per_epoch]
+    bounds = [float("-inf")] + starts[1:] + [float("inf")]
+    out = []
+    for k, e in enumerate(per_epoch):
+        end = starts[k + 1] if k + 1 < len(per_epoch) else e["last"] - t0
+        lo, hi = bounds[k], bounds[k + 1]
+        d_bytes = round(_at(t, copy_bytes, hi) - _at(t, copy_bytes, lo)) if copy_bytes else 0
+        d_opens = round(_at(t, daemon_opens, hi) - _at(t, daemon_opens, lo)) if daemon_opens else 0
+        job_pfs = e["opens"] - e["from_tiers"]
+        seconds = max(0.0, end - starts[k])
+        out.append({
+            "epoch": e["epoch"] + 1,
+            "start": round(starts[k], 3),
+            "seconds": round(seconds, 3),
+            "opens": e["opens"],
+            "from_tiers": e["from_tiers"],
+            "hit_ratio": round(e["from_tiers"] / e["opens"], 4) if e["opens"] else None,
+            "pfs_opens": job_pfs + d_opens,
+            "pfs_bytes": e["pfs_bytes"] + d_bytes,
+            "pfs_opens_by_job": job_pfs,
+            "pfs_bytes_of_files_opened_by_job": e["pfs_bytes"],
+            "pfs_bytes_read_by_daemon": d_bytes,
+            "prefetch_lead": e["lead"],
+            "prefetch_lead_seconds": (round(e["lead"] * seconds / e["opens"], 2)
+                                      if e["lead"] is not None and e["opens"] and seconds else None),
+        })
+    return out

@@ -1,0 +1,356 @@
+"""What tier-run shows while it works, and what it keeps for the report.
+
+- The scan: a bar on a terminal (tqdm, redrawn in place), or a plain line
+  every few seconds in a log; a last line says what was found and how fast,
+  or that the catalog came from the cache.
+- While COMMAND runs it shares the terminal with tier-run, and a bar redrawn
+  with carriage returns would overwrite or split COMMAND's own lines.  So the
+  bar is kept to the phases before COMMAND starts; afterwards tier-run
+  prints whole lines only, each in one write: a status line at a low rate
+  (every 30 s on a terminal, 10 s in a log, 5 s with -v) and one line when
+  something changes (the order arrived, placement fell back to first touch,
+  the tiers are warm).  `tiering status --watch` is the live view, in a
+  terminal of its own.
+- Every tick (about a second) it samples the counters into the time series
+  (series.py) and writes the status file (NOTE [status file]).
+
+Nothing here is on the data path: a failure is logged at debug level and
+the job goes on.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from ..catalog import ScanProgress
+from ..console import Stderr, say, stderr_is_terminal
+from ..placement.daemon import DaemonSnapshot
+from ..units import human_bytes
+from .series import RECENT, Sample, Series, hit_ratio, rate
+from .view import clock, count, pct, status_line
+
+log = logging.getLogger("tiering")
+
+STATUS_FILE = "status.json"
+STATUS_VERSION = 1
+WARM_SHARE = 0.95        # of what fits: the tiers count as warm from here on
+WINDOW = 10.0            # seconds of the "recent" rates and hit ratio
+EVERY_TERMINAL = 30.0    # seconds between status lines while COMMAND runs
+EVERY_LOG = 10.0
+EVERY_VERBOSE = 5.0
+SCAN_EVERY_LOG = 5.0     # seconds between plain scan lines
+
+
+@dataclass(frozen=True)
+class Display:
+    mode: str            # "bar" (a terminal), "plain" (a log) or "off"
+    every: float         # seconds between status lines while COMMAND runs
+
+
+def choose_display(progress: str, quiet: bool, verbose: int, every: float | None = None,
+                   terminal: bool | None = None) -> Display:
+    """--progress auto|bar|plain|off, --quiet, -v and --progress-every."""
+    if quiet or progress == "off":
+        return Display("off", 0.0)
+    tty = stderr_is_terminal() if terminal is None else terminal
+    mode = progress if progress in ("bar", "plain") else ("bar" if tty else "plain")
+    default = EVERY_VERBOSE if verbose else (EVERY_TERMINAL if mode == "bar" else EVERY_LOG)
+    return Display(mode, every if every is not None else default)
+
+
+class Probe(Protocol):
+    """Where the numbers come from (the job's index, daemon and policy)."""
+
+    def counters(self) -> dict[str, Any]: ...
+
+    def snapshot(self) -> DaemonSnapshot | None: ...
+
+    def report(self) -> dict[str, Any]: ...
+
+
+@dataclass
+class JobInfo:
+    """What does not change while the job runs."""
+
+    job: str
+    pid: int
+    user: str
+    command: list[str]
+    data: list[str]
+    profile: str
+    policy: str                       # asked for (or chosen by default)
+    files: int
+    bytes: int
+    fits_bytes: int                   # what the tiers can hold of the data set
+    tiers: list[tuple[str, int]]      # name, capacity
+    run_dir: Path | None = None
+    command_pid: int | None = None
+
+
+def fits_bytes(sizes: list[int], capacity: int, alloc: Callable[[int], int]) -> int:
+    """Bytes of the data set the tiers can hold: all of it, or the capacity
+    scaled by the data set's bytes per allocated byte (whole blocks)."""
+    total = sum(sizes)
+    allocated = sum(alloc(s) for s in sizes)
+    if allocated <= capacity or not allocated:
+        return total
+    return int(capacity * total / allocated)
+
+
+def phase(policy: str, report: dict[str, Any], no_order: str | None) -> tuple[str, str]:
+    """(kind, words) of what placement does now."""
+    if policy == "off":
+        return "off", "not placing (--policy off)"
+    if policy == "stage":
+        return "staging", "staging the data set in catalog order"
+    if policy == "lru":
+        return "first-touch", "copying what COMMAND opens, evicting the least recently opened"
+    if policy != "clairvoyant":
+        return "first-touch", "copying what COMMAND opens (first touch)"
+    if report.get("diverged"):
+        return "fallback", "fell back to first-touch: the reads stopped following the order"
+    if not report.get("epochs_known"):
+        if no_order:
+            return "fallback", f"fell back to first-touch: no order ({no_order})"
+        return "waiting", "waiting for the order (first touch meanwhile)"
+    if report.get("prefetch_lead"):
+        return "prefetching", "prefetching ahead of the reader"
+    return "following", "following the reader, no copy ahead of it"
+
+
+def write_status(run_dir: Path, status: dict[str, Any]) -> None:
+    """Atomically: a reader sees the previous file or this one, whole."""
+    tmp = run_dir / f".{STATUS_FILE}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(status, f)
+    os.replace(tmp, run_dir / STATUS_FILE)
+
+
+@dataclass
+class JobWatch:
+    display: Display
+    clock: Callable[[], float] = time.monotonic
+    info: JobInfo | None = None
+    probe: Probe | None = None
+    no_order: Callable[[], str | None] = lambda: None
+    series: Series = field(default_factory=Series)
+    t0: float | None = None                  # COMMAND started (clock)
+    warm_after: float | None = None
+    started_wall: float = field(default_factory=time.time)
+    state: str = "scanning"
+    _bar: Any = None
+    _scan_t0: float | None = None
+    _scan_last: float = 0.0
+    _last_line: float = 0.0
+    _phase: str | None = None
+    _scan_dir: Path | None = None
+    _scan_head: dict[str, Any] = field(default_factory=dict)
+    _scan_written: float | None = None
+
+    # -- the scan ------------------------------------------------------------------
+    def scanning_in(self, run_dir: Path, head: dict[str, Any]) -> None:
+        """While scanning, a status file of what the scan found (job, pid,
+        user, command, data, policy in head) goes in run_dir."""
+        self._scan_dir, self._scan_head = run_dir, head
+
+    def on_scan(self, p: ScanProgress) -> None:
+        try:
+            self._on_scan(p)
+        except Exception:
+            log.debug("scan progress failed", exc_info=True)
+
+    def _on_scan(self, p: ScanProgress) -> None:
+        now = self.clock()
+        if self._scan_t0 is None:
+            self._scan_t0 = self._scan_last = now
+        if self._scan_dir is not None and (self._scan_written is None or now - self._scan_written >= 1.0):
+            self._scan_written = now
+            write_status(self._scan_dir, {
+                **self._scan_head, "version": STATUS_VERSION, "state": "scanning", "started": self.started_wall,
+                "updated": time.time(), "elapsed": round(now - self._scan_t0, 2),
+                "scan": {"phase": p.phase, "files": p.files, "dirs": p.dirs, "bytes": p.bytes}})
+        if self.display.mode == "off" or p.phase == "done":
+            return
+        if self.display.mode == "bar":
+            bar = self._scan_bar()
+            bar.set_description_str(f"tiering: {p.phase}", refresh=False)
+            bar.set_postfix_str(f"{count(p.dirs)} directories, {human_bytes(p.bytes)}", refresh=False)
+            bar.update(p.files - bar.n)
+        elif now - self._scan_last >= SCAN_EVERY_LOG:
+            self._scan_last = now
+            dt = now - self._scan_t0
+            say(f"tiering: {p.phase}: {count(p.files)} files, {count(p.dirs)} directories found "
+                f"({p.files / dt:,.0f} files/s, {clock(dt)})")
+
+    def _scan_bar(self) -> Any:
+        if self._bar is None:
+            from tqdm import tqdm
+            tqdm.monitor_interval = 0    # no monitor thread (NOTE [signals and COMMAND])
+            self._bar = tqdm(total=None, desc="tiering: scanning", unit=" files", file=Stderr(),
+                             mininterval=0.2, dynamic_ncols=True, leave=False)
+        return self._bar
+
+    def close_bar(self) -> None:
+        """Ends the scan's bar (its line is cleared); a scan that failed says nothing more."""
+        if self._bar is not None:
+            try:
+                self._bar.close()
+            except Exception:
+                log.debug("closing the bar failed", exc_info=True)
+            self._bar = None
+
+    def scan_done(self, files: int, nbytes: int, dirs: int, seconds: float, from_cache: bool) -> None:
+        self.close_bar()
+        if self.display.mode == "off":
+            return
+        rate_text = f", {files / seconds:,.0f} files/s" if seconds > 0 and not from_cache else ""
+        how = "catalog from cache" if from_cache else "scanned"
+        say(f"tiering: {how}: {count(files)} files ({human_bytes(nbytes)}) in {count(dirs)} directories, "
+            f"{seconds:.1f} s{rate_text}")
+
+    # -- while COMMAND runs -------------------------------------------------------
+    def attach(self, info: JobInfo, probe: Probe, no_order: Callable[[], str | None]) -> None:
+        self.info, self.probe, self.no_order = info, probe, no_order
+
+    def command_started(self, pid: int | None) -> None:
+        self.t0 = self._last_line = self.clock()
+        self.state = "running"
+        if self.info is not None:
+            self.info.command_pid = pid
+            if self.display.mode != "off":
+                i = self.info
+                fits = "the data set fits" if i.fits_bytes >= i.bytes else \
+                    f"{pct(i.fits_bytes / i.bytes if i.bytes else 0)} of the data set fits"
+                say("tiering: starting COMMAND; tiers " +
+                    ", ".join(f"{n} {human_bytes(c)}" for n, c in i.tiers) + f": {fits}")
+
+    def tick(self) -> dict[str, Any] | None:
+        """Samples, writes the status file, says what changed; the status
+        dict (None before COMMAND starts)."""
+        try:
+            return self._tick(final=False)
+        except Exception:
+            log.debug("status tick failed", exc_info=True)
+            return None
+
+    def finish(self) -> dict[str, Any]:
+        """The last sample (after the daemon stopped); what the report keeps."""
+        self.state = "finishing"
+        try:
+            self._tick(final=True)
+        except Exception:
+            log.debug("last status tick failed", exc_info=True)
+        names = [n for n, _ in self.info.tiers] if self.info else []
+        return {"series": self.series.to_json(names), "warm_after": self.warm_after, "t0": self.t0}
+
+    def _sample(self) -> tuple[Sample, DaemonSnapshot | None, dict[str, Any], dict[str, Any]]:
+        assert self.probe is not None and self.t0 is not None and self.info is not None
+        c = self.probe.counters()
+        snap = self.probe.snapshot()
+        rep = self.probe.report()
+        tiers = tuple(t.bytes for t in snap.tiers) if snap else tuple(0 for _ in self.info.tiers)
+        s = Sample(t=self.clock() - self.t0, tier_bytes=tiers, opens=c.get("opens", 0),
+                   from_tiers=c.get("opens", 0) - c.get("opens_pfs", 0),
+                   pfs_opens=c.get("opens_pfs", 0) + (snap.pfs_opens if snap else 0),
+                   pfs_bytes=(snap.pfs_bytes + snap.job_pfs_bytes) if snap else 0,
+                   copies=snap.copies if snap else 0, copy_bytes=snap.pfs_bytes if snap else 0)
+        return s, snap, rep, c
+
+    def _tick(self, final: bool) -> dict[str, Any] | None:
+        if self.t0 is None or self.probe is None or self.info is None:
+            return None
+        s, snap, rep, c = self._sample()
+        if final:
+            self.series.finish(s)
+        else:
+            self.series.add(s)
+        st = self.status(s, snap, rep, c)
+        if not final:
+            self._say_changes(st)
+        if self.info.run_dir is not None:
+            try:
+                write_status(self.info.run_dir, st)
+            except OSError:
+                log.debug("status file not written", exc_info=True)
+        if not final and self.display.mode != "off" and self.display.every > 0 \
+                and self.clock() - self._last_line >= self.display.every:
+            self._last_line = self.clock()
+            say(status_line(st))
+        return st
+
+    def _say_changes(self, st: dict[str, Any]) -> None:
+        info = self.info
+        assert info is not None
+        kind = st["phase_kind"]
+        if kind != self._phase:
+            before, self._phase = self._phase, kind
+            # fallbacks are warned where they happen; the order's arrival is said here
+            if self.display.mode != "off" and kind in ("prefetching", "following") \
+                    and before not in ("prefetching", "following"):
+                say("tiering: order received: prefetching ahead of the reader")
+        if self.warm_after is None and st["placed"]["share_of_fit"] >= WARM_SHARE and info.files:
+            self.warm_after = st["elapsed"]
+            st["warm_after"] = self.warm_after
+            p = st["placed"]
+            if self.display.mode != "off":
+                say(f"tiering: tiers warm after {self.warm_after:.1f} s: {count(p['files'])} files "
+                    f"({human_bytes(p['bytes'])}), {pct(p['share_of_fit'])} of what fits")
+
+    def status(self, s: Sample, snap: DaemonSnapshot | None, rep: dict[str, Any],
+               c: dict[str, Any]) -> dict[str, Any]:
+        """The status dict (status file, status line, `tiering status`)."""
+        info = self.info
+        assert info is not None
+        win = self.series.window(WINDOW)
+        a, b = win if win else (None, s)
+        opens_rate = rate(a, b, "opens") if a else 0.0
+        placed_files = sum(t.files for t in snap.tiers) if snap else 0
+        placed_bytes = sum(t.bytes for t in snap.tiers) if snap else 0
+        copy_rate = rate(a, b, "copy_bytes") if a else 0.0
+        kind, words = phase(info.policy, rep, self.no_order())
+        lead = rep.get("prefetch_lead")
+        eta = None
+        if self.warm_after is None and copy_rate > 0:
+            eta = max(0.0, info.fits_bytes - placed_bytes) / copy_rate
+        in_flight = snap.in_flight if snap else 0
+        reading = snap.reading if snap else 0
+        recent = list(self.series.recent)[-RECENT:]
+        return {
+            "version": STATUS_VERSION,
+            "job": info.job, "pid": info.pid, "command_pid": info.command_pid, "user": info.user,
+            "command": info.command, "data": info.data, "profile": info.profile, "policy": info.policy,
+            "started": self.started_wall, "updated": time.time(), "elapsed": round(s.t, 2),
+            "state": self.state, "phase": words, "phase_kind": kind,
+            "dataset": {"files": info.files, "bytes": info.bytes, "fits_bytes": info.fits_bytes},
+            "tiers": ([{"name": t.name, "capacity": t.capacity, "used": t.used, "files": t.files, "bytes": t.bytes}
+                       for t in snap.tiers] if snap else
+                      [{"name": n, "capacity": cap, "used": 0, "files": 0, "bytes": 0} for n, cap in info.tiers]),
+            "placed": {"files": placed_files, "bytes": placed_bytes,
+                       "share": placed_bytes / info.bytes if info.bytes else 0.0,
+                       "share_of_fit": min(1.0, placed_bytes / info.fits_bytes) if info.fits_bytes else 0.0},
+            "warm_after": self.warm_after,
+            "opens": {"total": s.opens, "from_tiers": s.from_tiers, "pfs": s.opens - s.from_tiers},
+            "hit_ratio": {"total": hit_ratio(None, s), "recent": hit_ratio(a, b) if a else None,
+                          "window": round(b.t - a.t, 1) if a else 0.0},
+            "rates": {"opens_per_s": round(opens_rate, 2),
+                      "pfs_bytes_per_s": round(rate(a, b, "pfs_bytes"), 1) if a else 0.0,
+                      "copy_bytes_per_s": round(copy_rate, 1),
+                      "copy_files_per_s": round(rate(a, b, "copies"), 2) if a else 0.0},
+            "copies": {"done": snap.copies if snap else 0, "in_flight": in_flight, "reading": reading,
+                       "queued": max(0, in_flight - reading), "failed": snap.copy_failures if snap else 0,
+                       "evictions": snap.evictions if snap else 0},
+            "prefetch_lead": ({"samples": lead, "seconds": round(lead / opens_rate, 2) if opens_rate > 0 else None}
+                              if lead is not None else None),
+            "eta": round(eta, 1) if eta is not None else None,
+            "events_dropped": c.get("events_dropped", 0),
+            "recent": {"t": [round(r.t, 2) for r in recent], "opens": [r.opens for r in recent],
+                       "from_tiers": [r.from_tiers for r in recent], "pfs_bytes": [r.pfs_bytes for r in recent],
+                       "copy_bytes": [r.copy_bytes for r in recent], "copies": [r.copies for r in recent]},
+        }

@@ -1,0 +1,175 @@
+"""`tiering report`: pictures of what a job did, from its --stats-json.
+
+Three panels, one above the other, sharing nothing but the job:
+1. the tiers filling over time (bytes in each tier, stacked; capacities
+   dashed; the moment the tiers were warm);
+2. the hit ratio per epoch (opens served from tiers / opens of data-set
+   files), or over time when no epochs were known;
+3. the PFS traffic over time (MiB/s, COMMAND's and the copies' together)
+   with the reader's epochs marked.
+An .html output is a page with the picture and the summary tier-run printed.
+"""
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+from ..units import human_bytes
+from .view import pct
+
+PICTURE_SUFFIXES = (".png", ".svg", ".pdf")
+COLORS = ["tab:blue", "tab:orange", "tab:green", "tab:purple"]
+
+
+class PlotError(Exception):
+    """The stats file cannot be drawn; the message says why."""
+
+
+def load_stats(path: Path) -> dict[str, Any]:
+    try:
+        s = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise PlotError(f"{path}: not a tier-run --stats-json file ({e})") from None
+    if not isinstance(s, dict) or "opens" not in s or "tiers" not in s:
+        raise PlotError(f"{path}: not a tier-run --stats-json file (no opens or tiers)")
+    if not (s.get("series") or {}).get("t"):
+        raise PlotError(f"{path}: no time series in it (written by an older tier-run, or COMMAND ended "
+                        "before the first sample)")
+    return s
+
+
+def _unit(nbytes: float) -> tuple[float, str]:
+    for div, name in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+        if nbytes >= div:
+            return float(div), name
+    return 1.0, "B"
+
+
+def _tiers_panel(ax: Any, s: dict[str, Any]) -> None:
+    ser = s["series"]
+    t = [0.0] + ser["t"]
+    names = [tier["name"] for tier in s["tiers"]]
+    layers = [[0] + ser["tier_bytes"].get(n, [0] * len(ser["t"])) for n in names]
+    filled = max([sum(col) for col in zip(*layers)] if layers else [0])
+    # up to what matters: the data set or the fill; a capacity far above both is named, not drawn
+    top = 1.15 * max(s["bytes"], filled, 1)
+    div, unit = _unit(top)
+    if layers:
+        ax.stackplot(t, [[v / div for v in layer] for layer in layers], labels=names,
+                     colors=COLORS[:len(layers)], alpha=0.8)
+    for k, tier in enumerate(s["tiers"]):
+        if tier["capacity"] <= top:
+            ax.axhline(tier["capacity"] / div, color=COLORS[k % len(COLORS)], linestyle="--", linewidth=1,
+                       label=f"{tier['name']} capacity {human_bytes(tier['capacity'])}")
+    ax.axhline(s["bytes"] / div, color="black", linestyle=":", linewidth=1,
+               label=f"data set {human_bytes(s['bytes'])}")
+    warm = (s.get("seconds") or {}).get("warm")
+    if warm is not None:
+        ax.axvline(warm, color="tab:red", linewidth=1, label=f"warm after {warm:.1f} s")
+    ax.set_ylabel(f"bytes in tiers ({unit})")
+    ax.set_xlabel("seconds since COMMAND started")
+    ax.set_title("Tiers: " + ", ".join(f"{t['name']} {human_bytes(t['capacity'])}" for t in s["tiers"])
+                 + f"; data set {s['files']:,} files, {human_bytes(s['bytes'])}")
+    ax.set_ylim(0, top / div)
+    ax.legend(fontsize=7, loc="lower right")
+
+
+def _hits_panel(ax: Any, s: dict[str, Any]) -> None:
+    epochs = s.get("epochs") or []
+    total = s.get("hit_ratio")
+    if epochs:
+        xs = [e["epoch"] for e in epochs]
+        ys = [100 * (e["hit_ratio"] or 0) for e in epochs]
+        bars = ax.bar(xs, ys, color="tab:green", label="opens served from tiers")
+        for b, e in zip(bars, epochs):
+            ax.annotate(pct(e["hit_ratio"]), (b.get_x() + b.get_width() / 2, b.get_height()),
+                        ha="center", va="bottom", fontsize=7)
+        ax.set_xlabel("epoch")
+        ax.set_xticks(xs if len(xs) <= 20 else xs[::max(1, len(xs) // 20)])
+        ax.set_title("Hit ratio per epoch (opens from tiers / opens of data-set files)")
+    else:
+        ser = s["series"]
+        pts = [(t, 100 * h) for t, h in zip(ser["t"], ser["hit_ratio"]) if h is not None]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], color="tab:green", marker=".",
+                label="opens served from tiers")
+        ax.set_xlabel("seconds since COMMAND started")
+        ax.set_title("Hit ratio over time (no epochs known: the order was not followed)")
+    if total is not None:
+        ax.axhline(100 * total, color="black", linestyle=":", linewidth=1, label=f"all opens {100 * total:.0f}%")
+    ax.set_ylim(0, 105)
+    ax.set_ylabel("% of opens")
+    ax.legend(fontsize=7, loc="lower right")
+
+
+def _pfs_panel(ax: Any, s: dict[str, Any]) -> None:
+    ser = s["series"]
+    t = [0.0] + ser["t"]
+    mib = [0.0] + ser["pfs_mib_per_s"]
+    ax.step(t, mib, where="pre", color="tab:red", label="PFS MiB/s (COMMAND + copies)")
+    ax.fill_between(t, mib, step="pre", color="tab:red", alpha=0.2)
+    for e in s.get("epochs") or []:
+        ax.axvline(e["start"], color="gray", linestyle="--", linewidth=0.8)
+        ax.annotate(f"epoch {e['epoch']}", (e["start"], 1.0), xycoords=("data", "axes fraction"),
+                    rotation=90, va="top", ha="right", fontsize=7, color="gray")
+    p = s["pfs"]
+    if "bytes_without_tiering" in p:
+        before = p["bytes_without_tiering"]
+        change = f" ({100 * (p['bytes'] - before) / before:+.0f}%)" if before else ""
+        ax.set_title(f"PFS traffic: {human_bytes(p['bytes'])} instead of {human_bytes(before)}{change} "
+                     "(file sizes: upper bounds)")
+    ax.set_xlabel("seconds since COMMAND started")
+    ax.set_ylabel("PFS MiB/s")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=7, loc="upper right")
+
+
+def figure(s: dict[str, Any]) -> Any:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(3, 1, figsize=(9, 10))
+    _tiers_panel(axes[0], s)
+    _hits_panel(axes[1], s)
+    _pfs_panel(axes[2], s)
+    why = f" ({s['policy_reason']})" if s.get("policy_reason") else ""
+    fig.suptitle(f"tier-run: policy {s['policy']}{why}; COMMAND {(s.get('seconds') or {}).get('command', 0):.1f} s, "
+                 f"exit {s.get('exit_code')}", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def write_report(stats: Path, out: Path) -> None:
+    s = load_stats(stats)
+    suffix = out.suffix.lower()
+    if suffix not in PICTURE_SUFFIXES + (".html",):
+        raise PlotError(f"-o {out}: give a .png, .svg, .pdf or .html file")
+    import matplotlib.pyplot as plt
+    fig = figure(s)
+    try:
+        if suffix == ".html":
+            buf = io.BytesIO()
+            fig.savefig(buf, format="png", dpi=100)
+            out.write_text(_page(s, base64.b64encode(buf.getvalue()).decode()))
+        else:
+            fig.savefig(out, dpi=100)
+    except OSError as e:
+        raise PlotError(f"cannot write {out}: {e.strerror or e}") from None
+    finally:
+        plt.close(fig)
+
+
+def _page(s: dict[str, Any], png_b64: str) -> str:
+    from ..report import summary_text
+    try:
+        text = summary_text(s)
+    except (KeyError, TypeError):
+        text = "(no summary: the stats file is of another version)"
+    return ("<!doctype html><meta charset='utf-8'><title>tier-run report</title>"
+            "<body style='font-family:sans-serif'>"
+            f"<h1>tier-run: {html.escape(' '.join(s.get('command', [])))}</h1>"
+            f"<img alt='tiers, hit ratio and PFS traffic' src='data:image/png;base64,{png_b64}'>"
+            f"<pre>{html.escape(text)}</pre></body>\n")
