@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from test_daemon import Setup
+from test_event_batches import post
 
 from helpers import make_data, wait_for
 from tiering.clairvoyant.feeds import ListFeed
@@ -226,9 +227,11 @@ def test_an_invalidated_file_fetched_from_a_peer_is_not_published(setups, peer):
     assert s.d.stats.peer_fetches == 1 and s.d.stats.copies == 0
 
 
-def test_the_node_aware_plan_sends_the_daemon_to_the_node_that_holds_each_file(tmp_path, setups):
-    """Node 0's clairvoyant daemon places its first two epochs; the files
-    that node 1's plan holds now come from node 1, all others from the PFS."""
+def test_the_node_aware_plan_sends_the_daemon_to_the_node_that_read_each_file(tmp_path, setups):
+    """Node 0's clairvoyant daemon places epochs 0 and 1 from the PFS (no
+    node has read anything yet); once its reader has read epoch 0 the plan
+    has node 1 at the end of its epoch 0 too, and the files of epoch 2 that
+    node 1 has read (all that are new here) come from node 1."""
     n = 60
     files = {f"d/f{k:02d}.bin": 1000 + 37 * k for k in range(n)}
     peer = Peer(tmp_path, files)
@@ -244,17 +247,20 @@ def test_the_node_aware_plan_sends_the_daemon_to_the_node_that_holds_each_file(t
             return Clairvoyant(d, ListFeed(iter([streams(0, e) for e in range(3)])))
 
         s = setups(files=files, capacity=capacity, daemon_cls=with_peers(links, clairvoyant))
-        mine = set(streams(0, 0).tolist()) | set(streams(0, 1).tolist())   # known: epochs 0 and 1
-        wait_for(lambda: s.d.stats.copies == len(mine), "the first two epochs placed")
-        held = set(plans.held(1).tolist())
-        assert plans.time == (0, 0)
-        from_peer = mine & held
-        assert from_peer and mine - held                  # some of each
+        first = set(streams(0, 0).tolist()) | set(streams(0, 1).tolist())
+        wait_for(lambda: s.d.stats.copies == len(first), "epochs 0 and 1 placed")
+        assert s.d.stats.pfs_opens == len(first) and s.d.stats.peer_fetches == 0 and plans.time == (0, 0)
+        post(s.index, [(lib.TIERING_EV_OPEN_TIER, s.d.slots[f], 4242, 0) for f in streams(0, 0).tolist()])
+        wait_for(lambda: plans.time == (1, 0), "the reader in epoch 1")
+        third = set(streams(0, 2).tolist()) - first
+        from_peer = {f for f in third if plans.readers(f) == [1]}
+        assert from_peer == third and third   # two nodes: what node 0 did not read in epoch 0, node 1 did
+        wait_for(lambda: s.d.stats.copies == len(first | third), "epoch 2 placed")
         rel = sorted(files)
-        assert sorted(s.d.pfs_copies) == sorted(rel[f] for f in mine - held)
-        assert s.d.stats.peer_fetches == len(from_peer)
+        assert sorted(s.d.pfs_copies) == sorted(rel[f] for f in (first | third) - from_peer)
+        assert s.d.stats.peer_fetches == len(from_peer) and s.d.stats.peer_fallbacks == {}
         assert peer.server.counters.snapshot()["served"] == len(from_peer)
-        for f in mine:
+        for f in first | third:
             assert (s.tier.data / "0" / rel[f]).read_bytes() == s.contents[rel[f]]
     finally:
         peer.close()

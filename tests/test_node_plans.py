@@ -51,6 +51,22 @@ def test_every_node_computes_each_node_s_own_stream(nodes):
     assert sorted(together.tolist()) == list(range(N))
 
 
+@pytest.mark.parametrize("n, options", [
+    (N, {}), (601, {}), (601, {"drop_last": True}), (607, {"batch_size": 4, "batch_drop_last": True}),
+    (601, {"shuffle": False}), (5, {}), (5, {"drop_last": True})])
+def test_one_permutation_per_epoch_gives_every_rank_s_order(n, options):
+    """The shared permutation sliced per rank is each rank's DistributedSampler
+    order (padding, drop_last, a batch's dropped tail, no shuffle, fewer
+    samples than ranks)."""
+    spec = SamplerSpec("distributed", seed=9, num_replicas=6, rank=0, **options)
+    streams = NodeStreams(spec, 2, np.arange(n, dtype=np.int64))
+    for epoch in (0, 3):
+        for node in range(3):
+            specs = [SamplerSpec("distributed", seed=9, num_replicas=6, rank=r, **options)
+                     for r in node_ranks(6, 2, node)]
+            assert np.array_equal(streams(node, epoch), node_stream_array(specs, n, epoch))
+
+
 class InstantPlacement:
     """Copies land when the test lands them; every place is accepted."""
 
@@ -106,13 +122,14 @@ def test_node_0_names_the_files_each_other_node_s_own_plan_holds(nodes):
     others = {n: own_policy(n, nodes, capacity, epochs) for n in range(1, nodes)}
     mine.move_to(stream_time(others[1][0]))
     per_epoch = N // nodes
-    named = evicted = 0
+    named = evicted = read_here = 0
     for pos in range(0, epochs * per_epoch, 23):
         times = set()
+        planned: dict[int, list[int]] = {}
         for n, (policy, place) in others.items():
             stop = min(pos + 23, epochs * per_epoch)
             files = np.concatenate([own_stream(n, nodes, e) for e in range(epochs)])[pos:stop]
-            planned_here = [int(f) for f in files if int(f) in policy.planner.resident]
+            planned_here = planned[n] = [int(f) for f in files if int(f) in policy.planner.resident]
             policy.on_opens(files, np.ones(len(files), bool), np.full(len(files), 100 + n))
             place.land(policy)
             times.add(stream_time(policy))
@@ -122,11 +139,18 @@ def test_node_0_names_the_files_each_other_node_s_own_plan_holds(nodes):
             assert all(n in mine.holders(f) for f in planned_here) or pos == 0
         assert len(times) == 1                     # the nodes are in lockstep
         mine.move_to(times.pop())
+        # what node n held and has now read is what node 0 asks node n for
+        for n, (policy, _) in others.items():
+            for f in planned[n]:
+                if f in policy.planner.resident:   # not evicted since
+                    read_here += 1
+                    assert n in mine.readers(f) and mine.holder(f) is not None
         for n, (policy, _) in others.items():
             assert mine.held(n).tolist() == sorted(policy.planner.resident)
             for f in mine.held(n)[:50].tolist():
-                assert n in mine.holders(f) and mine.holder(f) is not None
+                assert n in mine.holders(f)
     assert named > epochs * per_epoch // 2 and evicted > 0   # the plans did hold files, and evicted some
+    assert read_here > epochs * per_epoch // 2
     assert mine.resets == 1
 
 
@@ -134,8 +158,10 @@ def test_no_answer_while_this_node_follows_no_order_and_a_new_plan_starts_over()
     mine = NodePlans(streams_for(2), 2, 0, SIZES, [sum(SIZES)])
     f = int(streams_for(2)(1, 0)[0])
     assert mine.holder(f) is None                  # nothing followed yet
+    mine.move_to((0, 0))
+    assert mine.holders(f) == [1] and mine.readers(f) == [] and mine.holder(f) is None   # planned, not yet read
     mine.move_to((0, 10))
-    assert mine.holder(f) == 1 and mine.holders(f) == [1]
+    assert mine.holder(f) == 1 and mine.holders(f) == [1] and mine.readers(f) == [1]
     assert mine.holders(int(streams_for(2)(0, 0)[0])) == []    # only node 0 reads it in epoch 0; 0 is this node
     mine.move_to(None)
     assert mine.holder(f) is None
@@ -153,7 +179,7 @@ def test_three_nodes_ask_different_holders_first():
         plans = NodePlans(streams_for(3), 3, me, SIZES, [sum(SIZES)])   # everything fits: files stay
         for e in range(3):
             plans.move_to((e, N // 3))
-        shared = [f for f in range(N) if len(plans.holders(f)) == 2]
+        shared = [f for f in range(N) if len(plans.readers(f)) == 2]
         assert len(shared) > N // 10
         firsts[me] = {plans.holder(f) for f in shared}
     assert firsts == {0: {1}, 1: {2}, 2: {0}}

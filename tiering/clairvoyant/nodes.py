@@ -8,8 +8,10 @@ runs on it the planner that node's daemon runs (planner.py, with the
 clairvoyant policy's capacities and window), its reader moving in lockstep
 with this node's (same epoch, same offset in it: data-parallel ranks read
 one batch per step).  The fetches and evictions of each simulated plan set
-and clear that node's bit in one bit word per file, which the copy workers
-read without a lock.
+and clear that node's bit in one bit word per file ("held"); a second word
+per file has the bit of each node that read the file while its plan held it
+("read": the copy surely landed there).  Only those are asked; the copy
+workers read the words without a lock.
 
 When the other nodes' streams cannot be computed (the order is known only
 from each node's hook, or an order file), there is no node-aware plan and no
@@ -29,7 +31,7 @@ from ..catalog import Catalog, dataset_order
 from .options import OrderOptions, _layout, _specs
 from .planner import FETCH, Actions, Planner
 from .policy import Clairvoyant
-from .samplers import SamplerSpec, node_stream_array
+from .samplers import SamplerSpec, _batch_cut, _distributed_sizes, epoch_order_array, interleave, node_stream_array
 
 MAX_NODES = 64   # one bit per node in a uint64 word per file
 
@@ -45,13 +47,15 @@ def node_count(world: int, local_world: int) -> int:
     return -(-world // local_world)
 
 
-@dataclass(frozen=True)
 class NodeStreams:
     """Every node's stream of catalog ids, one epoch at a time, from the
-    sampler of one rank (any: the others differ by rank only)."""
-    spec: SamplerSpec
-    local_world: int
-    mapping: np.ndarray        # data-set index -> catalog id
+    sampler of one rank (any: the others differ by rank only).  A
+    DistributedSampler's permutation of an epoch is drawn once for all the
+    ranks of all the nodes (each rank's sampler draws the same one)."""
+
+    def __init__(self, spec: SamplerSpec, local_world: int, mapping: np.ndarray):
+        self.spec, self.local_world, self.mapping = spec, local_world, mapping
+        self._perm: tuple[int, np.ndarray] | None = None    # (epoch, its permutation)
 
     @property
     def nodes(self) -> int:
@@ -62,7 +66,20 @@ class NodeStreams:
                 for r in node_ranks(self.spec.num_replicas, self.local_world, node)]
 
     def __call__(self, node: int, epoch: int) -> np.ndarray:
-        return self.mapping[node_stream_array(self.specs(node), len(self.mapping), epoch)]
+        specs, n = self.specs(node), len(self.mapping)
+        if self.spec.kind != "distributed":
+            return self.mapping[node_stream_array(specs, n, epoch)]
+        perm = self._permutation(epoch)
+        per_rank, _ = _distributed_sizes(self.spec, n)
+        steps = np.arange(per_rank, dtype=np.int64) * self.spec.num_replicas
+        return self.mapping[interleave([_batch_cut(s, perm[(steps + s.rank) % n]) for s in specs])]
+
+    def _permutation(self, epoch: int) -> np.ndarray:
+        """The epoch's shuffle, as rank 0 of one replica sees it whole."""
+        if self._perm is None or self._perm[0] != epoch:
+            whole = SamplerSpec("distributed", seed=self.spec.seed, shuffle=self.spec.shuffle)
+            self._perm = (epoch, epoch_order_array(whole, len(self.mapping), epoch))
+        return self._perm[1]
 
 
 def stream_time(policy: object) -> tuple[int, int] | None:
@@ -103,6 +120,7 @@ class NodePlans:
         self.window = window
         self.epochs = epochs                                     # the run's epochs (None: no end)
         self._held = np.zeros(len(self.sizes), np.uint64)       # bit n: node n's plan holds the file
+        self._read = np.zeros(len(self.sizes), np.uint64)       # bit n: and node n has read it since
         self._lock = threading.Lock()
         self._peers: list[_Peer] = []
         self.time: tuple[int, int] | None = None                 # None: no answer (not following)
@@ -132,12 +150,15 @@ class NodePlans:
 
     def _start(self, epoch: int) -> None:
         self._held[:] = 0
+        self._read[:] = 0
         self.resets += 1
         self._peers = [_Peer(n, np.uint64(1) << np.uint64(n),
                              Planner(self.sizes, self.capacities, window=self.window))
                        for n in range(self.nodes) if n != self.me]
-        for peer in self._peers:
+        for peer in self._peers:   # as the policy begins: the epochs known, then a first advance
             self._extend(peer, epoch)
+            self._known(peer, epoch)
+            self._apply(peer.bit, peer.planner.advance())
 
     def _extend(self, peer: _Peer, epoch: int) -> None:
         order = self.streams(peer.node, epoch)
@@ -147,13 +168,20 @@ class NodePlans:
         peer.starts.append(start)
         peer.ends.append(start + len(order))
 
-    def _step(self, peer: _Peer, epoch: int, offset: int) -> None:
+    def _known(self, peer: _Peer, epoch: int) -> None:
+        """The epochs the policy knows when its reader is in `epoch`."""
         while peer.epochs[-1] < epoch + self.ahead and (self.epochs is None or peer.epochs[-1] + 1 < self.epochs):
             self._extend(peer, peer.epochs[-1] + 1)
+
+    def _step(self, peer: _Peer, epoch: int, offset: int) -> None:
+        self._known(peer, epoch)
         k = min(epoch - peer.epochs[0], len(peer.epochs) - 1)
         target = min(peer.starts[k] + offset, peer.ends[k])   # that node's epoch may be shorter
         p = peer.planner
         if target > p.reader:
+            read = p.stream[p.reader - p.base:target - p.base].astype(np.int64)
+            read = read[(self._held[read] & peer.bit) != 0]
+            self._read[read] |= peer.bit
             p.consume_range(p.reader, target)
         self._apply(peer.bit, p.advance())
 
@@ -164,23 +192,34 @@ class NodePlans:
         files, kinds = acts.file[::-1], acts.kind[::-1]
         uniq, last = np.unique(files, return_index=True)
         fetched = kinds[last] == FETCH
+        self._read[uniq] &= ~bit   # evicted, or fetched anew: not read since
         self._held[uniq[fetched]] |= bit
         self._held[uniq[~fetched]] &= ~bit
 
     # -- answers (any thread) ----------------------------------------------------------
     def holders(self, f: int) -> list[int]:
         """The other nodes whose plan holds file f now."""
+        return self._nodes(self._held, f)
+
+    def readers(self, f: int) -> list[int]:
+        """The other nodes whose plan holds file f now and that have read it
+        since it was fetched there."""
+        return self._nodes(self._read, f)
+
+    def _nodes(self, words: np.ndarray, f: int) -> list[int]:
         if self.time is None:
             return []
-        bits = int(self._held[f])
+        bits = int(words[f])
         return [n for n in range(self.nodes) if bits >> n & 1 and n != self.me]
 
     def holder(self, f: int) -> int | None:
-        """The node to ask for f: the first holder after this node in rank
-        order (so that the nodes ask different peers), None if no node holds it."""
+        """The node to ask for f: the first reader after this node in rank
+        order (so that the nodes ask different peers), None if no node has
+        read f while its plan holds it (a copy only planned there may not
+        have landed yet: the PFS is read)."""
         if self.time is None:
             return None
-        bits = int(self._held[f])
+        bits = int(self._read[f])
         if not bits:
             return None
         for k in range(1, self.nodes):
