@@ -41,11 +41,11 @@ def run(files: int, nodes: int, local_world: int, epochs: int, step: int, seed: 
     streams = NodeStreams(spec, local_world, np.arange(files, dtype=np.int64))
     own = Planner(sizes, [int(capacity * Clairvoyant.margin)], window=64)
     streams(0, 0)   # torch is imported outside the measured memory
-    tracemalloc.start()
     plans = NodePlans(streams, nodes, 0, sizes, [capacity], epochs=epochs)
     own_s = plans_s = 0.0
     starts: list[int] = []
     per_epoch: list[dict[str, int]] = []
+    times: list[tuple[int, int]] = []
     for e in range(epochs):
         while len(starts) < min(epochs, e + 1 + Clairvoyant.ahead):
             starts.append(own.end)
@@ -53,6 +53,7 @@ def run(files: int, nodes: int, local_world: int, epochs: int, step: int, seed: 
         length = len(streams(0, e))
         got = {"epoch": e, "pfs_bytes": 0, "peer_bytes": 0, "fetches": 0, "peer_fetches": 0, "missed_bytes": 0}
         for offset in range(0, length, step):
+            times.append((e, offset))
             read = own.stream[own.reader - own.base:starts[e] + offset - own.base]
             missed = np.array([f not in own.resident for f in read.tolist()], bool)
             got["missed_bytes"] += int(sizes[read[missed]].sum())   # the reader's own PFS reads
@@ -72,8 +73,7 @@ def run(files: int, nodes: int, local_world: int, epochs: int, step: int, seed: 
             got["pfs_bytes"] += int(sizes[fetched[~holders]].sum())
         got["pfs_bytes"] += got["missed_bytes"]
         per_epoch.append(got)
-    _, peak = tracemalloc.get_traced_memory()
-    tracemalloc.stop()
+    peak = memory(streams, nodes, sizes, capacity, epochs, [t for t in times])
     return {"files": files, "nodes": nodes, "local_world": local_world, "epochs": epochs,
             "data_bytes": int(sizes.sum()), "capacity_per_node": capacity,
             "own_planner_seconds": round(own_s, 3), "node_plans_seconds": round(plans_s, 3),
@@ -81,6 +81,18 @@ def run(files: int, nodes: int, local_world: int, epochs: int, step: int, seed: 
                 peak / files / max(1, nodes - 1), 1),
             "per_epoch": per_epoch,
             "pfs_bytes_per_job_node0": sum(p["pfs_bytes"] for p in per_epoch)}
+
+
+def memory(streams: NodeStreams, nodes: int, sizes: np.ndarray, capacity: int, epochs: int,
+           times: list[tuple[int, int]]) -> int:
+    """Peak memory NodePlans takes over the same run, alone (tracemalloc)."""
+    tracemalloc.start()
+    plans = NodePlans(streams, nodes, 0, sizes, [capacity], epochs=epochs)
+    for t in times:
+        plans.move_to(t)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    return peak
 
 
 def markdown(rows: list[dict[str, object]]) -> str:

@@ -123,6 +123,7 @@ class NodePlans:
         self._read = np.zeros(len(self.sizes), np.uint64)       # bit n: and node n has read it since
         self._lock = threading.Lock()
         self._peers: list[_Peer] = []
+        self._first: int | None = None                           # the epoch the plans began with
         self.time: tuple[int, int] | None = None                 # None: no answer (not following)
         self.resets = 0
 
@@ -141,14 +142,14 @@ class NodePlans:
             return
         epoch, offset = when
         with self._lock:
-            if not self._peers or epoch < self._peers[0].epochs[0] or (
-                    self.time is not None and when < self.time):
+            if self._first is None or epoch < self._first or (self.time is not None and when < self.time):
                 self._start(epoch)   # the first call, or this node planned anew from an earlier point
             for peer in self._peers:
                 self._step(peer, epoch, offset)
             self.time = when
 
     def _start(self, epoch: int) -> None:
+        self._first = epoch
         self._held[:] = 0
         self._read[:] = 0
         self.resets += 1
