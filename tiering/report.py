@@ -126,6 +126,8 @@ def to_json(r: JobRecord) -> dict[str, Any]:
         "seconds": seconds,
         "series": series,
     }
+    if d.peer is not None:   # the peer tier: this node's fetches, fallbacks by reason, the clients' counters
+        out["peer"] = d.peer
     out["warnings"] = warnings(out)
     return out
 

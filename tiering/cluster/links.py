@@ -12,9 +12,30 @@ rendezvous fails, the daemon reads the PFS: the job never waits for a peer.
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from .peer import Counters, Network, PeerClient
+
+DEFAULT_PFS_MB_S = 500.0   # one stream's PFS rate when the profile gives none (as the simulator assumes)
+
+
+class Homes(Protocol):
+    """Which other node holds a file now (clairvoyant/nodes.py, NOTE [node-aware plan])."""
+
+    def holder(self, f: int) -> int | None: ...
+
+    def follow(self, policy: object) -> None: ...
+
+
+def pfs_stream_rate(bandwidth: Mapping[int, float]) -> float:
+    """One stream's PFS rate (MB/s) from the profile's ``pfs.bandwidth`` by
+    thread count: the rate at the fewest threads given, per thread."""
+    if not bandwidth:
+        return DEFAULT_PFS_MB_S
+    threads = min(bandwidth)
+    return bandwidth[threads] / max(1, threads)
 
 
 @dataclass
@@ -25,6 +46,9 @@ class PeerLinks:
     clients: dict[int, PeerClient] = field(default_factory=dict)   # other nodes, by node rank
     counters: Counters = field(default_factory=Counters)           # the client side: fetched, bytes, absent, ...
     ready: threading.Event = field(default_factory=threading.Event)
+    plans: Homes | None = None                 # the other nodes' plans; None: no peer fetch
+    pfs_bandwidth: float = DEFAULT_PFS_MB_S    # one PFS stream (pfs_stream_rate of the profile), MB/s
+    pfs_latency_ms: float = 0.0                # the profile's pfs.latency_ms
 
     def client(self, node_rank: int) -> PeerClient | None:
         """The client of another node once the nodes have met, else None."""

@@ -24,6 +24,7 @@ from array import array
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -31,6 +32,9 @@ from ..catalog import Catalog, CatalogFile
 from .api import NOT_PLACED, Policy, allocation
 from .index import Event, SharedIndex, events_array, lib
 from .tiers import SourceChanged, TierState, copy_file
+
+if TYPE_CHECKING:   # the peer tier (grpc) is imported only when the job has peers
+    from ..cluster.links import PeerLinks
 
 log = logging.getLogger("tiering")
 
@@ -50,6 +54,10 @@ class DaemonStats:
     events: int = 0
     placement_errors: int = 0       # exceptions raised by the policy (the job goes on)
     job_pfs_bytes: int = 0          # sizes of the files COMMAND opened from the PFS (from the events)
+    peer_fetches: int = 0           # copies fetched from another node instead of the PFS
+    peer_bytes: int = 0             # their sizes
+    peer_fallbacks: dict[str, int] = field(default_factory=dict)   # fetches given up, by reason: PFS copy
+    peer: dict[str, Any] | None = None   # the job's peer tier at stop (Daemon.peer_report), None without peers
     errors: list[str] = field(default_factory=list)
 
     def note(self, message: str) -> None:
@@ -88,8 +96,10 @@ class Daemon:
     """Implements the Placement contract (placement/api.py) for its policy."""
 
     def __init__(self, index: SharedIndex, catalog: Catalog, slots: list[int],
-                 tiers: list[TierState], pfs_threads: int, policy_factory: Callable[[Daemon], Policy]):
+                 tiers: list[TierState], pfs_threads: int, policy_factory: Callable[[Daemon], Policy],
+                 peers: PeerLinks | None = None):
         self.index = index
+        self.peers = peers
         self.catalog = catalog
         self.files = catalog.files
         self.slots = slots
@@ -147,6 +157,7 @@ class Daemon:
         return None
 
     def place(self, i: int, tier: int) -> bool:
+        self._follow_peers()   # the other nodes' plans at the reader this copy is planned for
         with self._lock:
             if not self.placeable(i):
                 return False
@@ -210,6 +221,7 @@ class Daemon:
         running = {f for f in running if not f.cancelled()}
         not_done = wait(running, timeout=max(0.0, deadline - time.monotonic())).not_done
         self._guarded(self._handle, self.index.drain_batch(force=True))
+        self.stats.peer = self.peer_report()
         if not_done:
             self.stuck = len(not_done)
             log.warning("%d cop%s still blocked reading the PFS after %.0f s; not waiting for %s",
@@ -234,6 +246,7 @@ class Daemon:
                 last_tail_move = time.monotonic()
             last_pending = self.index.pending_events()
             self._guarded(self._handle, events)
+            self._guarded(self._follow_peers)
 
     def _deliver_landed(self) -> None:
         while True:
@@ -343,15 +356,17 @@ class Daemon:
         allocated: int | None = None
         published = False
         try:
-            with self._pfs:
-                with self._lock:
-                    self.stats.pfs_opens += 1
-                    self._reading += 1
-                try:
-                    allocated = self._copy(src, f, t)
-                finally:
+            allocated = self._from_peer(i, f, t)
+            if allocated is None:
+                with self._pfs:
                     with self._lock:
-                        self._reading -= 1
+                        self.stats.pfs_opens += 1
+                        self._reading += 1
+                    try:
+                        allocated = self._copy(src, f, t)
+                    finally:
+                        with self._lock:
+                            self._reading -= 1
             with self._lock:
                 if allocated is not None and i not in self._invalid and not self._stop.is_set():
                     # the copy is complete under its final name: publish it
@@ -381,6 +396,60 @@ class Daemon:
                     if allocated is not None:
                         t.remove_copy(f)
         self._landed.put((i, tier, published))
+
+    # -- the peer tier (NOTE [node-aware plan]) -----------------------------------
+    def _follow_peers(self) -> None:
+        """The other nodes' plans follow this node's reader (the event thread:
+        the policy's, which places; cheap when the reader has not moved)."""
+        if self.peers is not None and self.peers.plans is not None:
+            self.peers.plans.follow(self.policy)
+
+    def _from_peer(self, i: int, f: CatalogFile, t: TierState) -> int | None:
+        """f copied from the node whose plan holds it now, put in place like a
+        PFS copy (not yet published): the bytes it takes on the tier.  None:
+        read the PFS (no node holds it, no link yet, the network is not
+        faster for this size, or the fetch failed: counted by reason)."""
+        peers = self.peers
+        if peers is None or peers.plans is None or not peers.ready.is_set():
+            return None
+        node = peers.plans.holder(i)
+        client = peers.client(node) if node is not None else None
+        if client is None:
+            return None
+        from ..cluster.peer import PeerUnavailable, fetch_copy, fetch_deadline, peer_is_faster
+        if not peer_is_faster(f.size, peers.network, peers.pfs_bandwidth, peers.pfs_latency_ms):
+            self._peer_fallback("slower")
+            return None
+        try:
+            allocated = fetch_copy(client, f, t, fetch_deadline(f.size, peers.network), self._stop)
+        except PeerUnavailable as e:
+            self._peer_fallback(e.reason)
+            log.debug("%s from node %d: %s; reading the PFS", f.rel, node, e)
+            return None
+        except OSError as e:   # the local write: the PFS copy says what is wrong, if it fails too
+            self._peer_fallback("error")
+            log.debug("%s from node %d: %s; reading the PFS", f.rel, node, e)
+            return None
+        with self._lock:
+            self.stats.peer_fetches += 1
+            self.stats.peer_bytes += f.size
+        return allocated
+
+    def _peer_fallback(self, reason: str) -> None:
+        with self._lock:
+            self.stats.peer_fallbacks[reason] = self.stats.peer_fallbacks.get(reason, 0) + 1
+
+    def peer_report(self) -> dict[str, Any] | None:
+        """The peer tier for the job's record: this daemon's fetches, bytes and
+        fallbacks by reason, and the clients' counters; None without peers."""
+        peers = self.peers
+        if peers is None:
+            return None
+        with self._lock:
+            st = self.stats
+            mine = {"fetches": st.peer_fetches, "bytes": st.peer_bytes, "fallbacks": dict(st.peer_fallbacks)}
+        return {**mine, "nodes": peers.nodes, "node_rank": peers.node_rank, "linked": peers.ready.is_set(),
+                "planned": peers.plans is not None, "client": peers.counters.snapshot()}
 
     # -- observation (NOTE [status file]) -------------------------------------------
     def snapshot(self) -> DaemonSnapshot:

@@ -1,0 +1,266 @@
+"""The daemon's peer tier with real peer services on loopback: a file the
+node-aware plan places on another node is fetched from it instead of the
+PFS; any failure of the peer (absent, stopped, stalled, refused) costs a PFS
+copy of the same bytes, counted by reason; no peer before the nodes met."""
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_daemon import Setup
+from test_event_batches import post
+
+from helpers import make_data, wait_for
+from tiering.clairvoyant.feeds import ListFeed
+from tiering.clairvoyant.nodes import NodePlans, NodeStreams
+from tiering.clairvoyant.policy import Clairvoyant
+from tiering.clairvoyant.samplers import SamplerSpec
+from tiering.cluster.links import PeerLinks
+from tiering.cluster.peer import Network, PeerClient, PeerServer, Published
+from tiering.placement.daemon import Daemon
+from tiering.placement.index import lib
+from tiering.report import JobRecord, to_json
+
+SECRET = bytes(range(32))
+FILES = {"a/x.bin": 5000, "a/y.bin": 100_000, "b/z.bin": 1, "e.bin": 0, "big.bin": 3 * (1 << 20) + 17}
+FAST = Network(bandwidth=1000.0, latency_ms=0.1)
+
+
+class CountingDaemon(Daemon):
+    """Counts the copies read from the PFS (tests wrap _copy)."""
+
+    def __init__(self, *args, **kw):  # type: ignore[no-untyped-def]
+        self.pfs_copies: list[str] = []
+        super().__init__(*args, **kw)
+
+    def _copy(self, src, f, t):  # type: ignore[no-untyped-def]
+        self.pfs_copies.append(f.rel)
+        return super()._copy(src, f, t)
+
+
+class Holders:
+    """A node-aware plan that names node 1 for the files given."""
+
+    def __init__(self, files: set[int] | None = None):
+        self.files = files
+        self.followed = 0
+
+    def holder(self, f: int) -> int | None:
+        return 1 if self.files is None or f in self.files else None
+
+    def follow(self, policy: object) -> None:
+        self.followed += 1
+
+
+class Peer:
+    """Node 1: a peer service serving its copies of the data set (the same
+    bytes: make_data is deterministic) under the PFS files' identity."""
+
+    def __init__(self, tmp: Path, files: dict[str, int]):
+        self.copies = tmp / "peer-tier"
+        self.contents = make_data(self.copies, files)
+        self.pfs = tmp / "pfs"
+        self.absent: set[str] = set()
+        self.stall = threading.Event()     # set: lookups wait until released
+        self.release = threading.Event()
+        self.server = PeerServer("127.0.0.1", SECRET, self.lookup)
+        self.address = self.server.start()
+
+    def lookup(self, root: int, rel: str) -> Published | None:
+        if self.stall.is_set():
+            self.release.wait(60)
+        if root != 0 or rel in self.absent or not (self.copies / rel).is_file():
+            return None
+        st = os.stat(self.pfs / rel)
+        return Published(str(self.copies / rel), st.st_size, st.st_mtime_ns)
+
+    def close(self) -> None:
+        self.release.set()
+        self.server.stop(0)
+
+
+@pytest.fixture
+def setups(tmp_path):
+    """Daemons on one data set (test_daemon.Setup), stopped at the end."""
+    made: list[Setup] = []
+
+    def make(**kw) -> Setup:  # type: ignore[no-untyped-def]
+        made.append(Setup(tmp_path, **kw))
+        return made[-1]
+    yield make
+    for s in made:
+        s.close()
+
+
+@pytest.fixture
+def peer(tmp_path):
+    p = Peer(tmp_path, FILES)
+    yield p
+    p.close()
+
+
+def links_to(peer: Peer, plans: object, secret: bytes = SECRET, ready: bool = True,
+             pfs_mb_s: float = 1.0, pfs_latency_ms: float = 1.0) -> PeerLinks:
+    links = PeerLinks(0, 2, FAST, plans=plans, pfs_bandwidth=pfs_mb_s, pfs_latency_ms=pfs_latency_ms)  # type: ignore[arg-type]
+    links.clients[1] = PeerClient(peer.address, secret, links.counters)
+    if ready:
+        links.ready.set()
+    return links
+
+
+def with_peers(links: PeerLinks, policy: Callable | None = None) -> Callable:  # type: ignore[type-arg]
+    def make(index, catalog, slots, tiers, pfs_threads, off):  # type: ignore[no-untyped-def]
+        return CountingDaemon(index, catalog, slots, tiers, pfs_threads, policy or off, peers=links)
+    return make
+
+
+def place_all(s: Setup) -> None:
+    for rel in FILES:
+        assert s.d.place(s.i[rel], 0)
+    s.wait()
+
+
+def assert_same_bytes_published(s: Setup) -> None:
+    for rel, data in s.contents.items():
+        assert s.state(rel) == 1
+        assert (s.tier.data / "0" / rel).read_bytes() == data
+    assert list(s.tier.staging.iterdir()) == []
+
+
+def test_a_file_planned_at_a_peer_is_fetched_from_it_and_not_from_the_pfs(setups, peer):
+    links = links_to(peer, Holders())
+    s = setups(files=FILES, daemon_cls=with_peers(links))
+    assert peer.contents == s.contents
+    place_all(s)
+    assert_same_bytes_published(s)
+    d = s.d
+    assert d.pfs_copies == [] and d.stats.pfs_opens == 0 and d.stats.pfs_bytes == 0   # PFS never opened
+    assert (d.stats.peer_fetches, d.stats.peer_bytes) == (len(FILES), sum(FILES.values()))
+    assert d.stats.peer_fallbacks == {}
+    assert links.counters.snapshot() == {"fetched": len(FILES), "bytes": sum(FILES.values())}
+    assert peer.server.counters.snapshot() == {"served": len(FILES), "bytes": sum(FILES.values())}
+    assert (d.stats.copies, s.tier.files, s.tier.placed_bytes) == (len(FILES), len(FILES), sum(FILES.values()))
+    d.stop()
+    record = to_json(JobRecord("off", 0, ["true"], "p", [str(s.data)], len(FILES), 1, daemon=d.stats))   # the job's JSON: a peer object
+    assert record["peer"]["fetches"] == len(FILES) and record["peer"]["client"]["fetched"] == len(FILES)
+    assert record["peer"]["fallbacks"] == {} and record["peer"]["linked"] is True
+
+
+def _absent(peer: Peer, links: PeerLinks) -> None:
+    peer.absent.update(FILES)
+
+
+def _stopped(peer: Peer, links: PeerLinks) -> None:
+    peer.server.stop(0)
+
+
+def _stalled(peer: Peer, links: PeerLinks) -> None:
+    peer.stall.set()
+
+
+def _refused(peer: Peer, links: PeerLinks) -> None:
+    links.clients[1] = PeerClient(peer.address, b"another job's secret" + bytes(12), links.counters)
+
+
+@pytest.mark.parametrize("fault, reason", [(_absent, "absent"), (_stopped, "error"), (_stalled, "deadline"),
+                                           (_refused, "refused")])
+def test_a_peer_that_cannot_serve_costs_a_pfs_copy_of_the_same_bytes_counted_by_reason(
+        setups, peer, fault, reason):
+    links = links_to(peer, Holders())
+    fault(peer, links)
+    s = setups(files=FILES, daemon_cls=with_peers(links), threads=len(FILES), pfs_threads=len(FILES))
+    place_all(s)
+    assert_same_bytes_published(s)
+    d = s.d
+    assert sorted(d.pfs_copies) == sorted(FILES) and d.stats.pfs_opens == len(FILES)
+    assert d.stats.peer_fetches == 0 and d.stats.peer_fallbacks == {reason: len(FILES)}
+    assert links.counters.snapshot() == {reason: len(FILES)}
+    assert s.d.peer_report()["fallbacks"] == {reason: len(FILES)}
+
+
+def test_no_peer_is_asked_before_the_nodes_have_met(setups, peer):
+    links = links_to(peer, Holders(), ready=False)
+    s = setups(files=FILES, daemon_cls=with_peers(links))
+    place_all(s)
+    assert_same_bytes_published(s)
+    assert sorted(s.d.pfs_copies) == sorted(FILES)
+    assert links.counters.snapshot() == {} and peer.server.counters.snapshot() == {}
+    assert s.d.stats.peer_fallbacks == {}
+
+
+def test_only_files_the_plan_places_on_a_peer_are_asked_for(setups, peer):
+    links = links_to(peer, None)
+    s = setups(files=FILES, daemon_cls=with_peers(links))
+    links.plans = Holders({s.i["a/y.bin"], s.i["big.bin"]})
+    place_all(s)
+    assert_same_bytes_published(s)
+    assert sorted(s.d.pfs_copies) == sorted(set(FILES) - {"a/y.bin", "big.bin"})
+    assert s.d.stats.peer_fetches == 2 and peer.server.counters.snapshot()["served"] == 2
+
+
+def test_a_peer_slower_than_the_pfs_is_not_asked(setups, peer):
+    links = links_to(peer, Holders(), pfs_mb_s=1e6, pfs_latency_ms=0.0)   # a PFS faster than the network
+    s = setups(files=FILES, daemon_cls=with_peers(links))
+    place_all(s)
+    assert_same_bytes_published(s)
+    assert sorted(s.d.pfs_copies) == sorted(FILES) and s.d.stats.peer_fallbacks == {"slower": len(FILES)}
+    assert peer.server.counters.snapshot() == {}
+
+
+def test_an_invalidated_file_fetched_from_a_peer_is_not_published(setups, peer):
+    """A peer copy is published exactly as a PFS copy: a write open of the
+    file meanwhile wins."""
+    links = links_to(peer, Holders())
+    peer.stall.set()   # the fetch waits at the peer
+    s = setups(files={"a/x.bin": 5000}, daemon_cls=with_peers(links))
+    i = s.i["a/x.bin"]
+    assert s.d.place(i, 0)
+    s.d._invalidate(i)   # a write open while the copy is in flight
+    peer.release.set()
+    s.wait()
+    assert s.state("a/x.bin") == lib.TIERING_STATE_NONE
+    assert not (s.tier.data / "0" / "a/x.bin").exists() and s.tier.used == 0
+    assert s.d.stats.peer_fetches == 1 and s.d.stats.copies == 0
+
+
+def test_the_node_aware_plan_sends_the_daemon_to_the_node_that_read_each_file(tmp_path, setups):
+    """Node 0's clairvoyant daemon places epochs 0 and 1 from the PFS (no
+    node has read anything yet); once its reader has read epoch 0 the plan
+    has node 1 at the end of its epoch 0 too, and the files of epoch 2 that
+    node 1 has read (all that are new here) come from node 1."""
+    n = 60
+    files = {f"d/f{k:02d}.bin": 1000 + 37 * k for k in range(n)}
+    peer = Peer(tmp_path, files)
+    try:
+        spec = SamplerSpec("distributed", seed=5, num_replicas=4, rank=0)
+        streams = NodeStreams(spec, 2, np.arange(n, dtype=np.int64))   # catalog ids are sorted paths: d/fNN
+        sizes = [files[rel] for rel in sorted(files)]
+        capacity = 1 << 30
+        plans = NodePlans(streams, 2, 0, sizes, [capacity], epochs=3)
+        links = links_to(peer, plans)
+
+        def clairvoyant(d: Daemon) -> Clairvoyant:
+            return Clairvoyant(d, ListFeed(iter([streams(0, e) for e in range(3)])))
+
+        s = setups(files=files, capacity=capacity, daemon_cls=with_peers(links, clairvoyant))
+        first = set(streams(0, 0).tolist()) | set(streams(0, 1).tolist())
+        wait_for(lambda: s.d.stats.copies == len(first), "epochs 0 and 1 placed")
+        assert s.d.stats.pfs_opens == len(first) and s.d.stats.peer_fetches == 0 and plans.time == (0, 0)
+        post(s.index, [(lib.TIERING_EV_OPEN_TIER, s.d.slots[f], 4242, 0) for f in streams(0, 0).tolist()])
+        wait_for(lambda: plans.time == (1, 0), "the reader in epoch 1")
+        third = set(streams(0, 2).tolist()) - first
+        from_peer = {f for f in third if plans.readers(f) == [1]}
+        assert from_peer == third and third   # two nodes: what node 0 did not read in epoch 0, node 1 did
+        wait_for(lambda: s.d.stats.copies == len(first | third), "epoch 2 placed")
+        rel = sorted(files)
+        assert sorted(s.d.pfs_copies) == sorted(rel[f] for f in (first | third) - from_peer)
+        assert s.d.stats.peer_fetches == len(from_peer) and s.d.stats.peer_fallbacks == {}
+        assert peer.server.counters.snapshot()["served"] == len(from_peer)
+        for f in first | third:
+            assert (s.tier.data / "0" / rel[f]).read_bytes() == s.contents[rel[f]]
+    finally:
+        peer.close()

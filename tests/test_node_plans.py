@@ -1,0 +1,202 @@
+"""The node-aware plan: every node computes which other node holds a file
+now, and its answer is the other node's own plan."""
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from tiering.clairvoyant.feeds import ListFeed
+from tiering.clairvoyant.nodes import NodePlans, NodeStreams, node_ranks, plans_from_options, stream_time
+from tiering.clairvoyant.options import OrderOptions, _specs
+from tiering.clairvoyant.policy import Clairvoyant
+from tiering.clairvoyant.samplers import SamplerSpec, node_stream_array
+from tiering.placement.api import NOT_PLACED
+
+N = 600          # data-set samples (catalog ids 0..N-1, mapped in reverse to test the mapping)
+L = 2            # ranks per node
+MAPPING = np.arange(N, dtype=np.int64)[::-1].copy()
+SIZES = (4096 * (1 + np.arange(N) % 3)).tolist()
+
+
+def env_of(node: int, nodes: int, local_rank: int = 0) -> dict[str, str]:
+    """The launcher environment of a rank on `node` (torchrun)."""
+    return {"WORLD_SIZE": str(nodes * L), "RANK": str(node * L + local_rank), "LOCAL_RANK": str(local_rank),
+            "LOCAL_WORLD_SIZE": str(L), "GROUP_RANK": str(node)}
+
+
+def streams_for(nodes: int, seed: int = 7) -> NodeStreams:
+    spec = SamplerSpec("distributed", seed=seed, num_replicas=nodes * L, rank=0)
+    return NodeStreams(spec, L, MAPPING)
+
+
+def own_stream(node: int, nodes: int, epoch: int, seed: int = 7) -> np.ndarray:
+    """What node computes for itself from its own launcher environment, as
+    options.py does for its ListFeed."""
+    specs = _specs(OrderOptions(sampler="distributed", seed=seed), env_of(node, nodes, local_rank=1))
+    return MAPPING[node_stream_array(specs, N, epoch)]
+
+
+@pytest.mark.parametrize("nodes", [2, 3])
+def test_every_node_computes_each_node_s_own_stream(nodes):
+    streams = streams_for(nodes)
+    assert streams.nodes == nodes
+    for node in range(nodes):
+        assert node_ranks(nodes * L, L, node) == [node * L, node * L + 1]
+        for epoch in (0, 1, 5):
+            assert np.array_equal(streams(node, epoch), own_stream(node, nodes, epoch))
+    # the nodes split the shuffle: each sample read by exactly one node per epoch (N divisible by nodes*L)
+    together = np.concatenate([streams(n, 3) for n in range(nodes)])
+    assert sorted(together.tolist()) == list(range(N))
+
+
+@pytest.mark.parametrize("n, options", [
+    (N, {}), (601, {}), (601, {"drop_last": True}), (607, {"batch_size": 4, "batch_drop_last": True}),
+    (601, {"shuffle": False}), (5, {}), (5, {"drop_last": True})])
+def test_one_permutation_per_epoch_gives_every_rank_s_order(n, options):
+    """The shared permutation sliced per rank is each rank's DistributedSampler
+    order (padding, drop_last, a batch's dropped tail, no shuffle, fewer
+    samples than ranks)."""
+    spec = SamplerSpec("distributed", seed=9, num_replicas=6, rank=0, **options)
+    streams = NodeStreams(spec, 2, np.arange(n, dtype=np.int64))
+    for epoch in (0, 3):
+        for node in range(3):
+            specs = [SamplerSpec("distributed", seed=9, num_replicas=6, rank=r, **options)
+                     for r in node_ranks(6, 2, node)]
+            assert np.array_equal(streams(node, epoch), node_stream_array(specs, n, epoch))
+
+
+class InstantPlacement:
+    """Copies land when the test lands them; every place is accepted."""
+
+    def __init__(self, capacity: int):
+        self.sizes = SIZES
+        self.capacities = [capacity]
+        self.stopping = False
+        self.pending: list[tuple[int, int]] = []
+        self.placed: dict[int, int] = {}
+
+    def where(self, i: int) -> int:
+        return self.placed.get(i, NOT_PLACED)
+
+    def place(self, i: int, tier: int) -> bool:
+        self.pending.append((i, tier))
+        return True
+
+    def evict(self, i: int) -> bool:
+        return self.placed.pop(i, None) is not None
+
+    def placements(self) -> Iterator[tuple[int, int]]:
+        return iter(list(self.placed.items()))
+
+    def copies_in_flight(self) -> int:
+        return len(self.pending)
+
+    def land(self, policy: Clairvoyant) -> None:
+        while self.pending:
+            landed, self.pending = self.pending, []
+            for i, tier in landed:
+                self.placed[i] = tier
+                policy.on_placed(i, tier)
+
+
+def own_policy(node: int, nodes: int, capacity: int, epochs: int) -> tuple[Clairvoyant, InstantPlacement]:
+    place = InstantPlacement(capacity)
+    feed = ListFeed(iter([own_stream(node, nodes, e) for e in range(epochs)]))
+    policy = Clairvoyant(place, feed)   # type: ignore[arg-type]
+    policy.start()
+    place.land(policy)
+    return policy, place
+
+
+@pytest.mark.parametrize("nodes", [2, 3])
+def test_node_0_names_the_files_each_other_node_s_own_plan_holds(nodes):
+    """Each other node runs its real clairvoyant policy on its own stream;
+    node 0 computes that node's plan from the sampler's parameters alone and,
+    at every point of the run, holds the same files for it, so a file that
+    node planned at position t is named by node 0 when the reader is at t."""
+    epochs = 4
+    capacity = int(sum(SIZES) * 0.6 / nodes)      # a node's tiers hold 60% of what it reads per epoch... and more
+    mine = NodePlans(streams_for(nodes), nodes, 0, SIZES, [capacity], epochs=epochs)
+    others = {n: own_policy(n, nodes, capacity, epochs) for n in range(1, nodes)}
+    mine.move_to(stream_time(others[1][0]))
+    per_epoch = N // nodes
+    named = evicted = read_here = 0
+    for pos in range(0, epochs * per_epoch, 23):
+        times = set()
+        planned: dict[int, list[int]] = {}
+        for n, (policy, place) in others.items():
+            stop = min(pos + 23, epochs * per_epoch)
+            files = np.concatenate([own_stream(n, nodes, e) for e in range(epochs)])[pos:stop]
+            planned_here = planned[n] = [int(f) for f in files if int(f) in policy.planner.resident]
+            policy.on_opens(files, np.ones(len(files), bool), np.full(len(files), 100 + n))
+            place.land(policy)
+            times.add(stream_time(policy))
+            evicted += policy.evictions
+            # node 0's answer for the files node n planned for these positions
+            named += len(planned_here)
+            assert all(n in mine.holders(f) for f in planned_here) or pos == 0
+        assert len(times) == 1                     # the nodes are in lockstep
+        mine.move_to(times.pop())
+        # what node n held and has now read is what node 0 asks node n for
+        for n, (policy, _) in others.items():
+            for f in planned[n]:
+                if f in policy.planner.resident:   # not evicted since
+                    read_here += 1
+                    assert n in mine.readers(f) and mine.holder(f) is not None
+        for n, (policy, _) in others.items():
+            assert mine.held(n).tolist() == sorted(policy.planner.resident)
+            for f in mine.held(n)[:50].tolist():
+                assert n in mine.holders(f)
+    assert named > epochs * per_epoch // 2 and evicted > 0   # the plans did hold files, and evicted some
+    assert read_here > epochs * per_epoch // 2
+    assert mine.resets == 1
+
+
+def test_no_answer_while_this_node_follows_no_order_and_a_new_plan_starts_over():
+    mine = NodePlans(streams_for(2), 2, 0, SIZES, [sum(SIZES)])
+    f = int(streams_for(2)(1, 0)[0])
+    assert mine.holder(f) is None                  # nothing followed yet
+    mine.move_to((0, 0))
+    assert mine.holders(f) == [1] and mine.readers(f) == [] and mine.holder(f) is None   # planned, not yet read
+    mine.move_to((0, 10))
+    assert mine.holder(f) == 1 and mine.holders(f) == [1] and mine.readers(f) == [1]
+    assert mine.holders(int(streams_for(2)(0, 0)[0])) == []    # only node 0 reads it in epoch 0; 0 is this node
+    mine.move_to(None)
+    assert mine.holder(f) is None
+    mine.move_to((2, 0))
+    mine.move_to((1, 5))                           # this node planned anew from an earlier epoch
+    assert mine.resets == 2 and mine.time == (1, 5)
+    assert mine.holder(int(streams_for(2)(1, 1)[0])) == 1
+
+
+def test_three_nodes_ask_different_holders_first():
+    """A file two other nodes hold is asked of the first after this node in
+    rank order: node 0 asks node 1, node 1 asks node 2, node 2 asks node 0."""
+    firsts = {}
+    for me in range(3):
+        plans = NodePlans(streams_for(3), 3, me, SIZES, [sum(SIZES)])   # everything fits: files stay
+        for e in range(3):
+            plans.move_to((e, N // 3))
+        shared = [f for f in range(N) if len(plans.readers(f)) == 2]
+        assert len(shared) > N // 10
+        firsts[me] = {plans.holder(f) for f in shared}
+    assert firsts == {0: {1}, 1: {2}, 2: {0}}
+
+
+def test_plans_only_from_a_sampler_every_node_can_compute(tmp_path):
+    from helpers import make_data
+    from tiering.catalog import scan
+    make_data(tmp_path / "d", {f"c{k % 2}/f{k:03d}.jpg": 10 for k in range(12)})
+    cat = scan([str(tmp_path / "d")])
+    env = env_of(1, 2)
+    dist = OrderOptions(sampler="distributed", seed=3)
+    plans = plans_from_options(dist, cat, 2, 1, [1 << 20], env=env)
+    assert plans is not None and plans.nodes == 2 and plans.me == 1
+    assert plans_from_options(OrderOptions(), cat, 2, 1, [1 << 20], env=env) is None          # the hook's orders
+    assert plans_from_options(OrderOptions(sampler="distributed", order_file=tmp_path / "o"), cat, 2, 1,
+                              [1 << 20], env=env) is None                                        # an order file
+    assert plans_from_options(dist, cat, 3, 1, [1 << 20], env=env) is None    # ranks of another node count
+    assert plans_from_options(dist, cat, 2, 0, [1 << 20], env=env) is None    # this rank is on node 1
+    assert plans_from_options(dist, cat, 1, 0, [1 << 20], env={}) is None     # one node: no peers
