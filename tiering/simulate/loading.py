@@ -37,10 +37,11 @@ def thread_finish(durations: np.ndarray, threads: int, start: float = 0.0) -> np
     return done
 
 
-def pfs_bulk(sizes: np.ndarray, rates: Rates, threads: int, cls: int | None = None) -> np.ndarray:
-    """Completion times of a bulk load of these files from the PFS (written to class cls)."""
-    per = rates.pfs_latency + sizes * (rates.pfs[rates.nodes] + rates.write)
-    return thread_finish(per, threads)
+def pfs_bulk(sizes: np.ndarray, rates: Rates, threads: int, start: float = 0.0) -> np.ndarray:
+    """Completion times of a bulk load of these files from the PFS by `threads`
+    threads free from `start` on."""
+    per = rates.copy_latency + sizes * (rates.pfs[rates.nodes] + rates.write)
+    return thread_finish(per, threads, start)
 
 
 def fill_by_capacity(order: np.ndarray, sizes: np.ndarray, capacity: float) -> int:
