@@ -21,10 +21,11 @@ What the model is given, per scenario:
 - head start: stage's copies run while the reader starts up (the lower-bound
   configuration's wall time minus its epochs).
 
-The probe: one thread, before the configurations, does the reader's per-file
-work (the loader's own __getitem__: open, read, sha256) and tier-run's copy
-read (open O_NOFOLLOW, fstat, sendfile, fstat) on PROBE_FILES files of the
-mount, timed, and counts slowfs's operations meanwhile.  slowfs's settings
+The probe, before the configurations: as many threads as the loader has
+workers do the reader's per-file work (the loader's own __getitem__: open,
+read, sha256) on PROBE_FILES files of the mount, and one thread tier-run's
+copy read (open O_NOFOLLOW, fstat, sendfile, fstat), timed, counting slowfs's
+operations meanwhile.  slowfs's settings
 alone (operations x latency + bytes / bandwidth) leave out FUSE's own cost per
 request (a round trip through the kernel, about a tenth of a millisecond per
 request on this machine); both are stored.
@@ -57,7 +58,8 @@ TOLERANCE = 0.15
 @dataclass(frozen=True)
 class Probe:
     files: int
-    read_ms: float               # the reader's work on one file of the PFS, one thread
+    readers: int                 # threads reading at once (the loader's workers, at least 1)
+    read_ms: float               # the reader's work on one file of the PFS, per thread
     copy_ms: float               # tier-run's copy read of one file, one thread
     mean_bytes: float            # of the probed files
     meta_ops_per_read: float     # slowfs's counts per file
@@ -96,17 +98,24 @@ def _copy_read(src: str, out_fd: int) -> None:
         os.close(fd)
 
 
-def probe(mount: Path, rels: Sequence[str], stats: Callable[[], dict[str, int]], n: int = PROBE_FILES) -> Probe:
-    """Times the reader's and a copy's per-file work on the mount, one thread."""
+def probe(mount: Path, rels: Sequence[str], stats: Callable[[], dict[str, int]], n: int = PROBE_FILES,
+          readers: int = 1) -> Probe:
+    """Times the reader's per-file work on the mount with as many threads as the
+    reader has (each reading its share in turn: seconds x threads / files), and a
+    copy's with one."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from bench.workloads.loader import Files
     step = max(1, len(rels) // n)
     picked = list(rels[::step][:n])
     ds = Files(str(mount), {})
     index = {p: k for k, (p, _) in enumerate(ds.samples)}
     ids = [index[str(mount / r)] for r in picked]
+    readers = max(1, readers)
     s0 = stats()
     t0 = time.perf_counter()
-    nbytes = sum(ds[i][3] for i in ids)
+    with ThreadPoolExecutor(readers) as pool:
+        nbytes = sum(pool.map(lambda share: sum(ds[i][3] for i in share), [ids[k::readers] for k in range(readers)]))
     t1 = time.perf_counter()
     s1 = stats()
     with tempfile.TemporaryFile(dir="/dev/shm") as out:
@@ -119,7 +128,7 @@ def probe(mount: Path, rels: Sequence[str], stats: Callable[[], dict[str, int]],
     def per(a: dict[str, int], b: dict[str, int], key: str) -> float:
         return (b.get(key, 0) - a.get(key, 0)) / k
 
-    return Probe(k, 1000 * (t1 - t0) / k, 1000 * (t2 - t1) / k, nbytes / k,
+    return Probe(k, readers, 1000 * (t1 - t0) * readers / k, 1000 * (t2 - t1) / k, nbytes / k,
                  per(s0, s1, "meta_ops"), per(s0, s1, "reads"), per(s1, s2, "meta_ops"), per(s1, s2, "reads"))
 
 
@@ -176,9 +185,10 @@ def sim_config(result: dict[str, Any], sizes_bytes: Sequence[int], orders: Seque
     n, batch = len(sizes_bytes), w["batch_size"]
     mean_mb = sum(sizes_bytes) / n / MB
     workers = w["workers"] if w["reader"] == "dataloader" else 0
-    tiers = [StorageClass(t["capacity"] / MB, t.get("threads", 4),
-                          Table(((1, tier_mb_s.get(t["name"], DEFAULT_TIER_MB_S[TIER_KIND.get(t["name"], "memory")])),)),
-                          t["name"])
+    def rate(name: str) -> float:
+        return tier_mb_s.get(name, DEFAULT_TIER_MB_S[TIER_KIND.get(name, "memory")])
+
+    tiers = [StorageClass(t["capacity"] / MB, t.get("threads", 4), Table(((1, rate(t["name"])),)), t["name"])
              for t in result["tiers"]]
     # the read-ahead is the loader's own memory: no cost of its own beyond the probed reads
     staging = StorageClass(PREFETCH_FACTOR * workers * batch * mean_mb, max(1, workers),
@@ -214,7 +224,8 @@ def predict(result: dict[str, Any], sizes_bytes: Sequence[int], orders: Sequence
                                     for e, p in zip(c["epochs"], pred)]}
     return {"probe": pr.as_dict(result["pfs"]),
             "config": {"compute_mb_s": round(cfg.compute_mb_s, 3), "settings_compute_mb_s": round(settings_c, 3),
-                       "tier_mb_s": {c.name: round(c.rate, 1) for c in cfg.storage[1:]}, "pfs_latency_ms": round(cfg.pfs_latency_ms, 4),
+                       "tier_mb_s": {c.name: round(c.rate, 1) for c in cfg.storage[1:]},
+                       "pfs_latency_ms": round(cfg.pfs_latency_ms, 4),
                        "copy_latency_ms": round(cfg.copy_latency_ms or 0.0, 4), "copy_threads": cfg.copy_threads,
                        "head_start_s": round(cfg.head_start_s, 3),
                        "staging_mb": round(cfg.storage[0].capacity_mb, 3), "staging_threads": cfg.storage[0].threads,

@@ -228,7 +228,7 @@ def run_scenario(sc: Scenario, s: Settings) -> dict[str, Any]:
     try:
         shutil.copytree(src, shm_copy / "data")
         with SlowFs(src, mnt, s.pfs, stats_file=work / "slowfs-stats.json") as fs:
-            pr = probe(fs.path, rels, fs.stats)
+            pr = probe(fs.path, rels, fs.stats, readers=s.workers if s.reader == "dataloader" else 1)
             rates = tier_rates({t["name"]: Path("/dev/shm") if t["name"] == "ram" else ssd_dir for t in tiers},
                                [src / r for r in rels[::max(1, len(rels) // PROBE_FILES)][:PROBE_FILES]])
             for name in CONFIGS:
@@ -258,7 +258,7 @@ def repredict(res: dict[str, Any], s: Settings) -> None:
     src = s.work / f"source-{res['dataset']['files']}"
     rels = sample_files(src)
     old = res["prediction"]
-    pr = Probe(**{k: old["probe"][k] for k in Probe.__dataclass_fields__})
+    pr = Probe(**{k: old["probe"].get(k, 1) for k in Probe.__dataclass_fields__})
     s = dataclasses.replace(s, epochs=res["workload"]["epochs"], reader=res["workload"]["reader"])
     res["prediction"] = predict(res, [(src / r).stat().st_size for r in rels], reader_orders(s, len(rels)), pr,
                                 old["config"]["tier_mb_s"])

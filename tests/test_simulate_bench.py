@@ -91,7 +91,7 @@ def check_predictions(res: dict[str, Any], sizes: list[int]) -> None:
             assert r == pytest.approx(e["seconds"] / x, abs=2e-3)
     by = {c["name"]: c["predicted"]["epochs"] for c in res["configurations"]}
     assert by["pfs"] == by["off"]
-    bw = cfg["pfs_mb_s"][1]
+    bw = next(iter(cfg["pfs_mb_s"].values()))   # one point: slowfs's bandwidth
     total_mb = sum(sizes) / MB
     naive = len(sizes) * cfg["pfs_latency_ms"] / 1000 + total_mb / bw + total_mb / cfg["compute_mb_s"]
     assert pred["naive_epochs"] == pytest.approx([naive] * len(by["pfs"]), rel=1e-3)
@@ -106,7 +106,7 @@ def test_predict_fills_every_configuration_from_the_settings() -> None:
     res = result_dict(files, 30.0, 2)
     sizes = [110_000] * files
     orders = [list(np.random.default_rng(e).permutation(files)) for e in range(2)]
-    pr = Probe(files=64, read_ms=9.0, copy_ms=8.0, mean_bytes=110_000, meta_ops_per_read=7, reads_per_read=1.3,
+    pr = Probe(files=64, readers=2, read_ms=9.0, copy_ms=8.0, mean_bytes=110_000, meta_ops_per_read=7, reads_per_read=1.3,
                meta_ops_per_copy=6, reads_per_copy=1.3)
     res["prediction"] = predict(res, sizes, orders, pr, {"ram": 600.0, "ssd": 250.0})
     check_predictions(res, sizes)
@@ -138,8 +138,8 @@ def test_the_bench_stores_a_prediction_beside_every_configuration(tmp_path: Path
         res = json.loads((out / f"{scenario}.json").read_text())
         assert [c["name"] for c in res["configurations"]] == CONFIGS
         src = tmp_path / "work" / f"source-{res['dataset']['files']}"
-        sizes = sorted(((str(p.relative_to(src)), p.stat().st_size) for p in src.rglob("*")
-                        if p.is_file() and not p.name.startswith(".")))
+        sizes = sorted((str(p.relative_to(src)), p.stat().st_size) for p in src.rglob("*")
+                        if p.is_file() and not p.name.startswith("."))
         assert len(sizes) == res["dataset"]["files"]
         check_predictions(res, [s for _, s in sizes])
         probe = res["prediction"]["probe"]

@@ -18,7 +18,7 @@ what the published results were computed with."""
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -33,8 +33,11 @@ INF = float("inf")
 class Holdings(Protocol):
     """Where copies are: per node, per file, the time the copy is complete (INF:
     none) and seconds per MB to read it."""
-    avail: list[list[float]]      # avail[node][file]
-    inv: list[list[float]]        # inv[node][file]
+    @property
+    def avail(self) -> Sequence[Mapping[int, float]]: ...   # avail[node][file]
+
+    @property
+    def inv(self) -> Sequence[Mapping[int, float]]: ...     # inv[node][file]
 
 
 @dataclass

@@ -100,7 +100,7 @@ class Copier:
 
     def drop(self, node: int, f: int) -> None:
         cls = self.where[node].pop(f)
-        self.copies.avail[node][f] = INF
+        self.copies.drop(node, f)
         self.copies.used[node][cls] -= float(self.ctx.streams.sizes[f])
         sh = self.shards
         if sh is None:
