@@ -23,9 +23,11 @@ What the model is given, per scenario:
 
 The probe, before the configurations: as many threads as the loader has
 workers do the reader's per-file work (the loader's own __getitem__: open,
-read, sha256) on PROBE_FILES files of the mount, and one thread tier-run's
-copy read (open O_NOFOLLOW, fstat, sendfile, fstat), timed, counting slowfs's
-operations meanwhile.  slowfs's settings
+read, sha256) on PROBE_FILES files of the mount, each file timed (the median
+is the PFS's time per file: a burst of other load on the machine during the
+probe would otherwise set the PFS's speed for the whole run), and one thread
+tier-run's copy read (open O_NOFOLLOW, fstat, sendfile, fstat), counting
+slowfs's operations meanwhile.  slowfs's settings
 alone (operations x latency + bytes / bandwidth) leave out FUSE's own cost per
 request (a round trip through the kernel, about a tenth of a millisecond per
 request on this machine); both are stored.
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import statistics
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -59,7 +62,8 @@ TOLERANCE = 0.15
 class Probe:
     files: int
     readers: int                 # threads reading at once (the loader's workers, at least 1)
-    read_ms: float               # the reader's work on one file of the PFS, per thread
+    read_ms: float               # the reader's work on one file of the PFS, per thread: the median
+    read_mean_ms: float          # ... the mean (spikes of the machine's other load included)
     copy_ms: float               # tier-run's copy read of one file, one thread
     mean_bytes: float            # of the probed files
     meta_ops_per_read: float     # slowfs's counts per file
@@ -112,11 +116,19 @@ def probe(mount: Path, rels: Sequence[str], stats: Callable[[], dict[str, int]],
     index = {p: k for k, (p, _) in enumerate(ds.samples)}
     ids = [index[str(mount / r)] for r in picked]
     readers = max(1, readers)
+
+    def timed(i: int) -> tuple[float, int]:
+        t = time.perf_counter()
+        n = ds[i][3]
+        return time.perf_counter() - t, n
+
     s0 = stats()
     t0 = time.perf_counter()
     with ThreadPoolExecutor(readers) as pool:
-        nbytes = sum(pool.map(lambda share: sum(ds[i][3] for i in share), [ids[k::readers] for k in range(readers)]))
+        shares = pool.map(lambda share: [timed(i) for i in share], [ids[k::readers] for k in range(readers)])
+        each = [x for share in shares for x in share]
     t1 = time.perf_counter()
+    nbytes = sum(n for _, n in each)
     s1 = stats()
     with tempfile.TemporaryFile(dir="/dev/shm") as out:
         for r in picked:
@@ -128,7 +140,8 @@ def probe(mount: Path, rels: Sequence[str], stats: Callable[[], dict[str, int]],
     def per(a: dict[str, int], b: dict[str, int], key: str) -> float:
         return (b.get(key, 0) - a.get(key, 0)) / k
 
-    return Probe(k, readers, 1000 * (t1 - t0) * readers / k, 1000 * (t2 - t1) / k, nbytes / k,
+    return Probe(k, readers, 1000 * statistics.median(d for d, _ in each), 1000 * (t1 - t0) * readers / k,
+                 1000 * (t2 - t1) / k, nbytes / k,
                  per(s0, s1, "meta_ops"), per(s0, s1, "reads"), per(s1, s2, "meta_ops"), per(s1, s2, "reads"))
 
 

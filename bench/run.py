@@ -258,7 +258,8 @@ def repredict(res: dict[str, Any], s: Settings) -> None:
     src = s.work / f"source-{res['dataset']['files']}"
     rels = sample_files(src)
     old = res["prediction"]
-    pr = Probe(**{k: old["probe"].get(k, 1) for k in Probe.__dataclass_fields__})
+    pr = Probe(**{k: old["probe"].get(k, old["probe"]["read_ms"] if k == "read_mean_ms" else 1)
+                  for k in Probe.__dataclass_fields__})
     s = dataclasses.replace(s, epochs=res["workload"]["epochs"], reader=res["workload"]["reader"])
     res["prediction"] = predict(res, [(src / r).stat().st_size for r in rels], reader_orders(s, len(rels)), pr,
                                 old["config"]["tier_mb_s"])
@@ -347,8 +348,9 @@ def prediction_notes(result: dict[str, Any]) -> list[str]:
                 + ", ".join(f"{k} {v:.0f} MB/s" for k, v in cfg["tier_mb_s"].items())
                 + f" (probed copy writes), loader read-ahead {cfg['staging_mb']:.1f} MB by "
                 f"{cfg['staging_threads']} thread(s), PFS {cfg['pfs_latency_ms']:.2f} ms per file read by the "
-                f"reader and {cfg['copy_latency_ms']:.2f} ms per copy (probed: {pr['read_ms']:.2f} / "
-                f"{pr['copy_ms']:.2f} ms per file, one thread; slowfs's settings alone: {pr['settings_read_ms']:.2f} / "
+                f"reader and {cfg['copy_latency_ms']:.2f} ms per copy (probed: median {pr['read_ms']:.2f} ms per file "
+                f"by {pr.get('readers', 1)} thread(s), mean {pr.get('read_mean_ms', pr['read_ms']):.2f}; "
+                f"{pr['copy_ms']:.2f} ms per copy, one thread; slowfs's settings alone: {pr['settings_read_ms']:.2f} / "
                 f"{pr['settings_copy_ms']:.2f} ms for {pr['meta_ops_per_read']:.1f} / {pr['meta_ops_per_copy']:.1f} "
                 f"metadata operations and {pr['reads_per_read']:.2f} / {pr['reads_per_copy']:.2f} reads), "
                 f"{cfg['copy_threads']} copy threads, copies {cfg['head_start_s']:.2f} s ahead of the reader "

@@ -106,7 +106,7 @@ def test_predict_fills_every_configuration_from_the_settings() -> None:
     res = result_dict(files, 30.0, 2)
     sizes = [110_000] * files
     orders = [list(np.random.default_rng(e).permutation(files)) for e in range(2)]
-    pr = Probe(files=64, readers=2, read_ms=9.0, copy_ms=8.0, mean_bytes=110_000, meta_ops_per_read=7, reads_per_read=1.3,
+    pr = Probe(files=64, readers=2, read_ms=9.0, read_mean_ms=9.5, copy_ms=8.0, mean_bytes=110_000, meta_ops_per_read=7, reads_per_read=1.3,
                meta_ops_per_copy=6, reads_per_copy=1.3)
     res["prediction"] = predict(res, sizes, orders, pr, {"ram": 600.0, "ssd": 250.0})
     check_predictions(res, sizes)
