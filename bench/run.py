@@ -355,7 +355,20 @@ def prediction_notes(result: dict[str, Any]) -> list[str]:
                 f"metadata operations and {pr['reads_per_read']:.2f} / {pr['reads_per_copy']:.2f} reads), "
                 f"{cfg['copy_threads']} copy threads, copies {cfg['head_start_s']:.2f} s ahead of the reader "
                 f"(stage). Ratios outside ±{TOLERANCE:.0%} are marked !"
-                + (f": {', '.join(out)}." if out else "; none is.")]
+                + (f": {', '.join(out)}." if out else "; none is.") + spread_note(result)]
+
+
+def spread_note(result: dict[str, Any]) -> str:
+    """How much the same configuration's epochs differ within the run (the machine's
+    other load, which no model has): the lower bound's and the PFS's."""
+    by = {c["name"]: [e["seconds"] for e in c["epochs"]] for c in result["configurations"]}
+    parts = []
+    for name in ("lower-bound", "pfs"):
+        xs = by.get(name, [])
+        if len(xs) > 1:
+            mean = sum(xs) / len(xs)
+            parts.append(f"the {name}'s by ±{(max(xs) - min(xs)) / 2 / mean:.0%}")
+    return (" Within this run, the same configuration's epochs spread: " + ", ".join(parts) + ".") if parts else ""
 
 
 def bounds(result: dict[str, Any]) -> dict[str, float]:

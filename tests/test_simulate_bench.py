@@ -151,3 +151,15 @@ def test_the_bench_stores_a_prediction_beside_every_configuration(tmp_path: Path
     summary = (out / "summary.md").read_text()
     assert summary.count("(staging-pool) |") == 4 and summary.count("(clairvoyant) |") == 2
     assert "Predicted by `tiering simulate`'s model" in summary
+
+
+def test_the_copy_settings_are_read_from_the_config() -> None:
+    from tiering.simulate.config import ConfigError, config_from_dict
+    base = {"nodes": 1, "epochs": 1, "batch_size": 4, "files": {"count": 10, "size_mb": 1.0}, "compute_mb_s": 100,
+            "pfs_mb_s": 100, "storage": [{"capacity_mb": 4, "threads": 1, "read_mb_s": 1000}]}
+    cfg = config_from_dict({**base, "copy_threads": 16, "copy_latency_ms": 2.5, "head_start_s": 3})
+    assert (cfg.copy_threads, cfg.copy_latency_ms, cfg.head_start_s) == (16, 2.5, 3.0)
+    plain = config_from_dict(base)
+    assert (plain.copy_threads, plain.copy_latency_ms, plain.head_start_s) == (0, None, 0.0)
+    with pytest.raises(ConfigError, match="copy_threads: must be an integer >= 0"):
+        config_from_dict({**base, "copy_threads": 1.5})
