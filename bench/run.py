@@ -348,7 +348,8 @@ def prediction_notes(result: dict[str, Any]) -> list[str]:
                 + ", ".join(f"{k} {v:.0f} MB/s" for k, v in cfg["tier_mb_s"].items())
                 + f" (probed copy writes), loader read-ahead {cfg['staging_mb']:.1f} MB by "
                 f"{cfg['staging_threads']} thread(s), PFS {cfg['pfs_latency_ms']:.2f} ms per file read by the "
-                f"reader and {cfg['copy_latency_ms']:.2f} ms per copy (probed: median {pr['read_ms']:.2f} ms per file "
+                f"reader and {cfg['copy_latency_ms']:.2f} ms per copy (calibrated on the pfs configuration's mean "
+                f"epoch; the probe before the configurations: median {pr['read_ms']:.2f} ms per file "
                 f"by {pr.get('readers', 1)} thread(s), mean {pr.get('read_mean_ms', pr['read_ms']):.2f}; "
                 f"{pr['copy_ms']:.2f} ms per copy, one thread; slowfs's settings alone: {pr['settings_read_ms']:.2f} / "
                 f"{pr['settings_copy_ms']:.2f} ms for {pr['meta_ops_per_read']:.1f} / {pr['meta_ops_per_copy']:.1f} "

@@ -75,7 +75,8 @@ def result_dict(files: int, compute_ms: float, workers: int) -> dict[str, Any]:
             "workload": {"reader": "dataloader", "workers": workers, "batch_size": 32,
                          "compute_ms_per_batch": compute_ms, "epochs": 2},
             "configurations": [{"name": n, "wall_seconds": 7.0 if n == "lower-bound" else 30.0,
-                                "epochs": [dict(e) for e in lb_epochs]} for n in CONFIGS]}
+                                "epochs": [{"seconds": 1.2}, {"seconds": 1.3}] if n == "pfs" else
+                                [dict(e) for e in lb_epochs]} for n in CONFIGS]}
 
 
 def check_predictions(res: dict[str, Any], sizes: list[int]) -> None:
@@ -111,19 +112,24 @@ def test_predict_fills_every_configuration_from_the_settings() -> None:
     res["prediction"] = predict(res, sizes, orders, pr, {"ram": 600.0, "ssd": 250.0})
     check_predictions(res, sizes)
     cfg = res["prediction"]["config"]
-    # the settings: 9 ms per file less the transfer at 400 MB/s; the lower bound's 0.5 s
-    # epochs as compute; 7 x 1 + 1.3 x 0.5 ms + 0.275 ms from slowfs's settings alone
-    assert cfg["pfs_latency_ms"] == pytest.approx(9.0 - 0.11 / 400 * 1000, abs=1e-3)
-    assert cfg["copy_latency_ms"] == pytest.approx(8.0 - 0.275, abs=1e-3)
+    # the probe: 9 ms per file less the transfer at 400 MB/s; the PFS's latency calibrated
+    # on the pfs configuration's 1.25 s epochs, a copy's by the same factor; the lower
+    # bound's 0.5 s epochs as compute; 7 x 1 + 1.3 x 0.5 + 0.275 ms from slowfs's settings alone
+    probed = 9.0 - 0.11 / 400 * 1000
+    assert res["prediction"]["probed_pfs_latency_ms"] == pytest.approx(probed, abs=1e-3)
+    by = {c["name"]: c["predicted"]["epochs"] for c in res["configurations"]}
+    assert sum(by["pfs"]) / 2 == pytest.approx(1.25, rel=0.01)
+    assert cfg["pfs_latency_ms"] > probed
+    assert cfg["copy_latency_ms"] / (8.0 - 0.275) == pytest.approx(cfg["pfs_latency_ms"] / probed, rel=1e-3)
     assert cfg["compute_mb_s"] == pytest.approx(files * 0.11 / 0.5, rel=1e-6)
     assert cfg["settings_compute_mb_s"] == pytest.approx(files * 0.11 / (7 * 0.030), rel=1e-6)
     assert cfg["head_start_s"] == pytest.approx(6.0)
     assert cfg["copy_threads"] == 16 and cfg["staging_threads"] == 2
     assert cfg["staging_mb"] == pytest.approx(2 * 2 * 32 * 0.11)
     assert res["prediction"]["probe"]["settings_read_ms"] == pytest.approx(7 + 0.65 + 0.275, abs=1e-3)
-    by = {c["name"]: c["predicted"]["epochs"] for c in res["configurations"]}
-    # the PFS directly: 200 files at 9 ms by 2 loader threads, more than the 0.5 s of compute
-    assert by["pfs"][1] == pytest.approx(files * 9.0 / 1000 / 2, rel=0.05)
+    # from the probe alone, the PFS directly: 200 files at 9 ms by 2 loader threads
+    pfs = next(c for c in res["configurations"] if c["name"] == "pfs")
+    assert pfs["predicted"]["probed_epochs"][1] == pytest.approx(files * 9.0 / 1000 / 2, rel=0.05)
 
 
 @pytest.mark.slow
