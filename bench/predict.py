@@ -7,8 +7,10 @@ What the model is given, per scenario:
 - files: the real sizes, in catalog order; one node; the reader's real order
   (DataLoader(shuffle=True, generator=seed 0), reproduced by
   tiering.clairvoyant.samplers);
-- compute c: the bench's compute time per batch spread over the batch's bytes
-  (data bytes / (batches x compute ms));
+- compute c: calibrated on the lower-bound configuration of the same run (data
+  bytes / its mean epoch: the compute time per batch plus the loader's own
+  start and hand-over of batches); the value from the compute time alone
+  (data bytes / (batches x compute ms)) is stored beside;
 - the staging buffer (class 0): the DataLoader's read-ahead, workers threads
   holding prefetch_factor (2) x workers batches (process memory: no cost of
   its own); no read-ahead without workers;
@@ -32,10 +34,10 @@ read, sha256) on PROBE_FILES files of the mount, each file timed (the median
 is the PFS's time per file: a burst of other load on the machine during the
 probe would otherwise set the PFS's speed for the whole run), and one thread
 tier-run's copy read (open O_NOFOLLOW, fstat, sendfile, fstat), counting
-slowfs's operations meanwhile.  slowfs's settings
-alone (operations x latency + bytes / bandwidth) leave out FUSE's own cost per
-request (a round trip through the kernel, about a tenth of a millisecond per
-request on this machine); both are stored.
+slowfs's operations meanwhile.  slowfs's settings alone (operations x latency
++ bytes / bandwidth) leave out FUSE's own cost per request (a round trip
+through the kernel, about a tenth of a millisecond per request on an idle
+machine) and the machine's load; both are stored.
 """
 from __future__ import annotations
 
