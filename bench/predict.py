@@ -272,7 +272,7 @@ def predict(result: dict[str, Any], sizes_bytes: Sequence[int], orders: Sequence
         if policy is None or policy not in rep.policies:
             continue
         pred = rep.policies[policy].epochs
-        c["predicted"] = {"policy": policy, "epochs": [round(p, 4) for p in pred],
+        c["predicted"] = {"policy": policy, "epochs": [round(p, 6) for p in pred],
                           "ratio": [round(e["seconds"] / p, 3) if p > 0 else None
                                     for e, p in zip(c["epochs"], pred)],
                           "probed_epochs": [round(p, 4) for p in rep_probed.policies[policy].epochs]}
