@@ -26,6 +26,7 @@ bench/results/epochs.png.  Times are only compared within one run.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import getpass
 import json
 import os
@@ -39,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.datagen import generate
+from bench.predict import PROBE_FILES, TOLERANCE, Probe, predict, probe, tier_rates, within
 from bench.slowfs import SlowFs, SlowFsOptions, ensure_built, sweep_stale_mounts
 
 REPO = Path(__file__).resolve().parent.parent
@@ -113,15 +115,19 @@ def sample_files(root: Path) -> list[str]:
     return sorted(out)
 
 
+def reader_orders(s: Settings, n: int) -> list[list[int]]:
+    """The order each epoch of the reader reads the sorted files in."""
+    from tiering.clairvoyant.samplers import SamplerSpec, epoch_orders
+    if s.reader != "c":   # DataLoader(shuffle=True, generator=seed 0), or the same sampler in a loop
+        return list(epoch_orders(SamplerSpec(kind="random", seed=0, dataloader=s.reader == "dataloader"), n,
+                                 s.epochs))
+    return [[(k + e * 7919 % n) % n for k in range(n)] for e in range(s.epochs)]   # rotated by e * 7919
+
+
 def order_file(s: Settings, rels: list[str], path: Path) -> Path:
     """The order the plain and C readers read in, for the clairvoyant policy
     (the DataLoader reader needs none: the hook takes it from the DataLoader)."""
-    from tiering.clairvoyant.samplers import SamplerSpec, epoch_orders
-    if s.reader == "plain":
-        epochs = list(epoch_orders(SamplerSpec(kind="random", seed=0, dataloader=False), len(rels), s.epochs))
-    else:  # the C reader: the list rotated by e * 7919
-        n = len(rels)
-        epochs = [[(k + e * 7919 % n) % n for k in range(n)] for e in range(s.epochs)]
+    epochs = reader_orders(s, len(rels))
     path.write_text("\n\n".join("\n".join(rels[i] for i in order) for order in epochs) + "\n")
     return path
 
@@ -218,9 +224,13 @@ def run_scenario(sc: Scenario, s: Settings) -> dict[str, Any]:
     tiers = write_profile(profile, sc, data_bytes, ssd_dir, s.pfs)
     shm_copy = Path(tempfile.mkdtemp(prefix="tiering-bench-", dir="/dev/shm"))
     configs = []
+    rels = sample_files(src)
     try:
         shutil.copytree(src, shm_copy / "data")
         with SlowFs(src, mnt, s.pfs, stats_file=work / "slowfs-stats.json") as fs:
+            pr = probe(fs.path, rels, fs.stats, readers=s.workers if s.reader == "dataloader" else 1)
+            rates = tier_rates({t["name"]: Path("/dev/shm") if t["name"] == "ram" else ssd_dir for t in tiers},
+                               [src / r for r in rels[::max(1, len(rels) // PROBE_FILES)][:PROBE_FILES]])
             for name in CONFIGS:
                 print(f"  {sc.name:<9} {name:<12}", end="", flush=True)
                 entry = run_config(name, s, fs, profile, shm_copy / "data", ssd_dir, scratch)
@@ -228,7 +238,7 @@ def run_scenario(sc: Scenario, s: Settings) -> dict[str, Any]:
                 configs.append(entry)
     finally:
         shutil.rmtree(shm_copy, ignore_errors=True)
-    return {
+    res = {
         "scenario": sc.name,
         "description": sc.description,
         "dataset": {"files": info.files, "bytes": data_bytes},
@@ -238,6 +248,21 @@ def run_scenario(sc: Scenario, s: Settings) -> dict[str, Any]:
                      "compute_ms_per_batch": s.compute_ms if s.reader != "c" else 0, "epochs": s.epochs},
         "configurations": configs,
     }
+    sizes = [(src / r).stat().st_size for r in rels]
+    res["prediction"] = predict(res, sizes, reader_orders(s, len(rels)), pr, rates)
+    return res
+
+
+def repredict(res: dict[str, Any], s: Settings) -> None:
+    """The predictions of a stored result made again from its probe and its data set."""
+    src = s.work / f"source-{res['dataset']['files']}"
+    rels = sample_files(src)
+    old = res["prediction"]
+    pr = Probe(**{k: old["probe"].get(k, old["probe"]["read_ms"] if k == "read_mean_ms" else 1)
+                  for k in Probe.__dataclass_fields__})
+    s = dataclasses.replace(s, epochs=res["workload"]["epochs"], reader=res["workload"]["reader"])
+    res["prediction"] = predict(res, [(src / r).stat().st_size for r in rels], reader_orders(s, len(rels)), pr,
+                                old["config"]["tier_mb_s"])
 
 
 # -- reporting ------------------------------------------------------------------
@@ -278,8 +303,9 @@ def table(result: dict[str, Any]) -> str:
              "",
              "| configuration | what it is | epoch 1 s | epochs 2+ s | epoch 1: x slower than the lower bound "
              "| epochs 2+: x slower than the lower bound | speed-up over the PFS (2+) | PFS opens / epoch (2+) "
-             "| PFS MiB / epoch (2+) | checksum |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "| PFS MiB / epoch (2+) | checksum | predicted epoch 1 s | predicted epochs 2+ s "
+             "| measured / predicted, per epoch |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|"]
     for c in result["configurations"]:
         e1 = c["epochs"][0]["seconds"]
         rest = later_mean(c)
@@ -289,7 +315,8 @@ def table(result: dict[str, Any]) -> str:
         same = "same" if c["checksum"] == lb["checksum"] else "DIFFERENT"
         lines.append(f"| {c['name']} | {CONFIG_TEXT.get(c['name'], '')} | {e1:.2f} | {rest:.2f} | "
                      f"{e1 / lb['epochs'][0]['seconds']:.2f}x | {rest / later_mean(lb):.2f}x | "
-                     f"{later_mean(pfs) / rest:.2f}x | {opens:.0f} | {mb:.1f} | {same} |")
+                     f"{later_mean(pfs) / rest:.2f}x | {opens:.0f} | {mb:.1f} | {same} | {predicted_cells(c)} |")
+    lines += prediction_notes(result)
     bound = bounds(result)
     if bound:
         lines += ["", f"Bound for epochs 2+: max(compute {bound['compute_s']:.2f} s, (D − C) / bandwidth "
@@ -297,6 +324,52 @@ def table(result: dict[str, Any]) -> str:
                       f"{bound['clairvoyant_s']:.2f} s: {bound['ratio']:.2f}x the bound (its time / the bound: "
                       "1.00x is at the bound, more is slower)."]
     return "\n".join(lines)
+
+
+def predicted_cells(c: dict[str, Any]) -> str:
+    p = c.get("predicted")
+    if not p:
+        return " | | "
+    rest = p["epochs"][1:] or p["epochs"]
+    ratios = " ".join("-" if r is None else f"{r:.2f}{'' if within(r) else '!'}" for r in p["ratio"])
+    return f"{p['epochs'][0]:.2f} | {sum(rest) / len(rest):.2f} | {ratios} ({p['policy']})"
+
+
+def prediction_notes(result: dict[str, Any]) -> list[str]:
+    pred = result.get("prediction")
+    if not pred:
+        return []
+    pr, cfg = pred["probe"], pred["config"]
+    out = [c["name"] for c in result["configurations"] if "predicted" in c
+           and not all(within(r) for r in c["predicted"]["ratio"])]
+    return ["", f"Predicted by `tiering simulate`'s model (bench/predict.py) from this run's settings: compute "
+                f"{cfg['compute_mb_s']:.1f} MB/s (the lower bound's epochs; {cfg['settings_compute_mb_s']:.1f} MB/s "
+                f"from the compute time alone), tiers "
+                + ", ".join(f"{k} {v:.0f} MB/s" for k, v in cfg["tier_mb_s"].items())
+                + f" (probed copy writes), loader read-ahead {cfg['staging_mb']:.1f} MB by "
+                f"{cfg['staging_threads']} thread(s), PFS {cfg['pfs_latency_ms']:.2f} ms per file read by the "
+                f"reader and {cfg['copy_latency_ms']:.2f} ms per copy (calibrated on the pfs configuration's mean "
+                f"epoch; the probe before the configurations: median {pr['read_ms']:.2f} ms per file "
+                f"by {pr.get('readers', 1)} thread(s), mean {pr.get('read_mean_ms', pr['read_ms']):.2f}; "
+                f"{pr['copy_ms']:.2f} ms per copy, one thread; slowfs's settings alone: {pr['settings_read_ms']:.2f} / "
+                f"{pr['settings_copy_ms']:.2f} ms for {pr['meta_ops_per_read']:.1f} / {pr['meta_ops_per_copy']:.1f} "
+                f"metadata operations and {pr['reads_per_read']:.2f} / {pr['reads_per_copy']:.2f} reads), "
+                f"{cfg['copy_threads']} copy threads, copies {cfg['head_start_s']:.2f} s ahead of the reader "
+                f"(stage). Ratios outside ±{TOLERANCE:.0%} are marked !"
+                + (f": {', '.join(out)}." if out else "; none is.") + spread_note(result)]
+
+
+def spread_note(result: dict[str, Any]) -> str:
+    """How much the same configuration's epochs differ within the run (the machine's
+    other load, which no model has): the lower bound's and the PFS's."""
+    by = {c["name"]: [e["seconds"] for e in c["epochs"]] for c in result["configurations"]}
+    parts = []
+    for name in ("lower-bound", "pfs"):
+        xs = by.get(name, [])
+        if len(xs) > 1:
+            mean = sum(xs) / len(xs)
+            parts.append(f"the {name}'s by ±{(max(xs) - min(xs)) / 2 / mean:.0%}")
+    return (" Within this run, the same configuration's epochs spread: " + ", ".join(parts) + ".") if parts else ""
 
 
 def bounds(result: dict[str, Any]) -> dict[str, float]:
@@ -382,6 +455,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "tiering-bench")
     p.add_argument("--report-only", action="store_true",
                    help="write summary.md and epochs.png again from the <scenario>.json files in --out")
+    p.add_argument("--predict-only", action="store_true",
+                   help="with --report-only: the simulator's predictions made again (after a change of the model) "
+                        "from each scenario's stored probe and the data set in --work")
     a = p.parse_args(argv)
     s = Settings(files=a.files or (40 if a.quick else 2000), epochs=a.epochs or (2 if a.quick else 3),
                  compute_ms=a.compute_ms if a.compute_ms is not None else (0.0 if a.quick else 30.0),
@@ -392,6 +468,10 @@ def main(argv: list[str] | None = None) -> int:
                f"{'' if s.reader == 'dataloader' else ' --reader ' + s.reader}")
     if a.report_only:
         results = [json.loads((a.out / f"{name}.json").read_text()) for name in names]
+        if a.predict_only:
+            for name, res in zip(names, results):
+                repredict(res, s)
+                (a.out / f"{name}.json").write_text(json.dumps(res, indent=1) + "\n")
         print(write_summary(results, a.out, command))
         return 0
     ensure_built()

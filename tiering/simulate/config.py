@@ -15,6 +15,10 @@ A config is YAML (or the same structure as a dict):
     pfs_link_mb_s: 2000      # b_fs
     pfs_mb_s: {1: 66, 4: 146}           # t(gamma), aggregate MB/s by PFS clients
     pfs_latency_ms: 0                   # per file read from the PFS (optional)
+    copy_threads: 0          # tier-run's copies: one pool of this many threads for all
+                             # classes (its pfs.read_threads); 0: each class's own threads
+    copy_latency_ms: 0       # per file a copy reads from the PFS (optional; default pfs_latency_ms)
+    head_start_s: 0          # seconds tier-run's copies run before the reader starts (optional)
     storage:                 # fastest first; the first class is the staging buffer
       - {capacity_mb: 1024, threads: 2, read_mb_s: {1: 16550, 2: 21164}}
 
@@ -119,6 +123,9 @@ class SimConfig:
     drop_last: bool = True
     seed: int = 0
     pfs_latency_ms: float = 0.0
+    copy_threads: int = 0             # > 0: one pool shared by classes 1.. (tier-run's PFS read threads)
+    copy_latency_ms: float | None = None   # a copy's PFS latency per file (None: pfs_latency_ms)
+    head_start_s: float = 0.0         # tier-run's copies start this long before the reader
     # per-node streams given explicitly (from --profile with a real order):
     # orders[node][epoch] = catalog file ids in read order
     orders: tuple[tuple[tuple[int, ...], ...], ...] | None = field(default=None, repr=False)
@@ -133,7 +140,8 @@ class SimConfig:
 
 
 _TOP = ("nodes", "epochs", "batch_size", "drop_last", "seed", "files", "compute_mb_s", "preprocess_mb_s",
-        "network_mb_s", "pfs_link_mb_s", "pfs_mb_s", "pfs_latency_ms", "storage")
+        "network_mb_s", "pfs_link_mb_s", "pfs_mb_s", "pfs_latency_ms", "copy_threads", "copy_latency_ms",
+        "head_start_s", "storage")
 _REQUIRED = ("nodes", "epochs", "batch_size", "files", "compute_mb_s", "pfs_mb_s", "storage")
 
 
@@ -213,7 +221,10 @@ def config_from_dict(raw: Mapping[str, Any], base: Path | None = None) -> SimCon
         compute_mb_s=compute, preprocess_mb_s=_positive(raw, "preprocess_mb_s", 1e12),
         network_mb_s=_positive(raw, "network_mb_s", 1e12), pfs_link_mb_s=_positive(raw, "pfs_link_mb_s", 1e12),
         pfs=Table.parse(raw["pfs_mb_s"], "pfs_mb_s"), storage=_storage(raw["storage"]),
-        drop_last=drop_last, seed=seed, pfs_latency_ms=_positive(raw, "pfs_latency_ms", 0.0, zero=True))
+        drop_last=drop_last, seed=seed, pfs_latency_ms=_positive(raw, "pfs_latency_ms", 0.0, zero=True),
+        copy_threads=int(_positive(raw, "copy_threads", 0, integer=True, zero=True)),
+        copy_latency_ms=_positive(raw, "copy_latency_ms", zero=True) if "copy_latency_ms" in raw else None,
+        head_start_s=_positive(raw, "head_start_s", 0.0, zero=True))
 
 
 def load_config(path: str | Path) -> SimConfig:

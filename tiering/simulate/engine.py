@@ -18,7 +18,7 @@ what the published results were computed with."""
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -33,8 +33,11 @@ INF = float("inf")
 class Holdings(Protocol):
     """Where copies are: per node, per file, the time the copy is complete (INF:
     none) and seconds per MB to read it."""
-    avail: list[list[float]]      # avail[node][file]
-    inv: list[list[float]]        # inv[node][file]
+    @property
+    def avail(self) -> Sequence[Mapping[int, float]]: ...   # avail[node][file]
+
+    @property
+    def inv(self) -> Sequence[Mapping[int, float]]: ...     # inv[node][file]
 
 
 @dataclass
@@ -59,6 +62,8 @@ class Pipeline:
     shards: Shards | None = None
     on_pfs_read: Callable[[int, int, float], None] | None = None      # (node, file, time)
     on_access: Callable[[int, int, int, float], None] | None = None   # (node, position, file, time)
+    # the node opens a position: a staging thread starts on it, or the reader reads it itself
+    on_open: Callable[[int, int, int, float], None] | None = None     # (node, position, file, time)
 
 
 @dataclass
@@ -109,7 +114,8 @@ def run(p: Pipeline, rates: Rates, staging_mb: float, staging_threads: int) -> O
     loc_av = p.local.avail if p.local is not None else None
     loc_inv = p.local.inv if p.local is not None else None
     sh = p.shards
-    on_pfs, on_access = p.on_pfs_read, p.on_access
+    on_pfs, on_access, on_open = p.on_pfs_read, p.on_access, p.on_open
+    opened = [0] * n                             # positions opened so far (on_open)
     mb = [0.0, 0.0, 0.0]                         # read from the PFS, peers, local classes
 
     def fill(i: int, r: float) -> None:
@@ -127,6 +133,9 @@ def run(p: Pipeline, rates: Rates, staging_mb: float, staging_threads: int) -> O
             if u + sq > staging_mb:
                 break
             start = thr[k]
+            if on_open is not None and tl >= opened[i]:
+                on_open(i, tl, fq, start)
+                opened[i] = tl + 1
             # the fastest copy, whenever it is complete
             c_av, c_inv, c_src = INF, 0.0, -1
             if la is not None and li is not None and la[fq] < INF:
@@ -175,6 +184,9 @@ def run(p: Pipeline, rates: Rates, staging_mb: float, staging_threads: int) -> O
             for pos in range(starts[i][b], starts[i][b + 1]):
                 f = fl[pos]
                 s = size[f]
+                if on_open is not None and pos >= opened[i]:
+                    on_open(i, pos, f, t)
+                    opened[i] = pos + 1
                 a = av[pos]
                 if a <= t:
                     r = t

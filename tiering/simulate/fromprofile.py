@@ -8,6 +8,8 @@ real order (the options `tiering plan` takes).
   file-system tier as 2 GB/s);
 - the PFS is the profile's `pfs.bandwidth` table, read as aggregate MB/s by
   concurrent clients (500 MB/s when missing), and its `latency_ms` per file;
+- tier-run's copies share one pool of `pfs.read_threads` threads (its PFS
+  semaphore), whatever the tier;
 - each node's stream is the sampler's: with a distributed sampler node i
   serves ranks i*L .. i*L+L-1 of a world of N*L ranks (L local ranks);
   otherwise every node reads the same stream."""
@@ -54,7 +56,7 @@ def config_from_profile(profile: Profile, sizes_bytes: Sequence[int], node_epoch
         files=FileSpec(count=len(sizes_bytes), sizes_mb=tuple(s / 1e6 for s in sizes_bytes)),
         compute_mb_s=w.compute_mb_s, preprocess_mb_s=w.preprocess_mb_s, network_mb_s=w.network_mb_s,
         pfs_link_mb_s=w.pfs_link_mb_s, pfs=pfs, storage=storage_of(profile, w), drop_last=False,
-        pfs_latency_ms=profile.pfs.latency_ms or 0.0,
+        pfs_latency_ms=profile.pfs.latency_ms or 0.0, copy_threads=profile.pfs.read_threads,
         orders=tuple(tuple(tuple(e) for e in node) for node in node_epochs))
 
 

@@ -14,18 +14,31 @@ from .engine import INF
 from .rates import Rates
 
 
+class Held(dict[int, float]):
+    """file -> value for the files a node holds; a file it does not hold reads as
+    INF (no copy) without being added, so a node's table grows with its copies,
+    not with the data set (NOTE [simulator], bounded per-node state)."""
+
+    def __missing__(self, key: int) -> float:
+        return INF
+
+
 @dataclass
 class LocalCopies:
-    """avail[node][file] (INF: no copy) and inv[node][file] (s per MB), as lists
-    for the engine's inner loop; used[node][class] in MB."""
-    avail: list[list[float]]
-    inv: list[list[float]]
+    """avail[node][file] (INF: no copy) and inv[node][file] (s per MB), kept only
+    for the files each node holds; used[node][class] in MB."""
+    avail: list[Held]
+    inv: list[Held]
     used: list[list[float]] = field(default_factory=list)
 
     @staticmethod
     def empty(nodes: int, files: int, classes: int) -> LocalCopies:
-        return LocalCopies([[INF] * files for _ in range(nodes)], [[0.0] * files for _ in range(nodes)],
+        return LocalCopies([Held() for _ in range(nodes)], [Held() for _ in range(nodes)],
                            [[0.0] * classes for _ in range(nodes)])
+
+    def drop(self, node: int, f: int) -> None:
+        self.avail[node].pop(f, None)
+        self.inv[node].pop(f, None)
 
 
 def thread_finish(durations: np.ndarray, threads: int, start: float = 0.0) -> np.ndarray:
@@ -37,10 +50,11 @@ def thread_finish(durations: np.ndarray, threads: int, start: float = 0.0) -> np
     return done
 
 
-def pfs_bulk(sizes: np.ndarray, rates: Rates, threads: int, cls: int | None = None) -> np.ndarray:
-    """Completion times of a bulk load of these files from the PFS (written to class cls)."""
-    per = rates.pfs_latency + sizes * (rates.pfs[rates.nodes] + rates.write)
-    return thread_finish(per, threads)
+def pfs_bulk(sizes: np.ndarray, rates: Rates, threads: int, start: float = 0.0) -> np.ndarray:
+    """Completion times of a bulk load of these files from the PFS by `threads`
+    threads free from `start` on."""
+    per = rates.copy_latency + sizes * (rates.pfs[rates.nodes] + rates.write)
+    return thread_finish(per, threads, start)
 
 
 def fill_by_capacity(order: np.ndarray, sizes: np.ndarray, capacity: float) -> int:

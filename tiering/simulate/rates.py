@@ -21,6 +21,7 @@ class Rates:
     write: float                   # s per MB
     pfs: tuple[float, ...]         # s per MB by gamma (index 0 unused)
     pfs_latency: float             # s per PFS read
+    copy_latency: float            # s per PFS read of a copy (bulk loads, tier-run's copies)
     network: float                 # MB/s between nodes
     classes: tuple[float, ...]     # s per MB reading class j locally
     peers: tuple[float, ...]       # s per MB reading class j of a peer
@@ -31,6 +32,7 @@ class Rates:
         write_mb_s = min(cfg.preprocess_mb_s, s0.rate / s0.threads)
         pfs = [0.0] + [1.0 / min(cfg.pfs_link_mb_s, cfg.pfs(g) / g) for g in range(1, cfg.nodes + 1)]
         return Rates(cfg.nodes, 1.0 / cfg.compute_mb_s, 1.0 / write_mb_s, tuple(pfs), cfg.pfs_latency_ms / 1000,
+                     (cfg.pfs_latency_ms if cfg.copy_latency_ms is None else cfg.copy_latency_ms) / 1000,
                      cfg.network_mb_s, tuple(1.0 / c.rate for c in cfg.storage),
                      tuple(1.0 / min(cfg.network_mb_s, c.rate) for c in cfg.storage))
 
