@@ -81,6 +81,10 @@ def test_c_core_and_python_plan_as_the_reference(monkeypatch: pytest.MonkeyPatch
         got = run(engine, monkeypatch, (np.asarray(e, np.int64) for e in c["epochs"]), c["sizes"], c["caps"],
                   window=c["window"], known_ahead=c["known_ahead"])
         assert got == want, engine
+        # without the schedule kept (`tiering plan`): the same reports
+        counted = run(engine, monkeypatch, c["epochs"], c["sizes"], c["caps"], window=c["window"],
+                      known_ahead=c["known_ahead"], schedule=False)
+        assert counted == (want[0], []), engine
 
 
 def state(p: Planner) -> tuple:

@@ -10,8 +10,6 @@
 
 #define TP_INF ((int64_t)1 << 62)
 #define TP_SCAN 64
-#define TP_AHEAD 24     /* positions ahead whose files are prefetched */
-#define TP_BEHIND 4     /* ... and before a victim's need */
 #define TP_FETCH 0
 #define TP_EVICT 1
 
@@ -63,16 +61,6 @@ static int64_t bits_min(const tp_bits *b)
     return i;
 }
 
-/* ---- memory hints (they change nothing but speed) ---- */
-
-static void prefetch_file(const tp_plan *p, int64_t f)
-{
-    __builtin_prefetch(&p->tier[f]);
-    __builtin_prefetch(&p->need[f]);
-    __builtin_prefetch(&p->done[f]);
-    __builtin_prefetch(&p->alloc[f]);
-}
-
 /* ---- the log and the scratch list ---- */
 
 static int grow(void **ptr, int64_t n, size_t each)
@@ -86,6 +74,14 @@ static int grow(void **ptr, int64_t n, size_t each)
 
 static int log_one(tp_plan *p, int kind, int64_t f, int tier, int64_t position, int64_t need)
 {
+    if (kind == TP_FETCH) {
+        p->fetches++;
+        p->fetch_bytes += p->size[f];
+    } else {
+        p->evictions++;
+    }
+    if (!p->keep_log)
+        return 0;
     if (p->log_n == p->log_cap) {
         int64_t cap = p->log_cap ? 2 * p->log_cap : 4096;
         if (grow((void **)&p->log_kind, cap, 1) || grow((void **)&p->log_tier, cap, 1) ||
@@ -206,10 +202,6 @@ static int victim(tp_plan *p, const int32_t *cand, int ncand, int64_t *file, int
         return 0;
     *need = far + p->pos0;
     *file = p->stream[*need - p->base];
-    /* the next victims are most often held files just before this one in
-     * the stream: their entries asked of memory now */
-    for (int64_t q = *need - p->base - 1; q >= *need - p->base - TP_BEHIND && q >= 0; q--)
-        prefetch_file(p, p->stream[q]);
     return 1;
 }
 
@@ -433,19 +425,9 @@ static void read_range(tp_plan *p, int64_t start, int64_t stop)
 /* simulate()'s loop over one epoch's positions pos..stop: advance, read
  * until advance may act again, and so on; returns where it stopped (stop, or
  * earlier once log_limit actions are logged), -1 when out of memory. */
-/* The reader and the cursor move in stream order: the per-file entries of
- * the file at stream position pos asked of memory before they are used. */
-static void prefetch(const tp_plan *p, int64_t pos)
-{
-    if (pos < p->base + p->n)
-        prefetch_file(p, p->stream[pos - p->base]);
-}
-
 int64_t tp_run(tp_plan *p, int64_t pos, int64_t stop, int64_t log_limit)
 {
     while (pos < stop) {
-        prefetch(p, p->reader + TP_AHEAD);
-        prefetch(p, p->cursor + TP_AHEAD);
         if (tp_advance(p))
             return -1;
         int64_t quiet = quiet_until(p, stop);

@@ -40,7 +40,10 @@ typedef struct {
     const int32_t *idle_uses;  /* [n_uses] the values, ascending */
     const int32_t *uses_slot;  /* [max uses + 1] value -> index in idle_uses */
     tp_bits *idle;             /* [tiers * n_uses]: files with no known next use */
-    /* the actions taken, grown by the C code (tp_free releases them) */
+    /* the actions taken, counted, and logged when keep_log (the log is
+     * grown by the C code; tp_free releases it) */
+    int64_t fetches, evictions, fetch_bytes;
+    int32_t keep_log;
     int64_t log_n, log_cap;
     int8_t *log_kind, *log_tier;
     int64_t *log_file, *log_position, *log_need;

@@ -123,6 +123,7 @@ class _Core:
         self.hits = np.zeros(len(p.capacities), np.int64)
         c = self.c
         c.window = -1 if p.window is None else p.window
+        c.keep_log = 1
         c.tiers = len(p.capacities)
         c.cap, c.used, c.idle_n, c.hits = (_ptr("int64_t *", a) for a in (self.cap, self.used, self.idle_n, self.hits))
         self.sets: tuple[Any, ...] | None = None   # the victim sets as C sees them (rebuilt when they change)
@@ -1010,21 +1011,29 @@ def _read(p: Planner, r: EpochReport, start: int, stop: int) -> None:
 
 
 def _run_core(p: Planner, r: EpochReport, pos: int, stop: int, kept: list[Actions] | None) -> None:
-    """The loop of simulate() over positions pos..stop in the C core."""
+    """The loop of simulate() over positions pos..stop in the C core; the
+    actions are counted there, and kept only when kept is a list."""
     while pos < stop:
         core = p._load_core()
         c = core.c
-        c.accesses = c.pfs_reads = c.pfs_bytes = 0
+        c.accesses = c.pfs_reads = c.pfs_bytes = c.fetches = c.evictions = c.fetch_bytes = 0
+        c.keep_log = kept is not None
         core.hits[:] = 0
-        pos = _lib.tp_run(core.addr, pos, stop, CORE_LOG)
-        core.store(p)
+        try:
+            pos = _lib.tp_run(core.addr, pos, stop, CORE_LOG)
+        finally:
+            core.store(p)
+            c.keep_log = 1
         if pos < 0:
             raise MemoryError("planner: out of memory")
         r.accesses += c.accesses
         r.pfs_reads += c.pfs_reads
-        r.pfs_bytes += c.pfs_bytes
+        r.pfs_bytes += c.pfs_bytes + c.fetch_bytes
+        r.fetches += c.fetches
+        r.evictions += c.evictions
         r.hits = [h + int(k) for h, k in zip(r.hits, core.hits)]
-        _account(p, r, core.take_log(), kept)
+        if kept is not None:
+            kept.append(core.take_log())
 
 
 def simulate(epochs: Iterable[Sequence[int] | np.ndarray], sizes: Sequence[int] | np.ndarray,
