@@ -7,16 +7,17 @@ from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
 from setuptools.command.build_py import build_py
 
+PLAN_CFLAGS = ["-O2", "-Wall", "-Wextra", "-fPIC"]
 SHIM_CFLAGS = ["-O2", "-Wall", "-Wextra", "-Wno-nonnull-compare", "-fPIC", "-fvisibility=hidden",
                "-fno-delete-null-pointer-checks", "-U_FORTIFY_SOURCE", "-D_FORTIFY_SOURCE=0"]
 
 
 class BuildShim(build_ext):
-    """libtiershim.so is a plain shared library, not a Python extension: keep
-    its name free of the interpreter's suffix."""
+    """libtiershim.so and libtierplan.so are plain shared libraries, not
+    Python extensions: keep their names free of the interpreter's suffix."""
 
     def get_ext_filename(self, fullname: str) -> str:
-        return str(Path(*fullname.split(".")[:-1], "libtiershim.so"))
+        return str(Path(*fullname.split("."))) + ".so"
 
 
 class BuildPy(build_py):
@@ -31,6 +32,9 @@ setup(
     package_dir={"tiering.profiles": "profiles"},
     ext_modules=[Extension("tiering.libtiershim", sources=["shim/tiershim.c"],
                            depends=["shim/tiering.h"], extra_compile_args=SHIM_CFLAGS,
-                           libraries=["dl"])],
+                           libraries=["dl"]),
+                 # the planner's core (tiering/clairvoyant/plancore.c), reached through cffi
+                 Extension("tiering.clairvoyant.libtierplan", sources=["tiering/clairvoyant/plancore.c"],
+                           depends=["tiering/clairvoyant/plancore.h"], extra_compile_args=PLAN_CFLAGS)],
     cmdclass={"build_ext": BuildShim, "build_py": BuildPy},
 )

@@ -98,8 +98,11 @@ def startup_rows(res: dict[str, Any]) -> list[Row]:
 
 def plan_rows(res: dict[str, Any], epochs: int) -> list[Row]:
     rows = []
-    for name in ("random", "distributed"):
-        r = res.get(name)
+    for key in ("random", "distributed", "random-half", "distributed-half"):
+        if key.endswith("-half") and key not in res:
+            continue   # measured before the case had a tier holding half of the data set
+        name = key.replace("-half", ", tier holds half")
+        r = res.get(key)
         problem = _run_problem(r) or res.get("error")
         killed = bool(_get(r, "killed"))
         rows.append(Row(f"`tiering plan` {epochs} epochs, {name}: time", "<= 30 s",

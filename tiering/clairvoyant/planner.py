@@ -36,14 +36,22 @@ the need positions of its files, and per tier and number of uses, the files
 with no known next use.  Work per position is done with numpy over runs of
 positions (placing into free room, consuming, accounting); only a fetch that
 must evict is decided one at a time.
+
+The one-at-a-time loops (advance, simulate's reading, extend's links) run in
+C when libtierplan.so is built (NOTE [planner core]): the same rules over the
+same arrays, the Python code below being the fallback and the reference.
 """
 from __future__ import annotations
 
+import ctypes
+import os
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import overload
+from pathlib import Path
+from typing import Any, overload
 
+import cffi
 import numpy as np
 
 from ..placement.api import BLOCK, allocation
@@ -55,6 +63,143 @@ FETCH, EVICT = 0, 1
 KINDS = ("fetch", "evict")
 SCAN = 64            # positions looked at one by one before a scan switches to numpy
 BULK = 4096          # changes to the victim sets beyond which they are rebuilt when next needed
+CORE_LOG = 1 << 18   # actions the C core logs before simulate() takes them
+
+
+# -- the C core (NOTE [planner core] in docs/design.md) ---------------------------
+
+_HERE = Path(__file__).resolve().parent
+_ffi = cffi.FFI()
+_ffi.cdef((_HERE / "plancore.h").read_text().split("/* BEGIN CDEF */", 1)[1].split("/* END CDEF */", 1)[0])
+_lib: Any = None
+_P, _I64 = ctypes.c_void_p, ctypes.c_int64
+_SIGNATURES = {"tp_advance": (ctypes.c_int, [_P]), "tp_run": (_I64, [_P, _I64, _I64, _I64]),
+               "tp_free": (None, [_P]), "tp_link": (_I64, [_P, _P, _I64, _I64, _P, _P]),
+               "tp_count": (None, [_P, _P, _I64]), "tp_plan_size": (ctypes.c_size_t, [])}
+
+
+def _open_core() -> Any:
+    """libtierplan.so through ctypes.PyDLL: its calls keep the GIL, so that no
+    other thread of the daemon runs Planner code in the middle of one (as
+    with the Python code).  cffi gives the struct's layout (from plancore.h)."""
+    lib = ctypes.PyDLL(str(_HERE / "libtierplan.so"))
+    for name, (res, args) in _SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = res, args
+    if lib.tp_plan_size() != _ffi.sizeof("tp_plan"):
+        raise OSError("libtierplan.so does not match plancore.h: rebuild it (`make build`)")
+    return lib
+
+
+def core_available() -> bool:
+    """Whether libtierplan.so (built by setup.py, or `make`) can be loaded;
+    TIERING_PLANNER=python turns the C core off."""
+    global _lib
+    if os.environ.get("TIERING_PLANNER") == "python":
+        return False
+    if _lib is None:
+        try:
+            _lib = _open_core()
+        except (OSError, AttributeError):
+            _lib = False
+    return _lib is not False
+
+
+def _ptr(ctype: str, a: np.ndarray) -> Any:
+    return _ffi.cast(ctype, a.ctypes.data)
+
+
+class _Core:
+    """The tp_plan the C core works on: pointers to the Planner's arrays, its
+    counters copied in before a call and back after it."""
+
+    def __init__(self, planner: Planner) -> None:
+        p = planner
+        self.c = _ffi.new("tp_plan *")
+        self.addr = int(_ffi.cast("uintptr_t", self.c))   # what the C functions are given
+        self.used = np.zeros(len(p.capacities), np.int64)
+        self.idle_n = np.zeros(len(p.capacities), np.int64)
+        self.cap = np.asarray(p.capacities, np.int64)
+        self.hits = np.zeros(len(p.capacities), np.int64)
+        c = self.c
+        c.window = -1 if p.window is None else p.window
+        c.keep_log = 1
+        c.tiers = len(p.capacities)
+        c.cap, c.used, c.idle_n, c.hits = (_ptr("int64_t *", a) for a in (self.cap, self.used, self.idle_n, self.hits))
+        self.sets: tuple[Any, ...] | None = None   # the victim sets as C sees them (rebuilt when they change)
+
+    def __del__(self) -> None:
+        if _lib:
+            _lib.tp_free(self.addr)
+
+    @staticmethod
+    def _bits(b: Any, s: BitSet) -> None:
+        b.levels = len(s._levels)
+        for k, a in enumerate(s._levels):
+            b.lv[k] = _ptr("uint64_t *", a)
+
+    def _describe_sets(self, p: Planner) -> tuple[Any, ...]:
+        values = np.flatnonzero(np.bincount(p._uses)).tolist() or [0]
+        for t in range(len(p.capacities)):
+            for u in values:
+                p._idle_set(t, u)
+        tiers = len(p.capacities)
+        by_need = _ffi.new("tp_bits[]", tiers)
+        idle = _ffi.new("tp_bits[]", tiers * len(values))
+        for t in range(tiers):
+            self._bits(by_need[t], p._by_need[t])
+            for k, u in enumerate(values):
+                self._bits(idle[t * len(values) + k], p._idle[t][u])
+        uses = np.asarray(values, np.int32)
+        slot = np.full(int(uses[-1]) + 1, -1, np.int32)
+        slot[uses] = np.arange(len(uses), dtype=np.int32)
+        return by_need, idle, uses, slot, len(values)
+
+    def arrays(self, p: Planner) -> Any:
+        """The C struct with the Planner's arrays and stream (not its victim sets)."""
+        c = self.c
+        c.tier, c.need, c.uses = _ptr("int8_t *", p._tier), _ptr("int64_t *", p._need), _ptr("int32_t *", p._uses)
+        c.done, c.alloc, c.size = _ptr("int64_t *", p._done), _ptr("int64_t *", p._alloc), _ptr("int64_t *", p._size)
+        c.fits = _ptr("uint8_t *", p._fits)
+        c.stream, c.next, c.cons = _ptr("int32_t *", p._stream), _ptr("int64_t *", p._next), _ptr("uint8_t *", p._cons)
+        c.base, c.n, c.cursor, c.reader, c.pos0 = p.base, p._n, p.cursor, p.reader, p._pos0
+        return c
+
+    def load(self, p: Planner) -> Any:
+        """The C struct with the Planner's state; call store() after the C call."""
+        if p._stale:
+            p._rebuild_victims()
+        if self.sets is None or p._sets_changed:
+            self.sets = self._describe_sets(p)
+            p._sets_changed = False
+        by_need, idle, uses, slot, n_uses = self.sets
+        c = self.arrays(p)
+        c.by_need, c.idle, c.n_uses = by_need, idle, n_uses
+        c.idle_uses, c.uses_slot = _ptr("int32_t *", uses), _ptr("int32_t *", slot)
+        c.trim_min, c.n_resident = TRIM_MIN, p.n_resident
+        self.used[:] = p.used
+        self.idle_n[:] = p._idle_n
+        return c
+
+    def store(self, p: Planner) -> None:
+        c = self.c
+        p.base, p._n, p.cursor, p.reader, p.n_resident = c.base, c.n, c.cursor, c.reader, c.n_resident
+        p.used = self.used.tolist()
+        p._idle_n = self.idle_n.tolist()
+
+    def take_log(self) -> Actions:
+        """The actions the C code logged since the last call (the log is emptied)."""
+        c = self.c
+        n = c.log_n
+        c.log_n = 0
+        if n == 0:
+            return _EMPTY
+
+        def arr(ptr: Any, dtype: type) -> np.ndarray:
+            return np.frombuffer(_ffi.buffer(ptr, n * np.dtype(dtype).itemsize), dtype).copy()
+
+        return Actions(arr(c.log_kind, np.int8), arr(c.log_file, np.int64), arr(c.log_tier, np.int8),
+                       arr(c.log_position, np.int64), arr(c.log_need, np.int64))
 
 
 @dataclass(frozen=True)
@@ -287,6 +432,8 @@ class Planner:
         self._candidates: dict[int, list[int]] = {}  # allocation -> tiers it fits
         self.resident: Mapping[int, int] = _Resident(self)
         self.need = _Need(self)
+        self._sets_changed = True                    # the C core's view of the victim sets is out of date
+        self._core: _Core | None = None
 
     def _set_buffers(self, stream: np.ndarray, nxt: np.ndarray, cons: np.ndarray) -> None:
         self._stream, self._next, self._cons = stream, nxt, cons
@@ -348,6 +495,9 @@ class Planner:
         self._stream[rel:rel + k] = files
         self._next[rel:rel + k] = INF
         self._cons[rel:rel + k] = False
+        if core_available():
+            self._link_in_core(start, k)
+            return
         counts = np.bincount(files, minlength=0)
         if counts.max() <= 1:    # each file once (an epoch of a permutation)
             first = last = files
@@ -374,6 +524,20 @@ class Planner:
         self._n += k
         self._set_needs(ff, np.full(len(ff), INF, np.int64), fp)
         self._uses[first] += per_file
+        self._sets_changed = True   # (new numbers of uses)
+
+    def _link_in_core(self, start: int, k: int) -> None:
+        """extend()'s links, needs and uses for the k positions from start, in C."""
+        fresh_file, fresh_pos = np.empty(k, np.int64), np.empty(k, np.int64)
+        if self._core is None:
+            self._core = _Core(self)
+        self._n += k
+        self._core.arrays(self)
+        m = _lib.tp_link(self._core.addr, self._last.ctypes.data, start, k, fresh_file.ctypes.data,
+                         fresh_pos.ctypes.data)
+        self._set_needs(fresh_file[:m], np.full(m, INF, np.int64), fresh_pos[:m])
+        _lib.tp_count(self._uses.ctypes.data, self._stream[start - self.base:].ctypes.data, k)
+        self._sets_changed = True   # (new numbers of uses)
 
     # -- the reader's progress ---------------------------------------------------
     def consume(self, pos: int) -> None:
@@ -494,6 +658,7 @@ class Planner:
         self._idle = [{} for _ in self.capacities]
         self._idle_n = [0] * len(self.capacities)
         self._stale = False
+        self._sets_changed = True
         held = np.flatnonzero(self._tier >= 0)
         self._move(held, self._tier[held], self._need[held], True, rebuild=True)
 
@@ -501,6 +666,7 @@ class Planner:
         s = self._idle[tier].get(uses)
         if s is None:
             s = self._idle[tier][uses] = BitSet(len(self._tier))
+            self._sets_changed = True
         return s
 
     def _hold(self, f: int, tier: int, need: int) -> None:
@@ -606,9 +772,22 @@ class Planner:
     def advance(self) -> Actions:
         """Fetches to issue now, in the order they are needed (each after the
         evictions that make its room)."""
+        if core_available():
+            core = self._load_core()
+            failed = _lib.tp_advance(core.addr)
+            core.store(self)
+            if failed:
+                raise MemoryError("planner: out of memory")
+            return core.take_log()
         log = _Log()
         self._advance(log)
         return log.take()
+
+    def _load_core(self) -> _Core:
+        if self._core is None:
+            self._core = _Core(self)
+        self._core.load(self)
+        return self._core
 
     def _advance(self, log: _Log) -> None:
         self.cursor = max(self.cursor, self.reader)
@@ -831,6 +1010,32 @@ def _read(p: Planner, r: EpochReport, start: int, stop: int) -> None:
     p.consume_range(start, stop)
 
 
+def _run_core(p: Planner, r: EpochReport, pos: int, stop: int, kept: list[Actions] | None) -> None:
+    """The loop of simulate() over positions pos..stop in the C core; the
+    actions are counted there, and kept only when kept is a list."""
+    while pos < stop:
+        core = p._load_core()
+        c = core.c
+        c.accesses = c.pfs_reads = c.pfs_bytes = c.fetches = c.evictions = c.fetch_bytes = 0
+        c.keep_log = kept is not None
+        core.hits[:] = 0
+        try:
+            pos = _lib.tp_run(core.addr, pos, stop, CORE_LOG)
+        finally:
+            core.store(p)
+            c.keep_log = 1
+        if pos < 0:
+            raise MemoryError("planner: out of memory")
+        r.accesses += c.accesses
+        r.pfs_reads += c.pfs_reads
+        r.pfs_bytes += c.pfs_bytes + c.fetch_bytes
+        r.fetches += c.fetches
+        r.evictions += c.evictions
+        r.hits = [h + int(k) for h, k in zip(r.hits, core.hits)]
+        if kept is not None:
+            kept.append(core.take_log())
+
+
 def simulate(epochs: Iterable[Sequence[int] | np.ndarray], sizes: Sequence[int] | np.ndarray,
              capacities: Sequence[int], *, window: int | None = 64, known_ahead: int = 1,
              schedule: bool = True) -> tuple[list[EpochReport], Actions]:
@@ -862,6 +1067,9 @@ def simulate(epochs: Iterable[Sequence[int] | np.ndarray], sizes: Sequence[int] 
         reports.append(r)
         pos = p.reader
         stop = pos + known.popleft()
+        if core_available():
+            _run_core(p, r, pos, stop, kept if schedule else None)
+            continue
         while pos < stop:
             p._advance(log)
             quiet = p._quiet_until(stop)
