@@ -209,6 +209,10 @@ def summary_text(s: dict[str, Any]) -> str:
     if s["policy"] == "clairvoyant":   # else the policy line says why not
         lines.append(f"  order    {o['epochs_known']} epochs known, {o['matched_opens']:,} opens followed,"
                      f" {o['fetches']:,} files fetched ahead, {o['evictions']:,} evicted")
+    if o.get("mapping"):
+        m = o["mapping"]
+        lines.append(f"  mapping  indices to files: {m['source']}"
+                     + (f" ({m['mapped']:,} of {m['indices']:,} indices)" if m.get("indices") else ""))
     for err in o.get("hook_errors", []):
         lines.append(f"  order    hook: {err}")
     if pl.get("abandoned"):

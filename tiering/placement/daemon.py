@@ -281,6 +281,9 @@ class Daemon:
         from_pfs = files[opens & (kinds == lib.TIERING_EV_OPEN_PFS)]
         if from_pfs.size:   # observation (snapshot): sizes of the files COMMAND opened on the PFS
             self.stats.job_pfs_bytes += int(self._sizes_array[from_pfs].sum())
+        tagged = opens & (events["tag"] != 0)
+        if tagged.any():
+            self._guarded(self.policy.on_tagged, files[tagged], events["tag"][tagged].astype(np.int64))
         start = 0
         for w in [*writes, n]:
             seg = start + np.flatnonzero(opens[start:w])

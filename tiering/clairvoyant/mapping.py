@@ -1,0 +1,117 @@
+"""Data-set index -> catalog files, as the order hook reports it
+(tiering/hook): read from an attribute of the data set and checked here, or
+learnt from the tagged opens of the samples (NOTE [learnt mapping])."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+TAG_BITS = 24                  # the hook's tag: (space << TAG_BITS) | (index + 1)
+INDEX_MASK = (1 << TAG_BITS) - 1
+MAX_FILES = 8                  # files kept per index (image + mask + json ...), in open order
+CHECK = 1024                   # indices checked of a mapping read from an attribute
+
+
+@dataclass
+class IndexMap:
+    """Each index's catalog ids, in open order (CSR: index k owns
+    files[offsets[k]:offsets[k+1]]; none when the two are equal)."""
+
+    offsets: np.ndarray        # int64, length n + 1
+    files: np.ndarray          # int64
+
+    @classmethod
+    def one_each(cls, ids: np.ndarray) -> IndexMap:
+        """One id per index, -1 for none."""
+        ids = np.asarray(ids, np.int64)
+        offsets = np.zeros(len(ids) + 1, np.int64)
+        np.cumsum(ids >= 0, out=offsets[1:])
+        return cls(offsets, ids[ids >= 0])
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def mapped(self) -> int:
+        """Indices with at least one file."""
+        return int(np.count_nonzero(np.diff(self.offsets)))
+
+    def order(self, indices: np.ndarray) -> np.ndarray:
+        """The catalog ids the indices read, in order; unmapped indices and
+        indices out of range are skipped."""
+        idx = np.asarray(indices, np.int64)
+        idx = idx[(idx >= 0) & (idx < len(self))]
+        starts = self.offsets[idx]
+        counts = self.offsets[idx + 1] - starts
+        total = int(counts.sum())
+        if total == len(idx):          # one file each: the common case
+            return self.files[starts]
+        # position p of the output reads files[starts[k] + (p - first output of k)]
+        first_out = np.cumsum(counts) - counts
+        at = np.repeat(starts - first_out, counts) + np.arange(total, dtype=np.int64)
+        return self.files[at]
+
+
+def check_attribute(ids: np.ndarray) -> str | None:
+    """Why a mapping read from an attribute is not used, None when it is:
+    on a sample of the indices, every path must be a catalogued file and no
+    two indices the same file."""
+    n = len(ids)
+    if not n:
+        return "the attribute is empty"
+    sample = ids[np.unique(np.linspace(0, n - 1, min(n, CHECK)).astype(np.int64))]
+    missing = int((sample < 0).sum())
+    if missing:
+        return f"{missing} of {len(sample)} paths checked are not catalogued files under --data"
+    if len(np.unique(sample)) != len(sample):
+        return "several indices name the same file"
+    return None
+
+
+class Learner:
+    """The files each index opened while the hook's tag said that index was
+    being fetched: up to MAX_FILES per index, distinct, in open order."""
+
+    def __init__(self, length: int):
+        self.length = length
+        self.rows = np.full((length, 1), -1, np.int64)
+        self.count = np.zeros(length, np.int16)
+        self.learnt = 0                 # indices with at least one file
+        self.opens = 0                  # tagged catalogued opens seen
+        self.epoch: int | None = None   # the epoch (hook numbering) learning started in
+
+    def learn(self, indices: np.ndarray, files: np.ndarray) -> int:
+        """Records tagged opens (index, catalog id); the number of new pairs.
+        Pairs already known cost one vectorised comparison."""
+        ok = (indices >= 0) & (indices < self.length)
+        indices, files = indices[ok], files[ok]
+        self.opens += len(indices)
+        if not len(indices):
+            return 0
+        known = (self.rows[indices] == files[:, None]).any(axis=1)
+        added = 0
+        for i, f in zip(indices[~known].tolist(), files[~known].tolist()):
+            c = int(self.count[i])
+            if c and (self.rows[i, :c] == f).any():
+                continue                # the same file twice in one batch
+            if c == MAX_FILES:
+                continue
+            if c == self.rows.shape[1]:
+                self.rows = np.hstack([self.rows, np.full((self.length, 1), -1, np.int64)])
+            self.rows[i, c] = f
+            self.count[i] = c + 1
+            self.learnt += c == 0
+            added += 1
+        return added
+
+    def index_map(self) -> IndexMap:
+        offsets = np.zeros(self.length + 1, np.int64)
+        np.cumsum(self.count, out=offsets[1:])
+        return IndexMap(offsets, self.rows[self.rows >= 0])
+
+
+def split_tags(tags: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(space, index) of each tag; index -1 for an untagged open."""
+    tags = np.asarray(tags, np.int64)
+    return tags >> TAG_BITS, (tags & INDEX_MASK) - 1
