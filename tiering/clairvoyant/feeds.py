@@ -37,8 +37,9 @@ class ListFeed:
     """Epochs known in advance (a sampler given on the command line, an order
     file), computed one at a time as the policy asks for them."""
 
-    def __init__(self, epochs: Iterator[np.ndarray]):
+    def __init__(self, epochs: Iterator[np.ndarray], first: np.ndarray | None = None):
         self._epochs = epochs
+        self.first = first        # the first epoch, when known before COMMAND starts (--warm)
         self.number = 0
 
     def next_epoch(self) -> np.ndarray | None:
