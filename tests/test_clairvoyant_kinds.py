@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from helpers import PYTHON, profile, tier_run
+from helpers import PYTHON, USER, profile, read_line, tier_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("no_leftovers")]
 
@@ -117,3 +118,36 @@ def test_a_big_memory_mapped_file_is_served_from_ram_with_warm(tmp_path):
     assert "warm-up: 1 files (1.2 MiB) in the tiers, catalog order" in err
     assert stats["order"]["mapping"]["source"].startswith("none: no attribute of Arrow lists one file per index")
     assert not stats["warnings"]
+
+
+def test_ctrl_c_during_the_warm_up_stops_before_command_and_cleans_up(tmp_path):
+    """The copies are made to last until the daemon stops (as a copy of a big
+    file reads chunk after chunk): SIGINT must end the warm-up, the copies,
+    and tier-run, before COMMAND ran."""
+    data = tmp_path / "pfs"
+    make_images(data)
+    driver = ("from tiering.command import block_signals; block_signals()  # as the tier-run script does\n"
+              "import sys\n"
+              "from tiering.placement.daemon import Daemon\n"
+              "def slow_copy(self, src, f, t):\n"
+              "    print('copying', flush=True)\n"
+              "    self._stop.wait(600)\n"
+              "    return None\n"
+              "Daemon._copy = slow_copy\n"
+              "from tiering.entry import tier_run\n"
+              "sys.argv = ['tier-run'] + sys.argv[1:]\n"
+              "tier_run()\n")
+    marker = tmp_path / "ran"
+    p = subprocess.Popen([PYTHON, "-c", driver, "--profile", str(profile(tmp_path)), "--data", str(data),
+                          "--warm", "50", "--", "touch", str(marker)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert read_line(p.stdout) == b"copying\n"
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=300)
+    finally:
+        p.kill()
+        p.wait()
+    assert p.returncode == 130, err
+    assert b"tier-run: interrupted by SIGINT before COMMAND started" in err and b"Traceback" not in err
+    assert not marker.exists()
+    assert not [d for d in os.listdir("/dev/shm") if d.startswith(f"tiering-{USER}-{p.pid}-")]
