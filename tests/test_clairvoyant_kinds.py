@@ -60,6 +60,9 @@ def assert_followed(stats: dict, source: str, from_epoch: int, reads_per_epoch: 
     assert order["epochs_known"] >= epochs
     assert order["matched_opens"] >= 0.9 * epochs * reads_per_epoch, order
     assert order["unmatched_opens"] <= 0.05 * reads_per_epoch, order
+    # the per-epoch table: three epochs, every open in one (those of a learning epoch 1 in epoch 1)
+    assert [e["epoch"] for e in stats["epochs"]] == [1, 2, 3], stats["epochs"]
+    assert sum(e["opens"] for e in stats["epochs"]) == 3 * reads_per_epoch
 
 
 def assert_served_from_epoch_2(got: dict, reads_per_epoch: int) -> None:

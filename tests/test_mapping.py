@@ -183,3 +183,16 @@ def test_hook_says_why_a_mapping_cannot_be_learnt(hook):
                           "Batched fetches whole batches (__getitems__)")
     # the tag space is the same in every process: from the class and the length
     assert hook._space(Plain(ids=[1, 2]), 2) == hook._space(Plain(other=[3, 4]), 2)
+
+
+def test_opens_before_a_later_epochs_order_count_in_the_epoch_before():
+    from tiering.observe.epochs import EpochLog
+    log = EpochLog(clock=lambda: 1.0)
+    for _ in range(3):
+        log.opened(None, False, 10)                  # epoch 0, learning: no order yet
+    log.opened_many(np.array([1, 1]), np.array([True, True]), np.array([10, 10]))
+    assert [(r["epoch"], r["opens"], r["from_tiers"]) for r in log.records()] == [(0, 3, 0), (1, 2, 2)]
+    log = EpochLog(clock=lambda: 1.0)
+    log.opened(None, False, 10)                      # the first epoch's order came late
+    log.opened_many(np.array([0]), np.array([True]), np.array([10]))
+    assert [(r["epoch"], r["opens"]) for r in log.records()] == [(0, 2)]

@@ -83,27 +83,45 @@ class Learner:
 
     def learn(self, indices: np.ndarray, files: np.ndarray) -> int:
         """Records tagged opens (index, catalog id); the number of new pairs.
-        Pairs already known cost one vectorised comparison."""
+        Vectorised: pairs already known cost one comparison; the new ones
+        are appended in rounds of distinct indices (a round per file of an
+        index new in this batch: image, mask, ...)."""
         ok = (indices >= 0) & (indices < self.length)
         indices, files = indices[ok], files[ok]
         self.opens += len(indices)
         if not len(indices):
             return 0
-        known = (self.rows[indices] == files[:, None]).any(axis=1)
+        new = ~(self.rows[indices] == files[:, None]).any(axis=1)
+        indices, files = indices[new], files[new]
+        if not len(indices):
+            return 0
+        # each new pair once (its first occurrence, batch order kept)
+        _, first = np.unique(indices * (int(files.max()) + 1) + files, return_index=True)
+        keep = np.sort(first)
+        indices, files = indices[keep], files[keep]
+        # the rank of each pair among the new pairs of its index: rounds of distinct indices
+        by_index = np.argsort(indices, kind="stable")
+        sorted_idx = indices[by_index]
+        starts = np.flatnonzero(np.r_[True, sorted_idx[1:] != sorted_idx[:-1]])
+        rank = np.empty(len(indices), np.int64)
+        rank[by_index] = np.arange(len(indices)) - np.repeat(starts, np.diff(np.r_[starts, len(indices)]))
         added = 0
-        for i, f in zip(indices[~known].tolist(), files[~known].tolist()):
-            c = int(self.count[i])
-            if c and (self.rows[i, :c] == f).any():
-                continue                # the same file twice in one batch
-            if c == MAX_FILES:
-                continue
-            if c == self.rows.shape[1]:
-                self.rows = np.hstack([self.rows, np.full((self.length, 1), -1, np.int64)])
-            self.rows[i, c] = f
-            self.count[i] = c + 1
-            self.learnt += c == 0
-            added += 1
+        for r in range(int(rank.max()) + 1):
+            mine = rank == r
+            added += self._append(indices[mine], files[mine])
         return added
+
+    def _append(self, indices: np.ndarray, files: np.ndarray) -> int:
+        """Appends files[k] to the row of indices[k] (distinct indices), where there is room."""
+        c = self.count[indices].astype(np.int64)
+        room = c < MAX_FILES
+        indices, files, c = indices[room], files[room], c[room]
+        if len(c) and c.max() >= self.rows.shape[1]:
+            self.rows = np.hstack([self.rows, np.full((self.length, 1), -1, np.int64)])
+        self.rows[indices, c] = files
+        self.count[indices] += 1
+        self.learnt += int((c == 0).sum())
+        return len(indices)
 
     def index_map(self) -> IndexMap:
         offsets = np.zeros(self.length + 1, np.int64)
