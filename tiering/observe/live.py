@@ -126,6 +126,9 @@ def phase(policy: str, report: dict[str, Any], no_order: str | None) -> tuple[st
     if not report.get("epochs_known"):
         if no_order:
             return "fallback", f"fell back to first-touch: no order ({no_order})"
+        source = str((report.get("mapping") or {}).get("source", ""))
+        if source.startswith("learnt"):   # NOTE [learnt mapping]
+            return "learning", "learning which files each index reads (first touch meanwhile)"
         return "waiting", "waiting for the order (first touch meanwhile)"
     if report.get("prefetch_lead"):
         return "prefetching", "prefetching ahead of the reader"
@@ -337,7 +340,8 @@ class JobWatch:
             # fallbacks are warned where they happen; the order's arrival is said here
             if self.display.mode != "off" and kind in ("prefetching", "following") \
                     and before not in ("prefetching", "following"):
-                say("tiering: order received: prefetching ahead of the reader")
+                how = f" (indices to files: {st['mapping']})" if st.get("mapping") else ""
+                say(f"tiering: order received{how}: prefetching ahead of the reader")
         if self.warm_after is None and st["placed"]["share_of_fit"] >= WARM_SHARE and info.files:
             self.warm_after = st["elapsed"]
             st["warm_after"] = self.warm_after
@@ -371,6 +375,7 @@ class JobWatch:
             "command": info.command, "data": info.data, "profile": info.profile, "policy": info.policy,
             "started": self.started_wall, "updated": time.time(), "elapsed": round(s.t, 2),
             "state": self.state, "phase": words, "phase_kind": kind,
+            "mapping": (rep.get("mapping") or {}).get("source"),
             "dataset": {"files": info.files, "bytes": info.bytes, "fits_bytes": info.fits_bytes},
             "tiers": ([{"name": t.name, "capacity": t.capacity, "used": t.used, "files": t.files, "bytes": t.bytes}
                        for t in snap.tiers] if snap else
