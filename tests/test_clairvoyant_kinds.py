@@ -120,6 +120,8 @@ def test_a_big_memory_mapped_file_is_served_from_ram_with_warm(tmp_path):
     assert stats["warm"]["percent"] == 100 and stats["warm"]["order"] == "catalog order"
     assert "warm-up: 1 files (1.2 MiB) in the tiers, catalog order" in err
     assert stats["order"]["mapping"]["source"].startswith("none: no attribute of Arrow lists one file per index")
+    # said once, while the job ran, and in the summary
+    assert err.count("no catalogued file was opened inside dataset[i] in epoch 1") == 2, err
     assert not stats["warnings"]
 
 

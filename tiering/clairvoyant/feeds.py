@@ -216,6 +216,11 @@ class HookFeed:
                 known = all(m.get("next") is not None for m in msgs.values())
                 nxt = self._merge(maps, msgs, "next") if known else None
                 if learner is not None and not len(order):
+                    if epoch > (learner.epoch or 0) and not learner.learnt:
+                        self._error(f"no catalogued file was opened inside dataset[i] in epoch {epoch}: the "
+                                    "mapping from indices to files cannot be learnt (the data set reads its files "
+                                    "elsewhere: in __init__, a thread, a batch fetch?); prefetching follows first "
+                                    "touch; give the order with --order-file, or use --warm")
                     continue  # nothing learnt yet: first touch meanwhile
                 out.append((loader.key, EpochOrder(epoch, order, nxt)))
         return out
