@@ -140,6 +140,8 @@ def test_hook_finds_the_one_attribute_that_lists_files(hook, tmp_path):
     ds = Plain(samples=[(p, 0) for p in paths], imgs=None)
     ds.imgs = ds.samples                       # ImageFolder: one list under two names
     assert hook._paths_of(ds)[0] == "samples"
+    ds = Plain(relpaths=["img/a.png", "img/b.png"], files=["/d/img/a.png", "/d/img/b.png"])
+    assert hook._paths_of(ds) == ("files", ["/d/img/a.png", "/d/img/b.png"])   # a known name wins
     ds = Plain(files=["rel/a.png", "rel/b.png"])
     assert hook._paths_of(ds)[1] == [os.path.abspath("rel/a.png"), os.path.abspath("rel/b.png")]
 

@@ -143,6 +143,7 @@ def _attribute_paths(ds, n):
         raise _NoMapping(f"{type(ds).__name__} has no attributes to read") from None
     names = [a for a in _KNOWN if a in attrs] + [a for a in attrs if a not in _KNOWN]
     found = {}          # sampled paths -> (name, all-items)
+    known = {}          # the same, of the attributes with a known name
     seen = set()
     for name in names:
         value = attrs[name]
@@ -155,7 +156,12 @@ def _attribute_paths(ds, n):
             except Exception:
                 continue
             if sampled and all(p is not None and p is not _MANY for p in sampled):
-                found.setdefault(tuple(os.fspath(p) for p in sampled), (label, every))
+                key = tuple(os.fspath(p) for p in sampled)
+                found.setdefault(key, (label, every))
+                if name in _KNOWN:
+                    known.setdefault(key, (label, every))
+    if len(known) == 1:
+        found = known   # a list under a known name wins (FileDataset's files beside its relative paths)
     if not found:
         raise _NoMapping(f"no attribute of {type(ds).__name__} lists one file per index")
     if len(found) > 1:
