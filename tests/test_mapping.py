@@ -142,6 +142,12 @@ def test_hook_finds_the_one_attribute_that_lists_files(hook, tmp_path):
     assert hook._paths_of(ds)[0] == "samples"
     ds = Plain(relpaths=["img/a.png", "img/b.png"], files=["/d/img/a.png", "/d/img/b.png"])
     assert hook._paths_of(ds) == ("files", ["/d/img/a.png", "/d/img/b.png"])   # a known name wins
+    class WithProperty(Plain):
+        @property
+        def paths(self):
+            return [f"/d/{i}.jpg" for i in range(self.n)]
+
+    assert hook._paths_of(WithProperty(ids=[1, 2])) == ("paths", ["/d/0.jpg", "/d/1.jpg"])
     ds = Plain(files=["rel/a.png", "rel/b.png"])
     assert hook._paths_of(ds)[1] == [os.path.abspath("rel/a.png"), os.path.abspath("rel/b.png")]
 

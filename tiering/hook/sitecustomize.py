@@ -138,9 +138,15 @@ def _sample(n):
 def _attribute_paths(ds, n):
     """(NAME, paths) of the one attribute whose items name a file each."""
     try:
-        attrs = vars(ds)
+        attrs = dict(vars(ds))
     except TypeError:
-        raise _NoMapping(f"{type(ds).__name__} has no attributes to read") from None
+        attrs = {}
+    for name in _KNOWN:    # also class attributes and properties under a known name
+        if name not in attrs:
+            try:
+                attrs[name] = getattr(ds, name)
+            except Exception:
+                pass
     names = [a for a in _KNOWN if a in attrs] + [a for a in attrs if a not in _KNOWN]
     found = {}          # sampled paths -> (name, all-items)
     known = {}          # the same, of the attributes with a known name
