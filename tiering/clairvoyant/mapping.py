@@ -4,6 +4,7 @@ learnt from the tagged opens of the samples (NOTE [learnt mapping])."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -32,9 +33,9 @@ class IndexMap:
     def __len__(self) -> int:
         return len(self.offsets) - 1
 
-    @property
+    @cached_property
     def mapped(self) -> int:
-        """Indices with at least one file."""
+        """Indices with at least one file (counted once: the feed asks at every batch)."""
         return int(np.count_nonzero(np.diff(self.offsets)))
 
     def order(self, indices: np.ndarray) -> np.ndarray:
