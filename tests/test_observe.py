@@ -361,3 +361,18 @@ def test_a_job_still_scanning_has_a_status_that_says_how_far_the_scan_got(tmp_pa
     st = fresh_from(tmp_path, json.loads((run_dir / STATUS_FILE).read_text()))
     assert status_view(st) == ("job tiering-me-1-abc (tier-run pid 1): python t.py\n"
                                "  scanning the data set 0:02: 20,000 files (2 GiB) in 400 directories found so far")
+
+
+def test_the_watch_says_while_a_mapping_is_learnt_and_how_the_order_came(tmp_path, monkeypatch):
+    lines: list[str] = []
+    w, probe, now = make_watch(tmp_path, lines, monkeypatch, every=1.0)
+    learnt = {"source": "learnt in epoch 1", "indices": 100, "mapped": 40}
+    probe.rep = {"epochs_known": 0, "following": False, "mapping": learnt}
+    now[0] = 1.0
+    st = w.tick()
+    assert st["phase_kind"] == "learning" and st["mapping"] == "learnt in epoch 1"
+    assert "learning which files each index reads (first touch meanwhile)" in lines[-1]
+    probe.rep = {"epochs_known": 2, "prefetch_lead": 40, "following": True, "mapping": learnt}
+    now[0] = 2.0
+    w.tick()
+    assert "tiering: order received (indices to files: learnt in epoch 1): prefetching ahead of the reader" in lines

@@ -46,6 +46,11 @@ def _run_options(f):  # type: ignore[no-untyped-def]
                           "python, torchrun and python scripts]."),
         click.option("--window", type=click.IntRange(min=1), default=64, show_default=True,
                      help="Clairvoyant: files fetched ahead of the reader."),
+        click.option("--warm", type=click.IntRange(1, 100), is_flag=False, flag_value=100, default=None,
+                     metavar="[PERCENT]",
+                     help="Before COMMAND starts, fill the tiers with the first PERCENT (default 100) of what "
+                          "fits, in the known order (--sampler/--order-file) or in catalog order; for data sets "
+                          "read as a few large memory-mapped files (HF datasets, HDF5, LMDB, .npy)."),
         click.option("--stats-json", type=click.Path(dir_okay=False, path_type=Path),
                      help="Write the job's statistics to this JSON file."),
         click.option("--keep", is_flag=True, help="Keep the index and the tier copies after exit."),
@@ -67,7 +72,7 @@ def _run_options(f):  # type: ignore[no-untyped-def]
 
 
 def _do_run(profile: str, data: tuple[str, ...], policy: str | None, hook: bool | None, window: int,
-            stats_json: Path | None, keep: bool, verbose: int, quiet: bool, progress: str,
+            warm: int | None, stats_json: Path | None, keep: bool, verbose: int, quiet: bool, progress: str,
             progress_every: float | None, command: tuple[str, ...], **kw: Any) -> None:
     reserve_standard_fds()
     order = _order(kw)
@@ -76,7 +81,7 @@ def _do_run(profile: str, data: tuple[str, ...], policy: str | None, hook: bool 
     try:
         prof = load_profile(profile)
         job = Job(JobOptions(list(data), list(command), prof, policy=policy, order=order, hook=hook, window=window,
-                             stats_json=stats_json, keep=keep, verbose=verbose, display=display))
+                             warm=warm, stats_json=stats_json, keep=keep, verbose=verbose, display=display))
         code = run(job)
     except ProfileError as e:
         _leave(2, f"tier-run: profile error: {e}")

@@ -15,11 +15,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from . import catalog as catalog_mod
 from .clairvoyant.feeds import HookFeed, HookWatch, ListFeed
 from .clairvoyant.options import OrderOptions, StreamError, hook_blocker, is_python_command, list_feed
 from .clairvoyant.policy import Clairvoyant
 from .clairvoyant.samplers import OrderError
+from .clairvoyant.warm import WarmResult, warm_up
 from .command import (
     CommandError,
     SetupWatch,
@@ -73,6 +76,7 @@ class JobOptions:
     keep: bool = False
     verbose: int = 0
     scan_threads: int = 16
+    warm: int | None = None             # --warm PERCENT: fill the tiers before COMMAND starts
     display: Display = field(default_factory=lambda: Display("plain", 10.0))   # progress on stderr
 
 
@@ -91,6 +95,8 @@ class Job:
     no_order: str | None = None         # why no order can come (the hook is missing, did not start)
     timings: dict[str, float] = field(default_factory=dict)
     watch: JobWatch | None = None       # progress, status file, time series
+    warm_order: np.ndarray | None = None   # the first epoch, when known before COMMAND (--warm)
+    warmed: WarmResult | None = None
 
     @property
     def order_dir(self) -> Path | None:
@@ -153,6 +159,8 @@ def setup(job: Job) -> None:
         log.warning("the data set is empty: no regular file under %s; nothing will be placed (check --data)",
                     ", ".join(cat.roots))
     feed = _choose_policy(job)
+    if isinstance(feed, ListFeed):
+        job.warm_order = feed.first
     for t in opts.profile.tiers:
         try:
             job.tiers.append(TierState(t.name, t.kind, make_private_dir(t.path, job.user), t.capacity, t.threads))
@@ -288,6 +296,7 @@ def run(job: Job) -> int:
     try:
         with SetupWatch(ignored):
             setup(job)
+            warm(job)
         env = child_environment(dict(os.environ), job.index.path if job.index else None,
                                 library_path(), opts.verbose >= 2, job.order_dir)
         t0 = time.monotonic()
@@ -306,6 +315,25 @@ def run(job: Job) -> int:
     finally:
         _teardown(job, reporting=exit_code is not None)
         restore_signals(old_mask)
+
+
+def warm(job: Job) -> None:
+    """--warm: copies before COMMAND starts (NOTE [warm-up]); a failure here
+    only means COMMAND starts with colder tiers."""
+    if job.opts.warm is None or job.daemon is None or not job.tiers:
+        return
+    watch = job.watch
+    try:
+        job.warmed = warm_up(job.daemon, job.warm_order, job.opts.warm,
+                             watch.warming if watch is not None else lambda p: None)
+    except Exception as e:
+        log.warning("the warm-up failed (%r): COMMAND starts with what is in the tiers", e)
+        return
+    finally:
+        if watch is not None:
+            watch.close_bar()
+    if watch is not None:
+        watch.warm_done(job.warmed)
 
 
 def _start_daemon(job: Job) -> None:
@@ -374,7 +402,8 @@ def _record(job: Job, exit_code: int) -> JobRecord:
     cat, d = job.catalog, job.daemon
     assert cat is not None
     r = JobRecord(job.policy, exit_code, job.opts.command, job.opts.profile.name, cat.roots, len(cat.files),
-                  cat.total_bytes, seconds=job.timings, no_order=job.no_order)
+                  cat.total_bytes, seconds=job.timings, no_order=job.no_order,
+                  warm=job.warmed.to_json() if job.warmed is not None else None)
     if job.index is not None:
         r.counters = job.index.counters()
     if d is not None:

@@ -37,6 +37,7 @@ class JobRecord:
     seconds: dict[str, float] = field(default_factory=dict)
     no_order: str | None = None   # why no order can come (the hook is missing, did not start)
     observed: dict[str, Any] = field(default_factory=dict)      # JobWatch.finish(): series, warm_after, t0
+    warm: dict[str, Any] | None = None                           # --warm: WarmResult.to_json()
 
 
 def in_force(r: JobRecord) -> tuple[str, str | None]:
@@ -51,6 +52,8 @@ def in_force(r: JobRecord) -> tuple[str, str | None]:
     if not o.get("epochs_known"):
         if r.no_order:
             why = r.no_order
+        elif str((o.get("mapping") or {}).get("source", "")).startswith("none") and o.get("mapping", {}).get("indices"):
+            why = "the data set's indices could not be mapped to its files (see order.mapping)"
         elif o.get("hook_errors"):
             why = "the order hook could not use COMMAND's DataLoader (see order.hook_errors)"
         else:
@@ -120,6 +123,7 @@ def to_json(r: JobRecord) -> dict[str, Any]:
             "errors": d.errors[:20],
         },
         "order": order,
+        "warm": r.warm,
         "epochs": epoch_records(per_epoch, obs.get("t0"), series),
         "events": c.get("events_posted", 0),
         "events_dropped": c.get("events_dropped", 0),
@@ -198,6 +202,10 @@ def summary_text(s: dict[str, Any]) -> str:
     lines.append(f"           COMMAND opened files of {human_bytes(s['pfs']['bytes_of_files_opened_by_job'])} there, "
                  f"the copies read {human_bytes(s['pfs']['bytes_read_by_daemon'])} (sizes of the files opened "
                  "are upper bounds of the bytes read)")
+    if s.get("warm"):
+        w = s["warm"]
+        lines.append(f"  warm-up  {w['files']:,} files ({human_bytes(w['bytes'])}) copied before COMMAND started "
+                     f"({w['percent']}% of what fits, {w['order']}), {w['seconds']:.1f} s")
     for t in s["tiers"]:
         lines.append(f"  tier {t['name']:<8} {t['files']:>9,} files {human_bytes(t['bytes']):>11} placed"
                      f" (capacity {human_bytes(t['capacity'])})")
@@ -211,6 +219,10 @@ def summary_text(s: dict[str, Any]) -> str:
     if s["policy"] == "clairvoyant":   # else the policy line says why not
         lines.append(f"  order    {o['epochs_known']} epochs known, {o['matched_opens']:,} opens followed,"
                      f" {o['fetches']:,} files fetched ahead, {o['evictions']:,} evicted")
+    if o.get("mapping"):
+        m = o["mapping"]
+        lines.append(f"  mapping  indices to files: {m['source']}"
+                     + (f" ({m['mapped']:,} of {m['indices']:,} indices)" if m.get("indices") else ""))
     for err in o.get("hook_errors", []):
         lines.append(f"  order    hook: {err}")
     if pl.get("abandoned"):

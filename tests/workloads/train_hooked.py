@@ -23,13 +23,16 @@ class Files(Dataset):
         paths = sorted(os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs)
         if with_samples:
             self.samples = [(p, 0) for p in paths]
-        self._paths = paths
+        # no attribute lists the paths: directories, and (directory, name) per index
+        self._dirs = sorted({os.path.dirname(p) for p in paths})
+        self._where = [(self._dirs.index(os.path.dirname(p)), *os.path.splitext(os.path.basename(p))) for p in paths]
 
     def __len__(self) -> int:
-        return len(self._paths)
+        return len(self._where)
 
     def __getitem__(self, i: int):
-        with open(self._paths[i], "rb") as f:
+        d, stem, ext = self._where[i]
+        with open(os.path.join(self._dirs[d], stem + ext), "rb") as f:
             data = f.read()
         x = torch.tensor([len(data) % 97, data[0] if data else 0, i % 13], dtype=torch.float32)
         return i, x

@@ -13,10 +13,12 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from ..catalog import Catalog, PathIndex
+from .mapping import IndexMap, Learner, check_attribute, split_tags
 from .samplers import interleave
 
 log = logging.getLogger("tiering")
@@ -35,8 +37,9 @@ class ListFeed:
     """Epochs known in advance (a sampler given on the command line, an order
     file), computed one at a time as the policy asks for them."""
 
-    def __init__(self, epochs: Iterator[np.ndarray]):
+    def __init__(self, epochs: Iterator[np.ndarray], first: np.ndarray | None = None):
         self._epochs = epochs
+        self.first = first        # the first epoch, when known before COMMAND starts (--warm)
         self.number = 0
 
     def next_epoch(self) -> np.ndarray | None:
@@ -66,26 +69,36 @@ class HookWatch:
 @dataclass
 class _Loader:
     key: int
-    ids_by_rank: dict[int, np.ndarray] = field(default_factory=dict)   # dataset index -> catalog id (-1: none)
-    mapped: int = 0
+    maps_by_rank: dict[int, IndexMap] = field(default_factory=dict)   # read from an attribute, checked
+    space: int | None = None            # tag space of a mapping learnt from the opens
+    how: str | None = None              # the attribute the mapping was read from
+    why: str | None = None              # why it was not (or cannot be learnt)
     pending: dict[int, dict[int, dict]] = field(default_factory=dict)  # epoch -> rank -> message
     first_seen: dict[int, float] = field(default_factory=dict)
+    polled: dict[int, int] = field(default_factory=dict)              # epoch -> poll it came in
+    ranks: set[int] = field(default_factory=set)                       # ranks that announced the data set
 
 
 class HookFeed:
-    """Reads the hook's messages from the order directory."""
+    """Reads the hook's messages from the order directory; learns the
+    index -> file mapping of a data set from the tagged opens when its
+    attributes do not give it (NOTE [learnt mapping])."""
 
     def __init__(self, order_dir: Path, catalog: Catalog):
         self.dir = order_dir
         self.paths = PathIndex(catalog)
         self.loaders: dict[int, _Loader] = {}
+        self.learners: dict[int, Learner] = {}   # tag space -> what its opens taught
+        self.clashes: set[int] = set()           # spaces of two data sets of different lengths: not learnt
         self.errors: list[str] = []
         self.main: int | None = None          # key of the loader whose stream is planned
         self._done: set[str] = set()
+        self._polls = 0
 
     def poll(self, now: float | None = None) -> list[tuple[int, EpochOrder]]:
         """New complete epochs, as (loader key, order), oldest first."""
         now = time.monotonic() if now is None else now
+        self._polls += 1
         try:
             names = sorted(n for n in os.listdir(self.dir) if n.endswith(".json") and n not in self._done)
         except OSError:
@@ -101,61 +114,151 @@ class HookFeed:
             self._take(msg, now)
         return self._complete(now)
 
+    def learn(self, files: np.ndarray, tags: np.ndarray) -> list[tuple[int, EpochOrder]]:
+        """Catalogued opens made while the hook's tag named a sample index
+        (a drained batch: it holds every open posted before the epoch
+        messages read so far); then the epochs of learnt mappings that
+        waited for them."""
+        spaces, indices = split_tags(tags)
+        for space in np.unique(spaces).tolist():
+            learner = self.learners.get(space)
+            if learner is not None and space not in self.clashes:
+                mine = spaces == space
+                learner.learn(indices[mine], np.asarray(files, np.int64)[mine])
+        return self._complete(time.monotonic(), drained=True)
+
+    def _error(self, text: str) -> None:
+        if text not in self.errors:
+            self.errors.append(text)
+            log.warning("order hook: %s", text)
+
     def _take(self, msg: dict, now: float) -> None:
         kind = msg.get("kind")
         key = int(msg.get("loader", 0))
         loader = self.loaders.setdefault(key, _Loader(key))
         rank = int(msg.get("rank", 0))
         if kind == "error":
-            text = str(msg.get("message", "unknown problem"))
-            if text not in self.errors:
-                self.errors.append(text)
-                log.warning("order hook: %s", text)
+            self._error(str(msg.get("message", "unknown problem")))
         elif kind == "dataset":
-            ids = np.fromiter((self.paths.id_of(p) for p in msg.get("paths", [])), np.int64)
-            loader.ids_by_rank[rank] = ids
-            loader.mapped = max(loader.mapped, int((ids >= 0).sum()))
-            if loader.mapped == 0 and len(ids):
-                text = (f"the data set's files (e.g. {msg['paths'][0]}) are not under any --data "
-                        "directory; prefetching follows first touch")
-                if text not in self.errors:
-                    self.errors.append(text)
-                    log.warning("order hook: %s", text)
-            best = max(self.loaders.values(), key=lambda ld: ld.mapped)
-            if best.mapped > 0:
-                self.main = best.key
+            self._dataset(loader, rank, msg)
+            self._choose_main()
         elif kind == "epoch":
             epoch = int(msg["epoch"])
             loader.pending.setdefault(epoch, {})[rank] = msg
             loader.first_seen.setdefault(epoch, now)
+            loader.polled.setdefault(epoch, self._polls)
+            learner = self._learner(loader)
+            if learner is not None and learner.epoch is None:
+                learner.epoch = epoch   # the epoch that learns: what is learnt before it starts is planned
 
-    def _complete(self, now: float) -> list[tuple[int, EpochOrder]]:
+    def _dataset(self, loader: _Loader, rank: int, msg: dict) -> None:
+        """The mapping read from an attribute if it checks out, else the
+        tag space to learn it in."""
+        paths = msg.get("paths")
+        loader.ranks.add(rank)
+        loader.why = msg.get("why")
+        if paths is not None:
+            ids = np.fromiter((self.paths.id_of(p) for p in paths), np.int64, len(paths))
+            problem = check_attribute(ids)
+            if problem is None:
+                loader.maps_by_rank[rank] = IndexMap.one_each(ids)
+                loader.how = str(msg.get("how"))
+                return
+            if not (ids >= 0).any():
+                problem = f"its files (e.g. {paths[0]}) are not under any --data directory"
+            loader.why = f"attribute {msg.get('how')}: {problem}"
+        learn = msg.get("learn")
+        if not learn:
+            self._error(f"cannot map the data set to files ({loader.why}); prefetching follows first touch")
+            return
+        space, length = int(learn["space"]), int(learn["length"])
+        learner = self.learners.setdefault(space, Learner(length))
+        if learner.length != length:
+            self.clashes.add(space)
+            loader.why = "two data sets of different lengths share a tag space"
+        loader.space = space
+
+    def _learner(self, loader: _Loader) -> Learner | None:
+        if loader.space is None or loader.space in self.clashes or loader.maps_by_rank:
+            return None
+        return self.learners.get(loader.space)
+
+    def _mapped(self, loader: _Loader) -> int:
+        if loader.maps_by_rank:
+            return max(m.mapped for m in loader.maps_by_rank.values())
+        learner = self._learner(loader)
+        return learner.learnt if learner is not None else 0
+
+    def _choose_main(self) -> None:
+        if self.loaders:
+            best = max(self.loaders.values(), key=self._mapped)
+            if self._mapped(best) > 0:
+                self.main = best.key
+
+    def _complete(self, now: float, drained: bool = False) -> list[tuple[int, EpochOrder]]:
         out: list[tuple[int, EpochOrder]] = []
+        self._choose_main()
         for loader in self.loaders.values():
+            learner = self._learner(loader)
             for epoch in sorted(loader.pending):
                 msgs = loader.pending[epoch]
-                ranks = set(loader.ids_by_rank) or {0}
+                ranks = loader.ranks or {0}
                 if set(msgs) < ranks and now - loader.first_seen[epoch] < MERGE_WAIT:
                     continue  # the other ranks' orders are on their way
+                if learner is not None and epoch == learner.epoch:
+                    if drained:
+                        continue   # planned from what was learnt when it started, by the poll that read it
+                elif learner is not None and not drained and loader.polled[epoch] >= self._polls:
+                    break     # the previous epoch's last opens are drained first: their tags teach
                 del loader.pending[epoch]
-                order = self._merge(loader, msgs, "indices")
+                maps = self._maps(loader, learner)
+                order = self._merge(maps, msgs, "indices")
                 known = all(m.get("next") is not None for m in msgs.values())
-                nxt = self._merge(loader, msgs, "next") if known else None
+                nxt = self._merge(maps, msgs, "next") if known else None
+                if learner is not None and not len(order):
+                    if epoch > (learner.epoch or 0) and not learner.learnt:
+                        self._error(f"no catalogued file was opened inside dataset[i] in epoch {epoch}: the "
+                                    "mapping from indices to files cannot be learnt (the data set reads its files "
+                                    "elsewhere: in __init__, a thread, a batch fetch?); prefetching follows first "
+                                    "touch; give the order with --order-file, or use --warm")
+                    continue  # nothing learnt yet: first touch meanwhile
                 out.append((loader.key, EpochOrder(epoch, order, nxt)))
         return out
 
     @staticmethod
-    def _merge(loader: _Loader, msgs: dict[int, dict], field_name: str) -> np.ndarray:
+    def _maps(loader: _Loader, learner: Learner | None) -> dict[int, IndexMap]:
+        if learner is not None:
+            return {0: learner.index_map()}
+        return loader.maps_by_rank
+
+    @staticmethod
+    def _merge(maps: dict[int, IndexMap], msgs: dict[int, dict], field_name: str) -> np.ndarray:
         """One node reads the union of its ranks' streams, about in lockstep:
         interleave them position by position."""
         streams = []
-        none = np.zeros(0, np.int64)
+        none = IndexMap.one_each(np.zeros(0, np.int64))
         for rank in sorted(msgs):
-            ids = loader.ids_by_rank.get(rank)
-            if ids is None or not len(ids):
-                ids = next(iter(loader.ids_by_rank.values()), none)
-            idx = np.asarray(msgs[rank][field_name], dtype=np.int64)
-            idx = idx[(idx >= 0) & (idx < len(ids))]
-            got = ids[idx]
-            streams.append(got[got >= 0])
+            m = maps.get(rank) or next(iter(maps.values()), none)
+            streams.append(m.order(np.asarray(msgs[rank][field_name], dtype=np.int64)))
         return interleave(streams)
+
+    def mapping(self) -> dict[str, Any]:
+        """How the main loader's indices were mapped to files, for the
+        summary: source is "attribute NAME", "learnt in epoch N" or "none: why"."""
+        loader = self.loaders.get(self.main) if self.main is not None else None
+        if loader is None:
+            loader = next(iter(self.loaders.values()), None)
+        if loader is None:
+            return {"source": "none: no DataLoader announced a data set", "indices": 0, "mapped": 0}
+        if loader.maps_by_rank:
+            m = next(iter(loader.maps_by_rank.values()))
+            return {"source": f"attribute {loader.how}", "indices": len(m), "mapped": m.mapped}
+        learner = self._learner(loader)
+        if learner is not None and learner.learnt:
+            return {"source": f"learnt in epoch {(learner.epoch or 0) + 1}", "indices": learner.length,
+                    "mapped": learner.learnt, "tagged_opens": learner.opens}
+        why = loader.why or "unknown"
+        if learner is not None:
+            why = (f"{why}; no catalogued file was opened inside dataset[i] (the data set reads its files "
+                   "elsewhere: in __init__, a thread, a batch fetch?)")
+        return {"source": f"none: {why}", "indices": learner.length if learner else 0, "mapped": 0}

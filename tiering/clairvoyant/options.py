@@ -197,7 +197,7 @@ def list_feed(opts: OrderOptions, catalog: Catalog, env: Mapping[str, str] = os.
     before COMMAND starts; the others are computed as the policy asks for them."""
     epochs = epoch_arrays_from_options(opts, catalog, env)
     first = next(epochs, None)
-    return ListFeed(itertools.chain([first] if first is not None else [], epochs))
+    return ListFeed(itertools.chain([first] if first is not None else [], epochs), first)
 
 
 __all__ = ["OrderOptions", "StreamError", "epoch_arrays_from_options", "epoch_order", "epochs_from_options",

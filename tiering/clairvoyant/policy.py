@@ -140,6 +140,11 @@ class Clairvoyant(Policy):
         self._pump()
 
     # -- events ------------------------------------------------------------------
+    def on_tagged(self, files: np.ndarray, tags: np.ndarray) -> None:
+        if isinstance(self.feed, HookFeed):
+            for key, eo in self.feed.learn(files, tags):
+                self._take(key, eo)
+
     @property
     def following(self) -> bool:
         return self.planner is not None and not self.diverged
@@ -274,6 +279,7 @@ class Clairvoyant(Policy):
             "refused": self.refused,
             "replans": self.resets,
             "hook_errors": list(self.feed.errors) if isinstance(self.feed, HookFeed) else [],
+            "mapping": self.feed.mapping() if isinstance(self.feed, HookFeed) else None,
             "prefetch_lead": self.lead(),
             "per_epoch": self.epoch_log.records(),
         }

@@ -62,29 +62,196 @@ def _rank():
     return 0
 
 
-# -- indices -> files ------------------------------------------------------
+# -- indices -> files (NOTE [learnt mapping]) -----------------------------------
+
+_KNOWN = ("samples", "imgs", "files", "file_list", "paths", "image_paths")
+_SAMPLE = 64             # items of an attribute looked at before it is taken as the mapping
+_TAG_BITS = 24           # a tag is (space << 24) | (index + 1): 16.7 M indices per data set
+_MAX_INDEX = (1 << _TAG_BITS) - 2
+_MANY = object()         # an item naming several files: not a mapping by itself
+
+
+class _NoMapping(Exception):
+    """Why no attribute maps the data set (said in the summary)."""
+
+
+def _looks_like_path(s):
+    if isinstance(s, os.PathLike):
+        return True
+    if not isinstance(s, str) or not s or "\n" in s:
+        return False
+    ext = os.path.splitext(s)[1]
+    return os.sep in s or (1 < len(ext) <= 8 and ext[1:].isalnum())
+
+
+def _path_in(item):
+    """The file an item names: itself, the one path field of a tuple or the
+    one path value of a dict; _MANY when it names several, None when none."""
+    if _looks_like_path(item):
+        return item
+    if isinstance(item, dict):
+        fields = list(item.values())
+    elif isinstance(item, (list, tuple)):
+        fields = list(item[:8])
+    else:
+        return None
+    found = [f for f in fields if _looks_like_path(f)]
+    if len(found) > 1:
+        return _MANY
+    return found[0] if found else None
+
+
+def _is_series(v):
+    return type(v).__name__ == "Series" and type(v).__module__.startswith("pandas")
+
+
+def _is_frame(v):
+    return type(v).__name__ == "DataFrame" and type(v).__module__.startswith("pandas")
+
+
+def _columns(name, value, n):
+    """(name, getter, all-items) of each index-aligned sequence in an attribute."""
+    if _is_frame(value):
+        if _len(value) == n:
+            for col in list(value.columns)[:64]:
+                series = value[col]
+                if _is_series(series):
+                    yield f"{name}[{col!r}]", series.iloc.__getitem__, series.tolist
+        return
+    if _is_series(value):
+        if _len(value) == n:
+            yield name, value.iloc.__getitem__, value.tolist
+        return
+    if isinstance(value, (list, tuple)) and len(value) == n:
+        yield name, value.__getitem__, lambda: value
+    elif type(value).__name__ == "ndarray" and getattr(value, "ndim", 0) == 1 and len(value) == n:
+        yield name, value.__getitem__, value.tolist
+    elif isinstance(value, dict) and len(value) == n and n and 0 in value and n - 1 in value:
+        yield name, value.__getitem__, lambda: [value[i] for i in range(n)]
+
+
+def _sample(n):
+    step = max(1, n // _SAMPLE)
+    return sorted(set(range(0, n, step)) | {n - 1}) if n > 0 else []
+
+
+def _attribute_paths(ds, n):
+    """(NAME, paths) of the one attribute whose items name a file each."""
+    try:
+        attrs = dict(vars(ds))
+    except TypeError:
+        attrs = {}
+    for name in _KNOWN:    # also class attributes and properties under a known name
+        if name not in attrs:
+            try:
+                attrs[name] = getattr(ds, name)
+            except Exception:
+                pass
+    names = [a for a in _KNOWN if a in attrs] + [a for a in attrs if a not in _KNOWN]
+    found = {}          # sampled paths -> (name, all-items)
+    known = {}          # the same, of the attributes with a known name
+    seen = set()
+    for name in names:
+        value = attrs[name]
+        if id(value) in seen:
+            continue
+        seen.add(id(value))
+        for label, get, every in _columns(name, value, n):
+            try:
+                sampled = tuple(_path_in(get(i)) for i in _sample(n))
+            except Exception:
+                continue
+            if sampled and all(p is not None and p is not _MANY for p in sampled):
+                key = tuple(os.fspath(p) for p in sampled)
+                found.setdefault(key, (label, every))
+                if name in _KNOWN:
+                    known.setdefault(key, (label, every))
+    if len(known) == 1:
+        found = known   # a list under a known name wins (FileDataset's files beside its relative paths)
+    if not found:
+        raise _NoMapping(f"no attribute of {type(ds).__name__} lists one file per index")
+    if len(found) > 1:
+        labels = sorted(label for label, _ in found.values())
+        raise _NoMapping(f"attributes {', '.join(labels)} of {type(ds).__name__} all list files")
+    label, every = next(iter(found.values()))
+    paths = []
+    for item in every():
+        p = _path_in(item)
+        if p is None or p is _MANY:
+            raise _NoMapping(f"attribute {label} of {type(ds).__name__}: an item names no single file")
+        paths.append(os.path.abspath(os.fspath(p)))
+    return label, paths
+
 
 def _paths_of(ds):
-    """The file each index of the data set reads, or None when unknown."""
+    """(how, paths): the file each index of the data set reads, read from its
+    attributes, or raises _NoMapping."""
     import torch.utils.data as tud
+    n = _len(ds)
+    if n <= 0:
+        raise _NoMapping(f"{type(ds).__name__} has no length")
     if isinstance(ds, tud.Subset):
-        inner = _paths_of(ds.dataset)
-        return None if inner is None else [inner[i] for i in ds.indices]
+        how, inner = _paths_of(ds.dataset)
+        return f"{how} (Subset)", [inner[i] for i in ds.indices]
     if isinstance(ds, tud.ConcatDataset):
-        out = []
+        hows, out = [], []
         for d in ds.datasets:
-            inner = _paths_of(d)
-            if inner is None:
-                return None
+            how, inner = _paths_of(d)
+            hows.append(how)
             out.extend(inner)
-        return out
-    for attr in ("samples", "imgs", "files", "file_list", "paths", "image_paths"):
-        items = getattr(ds, attr, None)
-        if isinstance(items, (list, tuple)) and len(items) == _len(ds):
-            paths = [it[0] if isinstance(it, (list, tuple)) and it else it for it in items]
-            if all(isinstance(p, (str, os.PathLike)) for p in paths[:100]):
-                return [os.path.abspath(os.fspath(p)) for p in paths]
-    return None
+        return " + ".join(dict.fromkeys(hows)) + " (ConcatDataset)", out
+    return _attribute_paths(ds, n)
+
+
+def _space(ds, n):
+    """The tag space of a data set: the same in the main process and in
+    every worker (fork or spawn), from its class and length."""
+    import zlib
+    key = f"{type(ds).__module__}.{type(ds).__qualname__}:{n}".encode()
+    return zlib.crc32(key) % 255 + 1
+
+
+_set_tag = None
+_tag_checked = False
+
+
+def _tagger():
+    """tiering_set_tag of the preloaded shim, or None."""
+    global _set_tag, _tag_checked
+    if not _tag_checked:
+        _tag_checked = True
+        try:
+            import ctypes
+            fn = ctypes.CDLL(None).tiering_set_tag
+            fn.argtypes = [ctypes.c_uint32]
+            fn.restype = None
+            _set_tag = fn
+        except (OSError, AttributeError):
+            _set_tag = None
+    return _set_tag
+
+
+def _by_index(ds):
+    """True when fetching a batch is dataset[i] for each i (no batch fetch of
+    the user's own: torch's Subset passes each index through)."""
+    import torch.utils.data as tud
+    while type(ds) is tud.Subset:
+        ds = ds.dataset
+    return not callable(getattr(ds, "__getitems__", None))
+
+
+def _learnable(ds):
+    """(space, length) when the opens of dataset[i] can be tagged, else the reason."""
+    n = _len(ds)
+    if n <= 0:
+        return None, f"{type(ds).__name__} has no length"
+    if n > _MAX_INDEX:
+        return None, f"{type(ds).__name__} has more than {_MAX_INDEX:,} items"
+    if not _by_index(ds):
+        return None, f"{type(ds).__name__} fetches whole batches (__getitems__)"
+    if _tagger() is None:
+        return None, "the shim's tiering_set_tag is not loaded in COMMAND"
+    return {"space": _space(ds, n), "length": n}, None
 
 
 def _len(ds):
@@ -221,6 +388,25 @@ class _Announcing:
         return next(self._it)
 
 
+def _mapping_message(ds):
+    """What the daemon is told of the data set's files: the paths read from
+    an attribute (how) and, whenever the opens can be tagged, the tag space
+    it learns the mapping in when the paths do not check out (NOTE [learnt
+    mapping])."""
+    msg = {"paths": None, "how": None, "why": None}
+    try:
+        msg["how"], msg["paths"] = _paths_of(ds)
+    except _NoMapping as e:
+        msg["why"] = str(e)
+    except Exception as e:   # a user attribute that fails when read
+        msg["why"] = f"reading the attributes of {type(ds).__name__} failed: {e!r}"
+    learn, why = _learnable(ds)
+    msg["learn"] = learn
+    if learn is None:
+        msg["why"] = f"{msg['why']}; cannot learn it: {why}" if msg["why"] else f"cannot learn it: {why}"
+    return msg
+
+
 def _publisher(loader, index_sampler):
     key, seen = _loader_ids.get(id(loader), (None, 0))
     if key is None:
@@ -232,15 +418,7 @@ def _publisher(loader, index_sampler):
         if not os.path.isdir(_ORDER_DIR or "") or key in _unmappable:
             return
         if key not in _datasets_sent:
-            paths = _paths_of(loader.dataset)
-            if paths is None:
-                _write("error", {"loader": key, "message":
-                                 f"cannot map the data set {type(loader.dataset).__name__} to files "
-                                 "(it has no samples/imgs/files list); give the order with "
-                                 "--sampler/--order-file, or prefetching follows first touch"})
-                _unmappable.add(key)
-                return
-            _write("dataset", {"loader": key, "paths": paths})
+            _write("dataset", dict(_mapping_message(loader.dataset), loader=key))
             _datasets_sent.add(key)
         if not _own_samplers(index_sampler):
             _write("error", {"loader": key, "message":
@@ -261,7 +439,64 @@ def _publisher(loader, index_sampler):
     return announce
 
 
+def _fetch_tag(fetcher):
+    """The tag space (shifted) the fetcher tags its indices with, 0: none."""
+    ds = fetcher.dataset
+    learn, _ = _learnable(ds)
+    return (learn["space"] << _TAG_BITS, learn["length"]) if learn else (0, 0)
+
+
+def _patch_fetch(fetch_module):
+    """Wraps each dataset[i] of a map-style fetch in tiering_set_tag(tag of i)
+    ... tiering_set_tag(0): the shim's events then say which index opened
+    which file (NOTE [learnt mapping]).  Two calls of a C function per
+    sample; the first fetch checks the data set once."""
+    cls = fetch_module._MapDatasetFetcher
+    if getattr(cls, "_tiering_patched", False):
+        return
+    orig_fetch = cls.fetch
+
+    def fetch(self, possibly_batched_index):
+        tagging = self.__dict__.get("_tiering_tag")
+        if tagging is None:
+            try:
+                tagging = _fetch_tag(self)
+            except Exception as e:
+                _log(f"tagging off: {e!r}")
+                tagging = (0, 0)
+            self._tiering_tag = tagging
+        space, n = tagging
+        set_tag = _set_tag
+        if not space or set_tag is None:
+            return orig_fetch(self, possibly_batched_index)
+        ds = self.dataset
+        if self.auto_collation:
+            data = []
+            for idx in possibly_batched_index:
+                set_tag(space | (idx + 1) if type(idx) is int and 0 <= idx < n else 0)
+                try:
+                    data.append(ds[idx])
+                finally:
+                    set_tag(0)
+        else:
+            idx = possibly_batched_index
+            set_tag(space | (idx + 1) if type(idx) is int and 0 <= idx < n else 0)
+            try:
+                data = ds[idx]
+            finally:
+                set_tag(0)
+        return self.collate_fn(data)
+
+    cls.fetch = fetch
+    cls._tiering_patched = True
+
+
 def _patch(dataloader_module):
+    try:
+        import torch.utils.data._utils.fetch as fetch_module
+        _patch_fetch(fetch_module)
+    except Exception as e:
+        _log(f"fetch patch failed: {e!r}")
     base = dataloader_module._BaseDataLoaderIter
     if getattr(base, "_tiering_patched", False):
         return

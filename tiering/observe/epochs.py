@@ -4,7 +4,8 @@ The policy matches each open to a position of the stream it plans; the
 position says the epoch (`EpochLog.opened`).  An open that matches no
 position counts in the epoch the reader is in; opens made before the first
 epoch's order was known (the hook's order and the first opens race) count
-in the first epoch; after the reads stopped following the order, nothing is
+in the first epoch (in the one before it when the first order known is of a
+later epoch: a learnt mapping); after the reads stopped following the order, nothing is
 attributed (the totals of the summary still count them).
 
 Called on the daemon's event thread, read from any thread: one small lock.
@@ -91,9 +92,13 @@ class EpochLog:
     def _new(self, epoch: int) -> EpochCount:
         rec = self._epochs[epoch] = EpochCount(epoch)
         if not [e for e in self._epochs if e != epoch] and self._pending.opens:
-            p = self._pending   # the opens that came before the first order belong to it
-            rec.opens, rec.from_tiers, rec.pfs_bytes = p.opens, p.from_tiers, p.pfs_bytes
-            rec.first, rec.last = p.first, p.last
+            # the opens that came before the first order belong to it; when
+            # that order is of a later epoch (a mapping learnt in the epoch
+            # before: NOTE [learnt mapping]), they belong to the epoch before it
+            p = self._pending
+            into = rec if epoch == 0 else self._epochs.setdefault(epoch - 1, EpochCount(epoch - 1))
+            into.opens, into.from_tiers, into.pfs_bytes = p.opens, p.from_tiers, p.pfs_bytes
+            into.first, into.last = p.first, p.last
             self._pending = EpochCount(-1)
         return rec
 

@@ -93,6 +93,14 @@ class JobInfo:
     command_pid: int | None = None
 
 
+def warm_line(p: Any) -> str:
+    """warm-up: N files, X MB/s, ETA (a WarmProgress)."""
+    speed = p.done_bytes / p.seconds if p.seconds > 0 else 0.0
+    eta = clock((p.bytes - p.done_bytes) / speed) if speed > 0 else "?"
+    return (f"tiering: warm-up: {count(p.done_files)} of {count(p.files)} files, {human_bytes(int(speed))}/s, "
+            f"ETA {eta}")
+
+
 def fits_bytes(sizes: list[int], capacity: int, alloc: Callable[[int], int]) -> int:
     """Bytes of the data set the tiers can hold: all of it, or the capacity
     scaled by the data set's bytes per allocated byte (whole blocks)."""
@@ -118,6 +126,9 @@ def phase(policy: str, report: dict[str, Any], no_order: str | None) -> tuple[st
     if not report.get("epochs_known"):
         if no_order:
             return "fallback", f"fell back to first-touch: no order ({no_order})"
+        source = str((report.get("mapping") or {}).get("source", ""))
+        if source.startswith("learnt"):   # NOTE [learnt mapping]
+            return "learning", "learning which files each index reads (first touch meanwhile)"
         return "waiting", "waiting for the order (first touch meanwhile)"
     if report.get("prefetch_lead"):
         return "prefetching", "prefetching ahead of the reader"
@@ -215,6 +226,41 @@ class JobWatch:
         say(f"tiering: {how}: {count(files)} files ({human_bytes(nbytes)}) in {count(dirs)} directories, "
             f"{seconds:.1f} s{rate_text}")
 
+    # -- --warm, before COMMAND (NOTE [warm-up]) -----------------------------------
+    def warming(self, p: Any) -> None:
+        """The warm-up's progress (clairvoyant/warm.py WarmProgress): a bar
+        on a terminal, a line every few seconds in a log."""
+        try:
+            self._warming(p)
+        except Exception:
+            log.debug("warm-up progress failed", exc_info=True)
+
+    def _warming(self, p: Any) -> None:
+        if self.display.mode == "off":
+            return
+        if self.display.mode == "bar":
+            if self._bar is None:
+                from tqdm import tqdm
+                tqdm.monitor_interval = 0    # no monitor thread (NOTE [signals and COMMAND])
+                self._bar = tqdm(total=p.bytes, desc=f"tiering: warm-up: {count(p.files)} files", unit="B",
+                                 unit_scale=True, unit_divisor=1024, file=Stderr(), mininterval=0.2,
+                                 dynamic_ncols=True, leave=False)
+            self._bar.update(p.done_bytes - self._bar.n)
+            return
+        now = self.clock()
+        if now - self._scan_last >= SCAN_EVERY_LOG:
+            self._scan_last = now
+            say(warm_line(p))
+
+    def warm_done(self, r: Any) -> None:
+        self.close_bar()
+        if self.display.mode == "off":
+            return
+        speed = f", {human_bytes(int(r.bytes / r.seconds))}/s" if r.seconds > 0 else ""
+        missed = f"; {count(r.failed)} not copied" if r.failed else ""
+        say(f"tiering: warm-up: {count(r.files)} files ({human_bytes(r.bytes)}) in the tiers, {r.order}, "
+            f"{r.seconds:.1f} s{speed}{missed}")
+
     # -- while COMMAND runs -------------------------------------------------------
     def attach(self, info: JobInfo, probe: Probe, no_order: Callable[[], str | None]) -> None:
         self.info, self.probe, self.no_order = info, probe, no_order
@@ -294,7 +340,8 @@ class JobWatch:
             # fallbacks are warned where they happen; the order's arrival is said here
             if self.display.mode != "off" and kind in ("prefetching", "following") \
                     and before not in ("prefetching", "following"):
-                say("tiering: order received: prefetching ahead of the reader")
+                how = f" (indices to files: {st['mapping']})" if st.get("mapping") else ""
+                say(f"tiering: order received{how}: prefetching ahead of the reader")
         if self.warm_after is None and st["placed"]["share_of_fit"] >= WARM_SHARE and info.files:
             self.warm_after = st["elapsed"]
             st["warm_after"] = self.warm_after
@@ -328,6 +375,7 @@ class JobWatch:
             "command": info.command, "data": info.data, "profile": info.profile, "policy": info.policy,
             "started": self.started_wall, "updated": time.time(), "elapsed": round(s.t, 2),
             "state": self.state, "phase": words, "phase_kind": kind,
+            "mapping": (rep.get("mapping") or {}).get("source"),
             "dataset": {"files": info.files, "bytes": info.bytes, "fits_bytes": info.fits_bytes},
             "tiers": ([{"name": t.name, "capacity": t.capacity, "used": t.used, "files": t.files, "bytes": t.bytes}
                        for t in snap.tiers] if snap else

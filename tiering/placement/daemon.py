@@ -192,12 +192,27 @@ class Daemon:
         return len(self._pending)
 
     # -- lifecycle ----------------------------------------------------------
-    def start(self) -> None:
+    def start_pools(self) -> None:
+        """The copy workers (place() needs them); start() makes them if
+        they are not there (--warm copies before COMMAND and the event thread start)."""
         for t in self.tiers:
-            # a copy waits on the PFS most of the time: enough workers that the
-            # PFS's concurrency (the semaphore) is what bounds the reads
-            t.pool = ThreadPoolExecutor(max_workers=max(1, t.threads, self.pfs_threads),
-                                        thread_name_prefix=f"tiering-{t.name}")
+            if t.pool is None:
+                # a copy waits on the PFS most of the time: enough workers that the
+                # PFS's concurrency (the semaphore) is what bounds the reads
+                t.pool = ThreadPoolExecutor(max_workers=max(1, t.threads, self.pfs_threads),
+                                            thread_name_prefix=f"tiering-{t.name}")
+
+    def close_pools(self) -> None:
+        """Ends the copy workers (queued copies are cancelled, running ones
+        end at their next chunk when stopping) and waits for their threads,
+        so that COMMAND is forked from a process without them."""
+        for t in self.tiers:
+            if t.pool is not None:
+                t.pool.shutdown(wait=True, cancel_futures=True)
+                t.pool = None
+
+    def start(self) -> None:
+        self.start_pools()
         self._thread = threading.Thread(target=self._event_loop, name="tiering-events", daemon=True)
         self._thread.start()
 
@@ -294,6 +309,9 @@ class Daemon:
         from_pfs = files[opens & (kinds == lib.TIERING_EV_OPEN_PFS)]
         if from_pfs.size:   # observation (snapshot): sizes of the files COMMAND opened on the PFS
             self.stats.job_pfs_bytes += int(self._sizes_array[from_pfs].sum())
+        tagged = opens & (events["tag"] != 0)
+        if tagged.any():
+            self._guarded(self.policy.on_tagged, files[tagged], events["tag"][tagged].astype(np.int64))
         start = 0
         for w in [*writes, n]:
             seg = start + np.flatnonzero(opens[start:w])

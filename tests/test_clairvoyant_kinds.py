@@ -1,0 +1,159 @@
+"""Zero-code clairvoyance for the Dataset kinds people write
+(tests/workloads/kinds.py): the hook reads the index -> file mapping from an
+attribute or learns it from the tagged opens of epoch 1; from then on the
+reads are followed, the files are served from the tiers, and the training
+reads the same bytes and ends with the same weights and RNG state as without
+tier-run.  The HF-style single file is served from RAM with --warm."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from helpers import PYTHON, USER, profile, read_line, tier_run
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("no_leftovers")]
+
+KINDS = Path(__file__).resolve().parent / "workloads" / "kinds.py"
+N = 80
+
+
+def make_images(root: Path, masks: bool = False) -> None:
+    rng = random.Random(7)
+    for k in range(N):
+        ident = 1000 + 7 * k
+        for d in ("img", "mask") if masks else ("img",):
+            (root / d).mkdir(parents=True, exist_ok=True)
+            (root / d / f"{ident:08d}.bin").write_bytes(rng.randbytes(rng.randrange(500, 6000)))
+
+
+def train(tmp: Path, data: Path, kind: str, *opts: str, workers: int = 2) -> tuple[dict, dict | None, str]:
+    """The workload under tier-run (with opts) and on its own: (its result under
+    tier-run, the JSON stats, tier-run's stderr); asserts the two trainings agree."""
+    plain_out, out, stats = tmp / f"{kind}-plain.json", tmp / f"{kind}.json", tmp / f"{kind}-stats.json"
+    args = [str(KINDS), "--kind", kind, "--data", str(data), "--workers", str(workers), "--epoch-pause", "0.5"]
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TIERING_ORDER_DIR", "LD_PRELOAD")}
+    r = subprocess.run([PYTHON, *args, "--out", str(plain_out)], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    r = tier_run(["--profile", str(profile(tmp)), "--data", str(data), "--stats-json", str(stats), *opts, "--",
+                  PYTHON, *args, "--out", str(out)])
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    got, plain = json.loads(out.read_text()), json.loads(plain_out.read_text())
+    # the same bytes per index, the same weights and the same global RNG state
+    for key in ("digest", "weights", "rng"):
+        assert got[key] == plain[key], key
+    return got, json.loads(stats.read_text()), r.stderr
+
+
+def assert_followed(stats: dict, source: str, from_epoch: int, reads_per_epoch: int, err: str) -> None:
+    order = stats["order"]
+    assert order["mapping"]["source"] == source, err
+    assert stats["policy"] == "clairvoyant" and order["following"] and not order["diverged"], err
+    # every epoch from from_epoch on (1-based) was known, and the one after the last (predicted)
+    assert order["epochs_known"] == 3 - from_epoch + 2, order
+    # the opens of epochs 2 and 3 were followed (epoch 1's first opens race with its order, and a
+    # DataLoader's workers prefetch 32 of these few samples at once)
+    assert order["matched_opens"] >= 0.9 * 2 * reads_per_epoch, order
+    assert order["unmatched_opens"] <= 0.05 * reads_per_epoch, order
+    # the per-epoch table: three epochs, every open in one (those of a learning epoch 1 in epoch 1)
+    assert [e["epoch"] for e in stats["epochs"]] == [1, 2, 3], stats["epochs"]
+    assert sum(e["opens"] for e in stats["epochs"]) == 3 * reads_per_epoch
+
+
+def assert_served_from_epoch_2(got: dict, reads_per_epoch: int) -> None:
+    for e in got["epochs"][1:]:
+        assert e["local"] >= 0.95 * reads_per_epoch, got["epochs"]
+
+
+@pytest.mark.parametrize("kind,source", [("dicts", "attribute items"),
+                                         ("frame", "attribute table['path']"),
+                                         ("subset", "attribute items (Subset)")])
+def test_a_mapping_read_from_an_attribute_is_followed_from_epoch_1(tmp_path, kind, source):
+    data = tmp_path / "pfs"
+    make_images(data)
+    got, stats, err = train(tmp_path, data, kind)
+    n = len([i for i in range(N) if i % 3 != 1]) if kind == "subset" else N   # Subset leaves every third out
+    assert stats["order"]["mapping"]["indices"] == n and stats["order"]["mapping"]["mapped"] == n
+    assert_followed(stats, source, 1, n, err)
+    assert_served_from_epoch_2(got, n)
+
+
+@pytest.mark.parametrize("kind,workers", [("from-id", 2), ("dict-ids", 2), ("from-id", 0)])
+def test_a_path_built_in_getitem_is_learnt_in_epoch_1_and_followed_after(tmp_path, kind, workers):
+    data = tmp_path / "pfs"
+    make_images(data)
+    got, stats, err = train(tmp_path, data, kind, workers=workers)
+    m = stats["order"]["mapping"]
+    assert m["indices"] == N and m["mapped"] == N
+    assert m["tagged_opens"] >= 3 * N      # every fetch of every epoch was tagged
+    assert_followed(stats, "learnt in epoch 1", 2, N, err)
+    assert_served_from_epoch_2(got, N)
+
+
+def test_an_index_reading_an_image_and_a_mask_maps_to_both(tmp_path):
+    data = tmp_path / "pfs"
+    make_images(data, masks=True)
+    got, stats, err = train(tmp_path, data, "pairs")
+    m = stats["order"]["mapping"]
+    assert m["mapped"] == N
+    assert_followed(stats, "learnt in epoch 1", 2, 2 * N, err)
+    assert_served_from_epoch_2(got, 2 * N)     # both files of every index
+
+
+def test_a_big_memory_mapped_file_is_served_from_ram_with_warm(tmp_path):
+    data = tmp_path / "pfs"
+    data.mkdir()
+    (data / "table.arrow").write_bytes(random.Random(3).randbytes(4096 * 300))
+    got, stats, err = train(tmp_path, data, "arrow")
+    assert got["arrow_local"] is False and stats["opens"]["by_tier"]["ram"] == 0
+    assert stats["warm"] is None
+    assert any("none served" in w and "--warm" in w for w in stats["warnings"])
+    got, stats, err = train(tmp_path, data, "arrow", "--warm")
+    assert got["arrow_local"] is True, err
+    assert stats["opens"]["by_tier"]["ram"] == 1 and stats["opens"]["pfs"] == 0
+    assert stats["warm"]["files"] == 1 and stats["warm"]["bytes"] == 4096 * 300
+    assert stats["warm"]["percent"] == 100 and stats["warm"]["order"] == "catalog order"
+    assert "warm-up: 1 files (1.2 MiB) in the tiers, catalog order" in err
+    assert stats["order"]["mapping"]["source"].startswith("none: no attribute of Arrow lists one file per index")
+    # said once, while the job ran, and in the summary
+    assert err.count("no catalogued file was opened inside dataset[i] in epoch 1") == 2, err
+    assert not stats["warnings"]
+
+
+def test_ctrl_c_during_the_warm_up_stops_before_command_and_cleans_up(tmp_path):
+    """The copies are made to last until the daemon stops (as a copy of a big
+    file reads chunk after chunk): SIGINT must end the warm-up, the copies,
+    and tier-run, before COMMAND ran."""
+    data = tmp_path / "pfs"
+    make_images(data)
+    driver = ("from tiering.command import block_signals; block_signals()  # as the tier-run script does\n"
+              "import sys\n"
+              "from tiering.placement.daemon import Daemon\n"
+              "def slow_copy(self, src, f, t):\n"
+              "    print('copying', flush=True)\n"
+              "    self._stop.wait(600)\n"
+              "    return None\n"
+              "Daemon._copy = slow_copy\n"
+              "from tiering.entry import tier_run\n"
+              "sys.argv = ['tier-run'] + sys.argv[1:]\n"
+              "tier_run()\n")
+    marker = tmp_path / "ran"
+    p = subprocess.Popen([PYTHON, "-c", driver, "--profile", str(profile(tmp_path)), "--data", str(data),
+                          "--warm", "50", "--", "touch", str(marker)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert read_line(p.stdout) == b"copying\n"
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=300)
+    finally:
+        p.kill()
+        p.wait()
+    assert p.returncode == 130, err
+    assert b"tier-run: interrupted by SIGINT before COMMAND started" in err and b"Traceback" not in err
+    assert not marker.exists()
+    assert not [d for d in os.listdir("/dev/shm") if d.startswith(f"tiering-{USER}-{p.pid}-")]

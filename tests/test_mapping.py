@@ -1,0 +1,206 @@
+"""Index -> file mappings (NOTE [learnt mapping]): the order hook's search
+over a data set's attributes, the daemon's check of what it found, and the
+mapping learnt from tagged opens, turned into epoch orders by the feed."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tiering
+from helpers import make_data
+from tiering.catalog import scan
+from tiering.clairvoyant.feeds import HookFeed
+from tiering.clairvoyant.mapping import MAX_FILES, TAG_BITS, IndexMap, Learner, check_attribute
+
+HOOK = Path(tiering.__file__).resolve().parent / "hook" / "sitecustomize.py"
+
+
+@pytest.fixture(scope="module")
+def hook():
+    """The hook's module, loaded without an order directory (it patches nothing)."""
+    old = os.environ.pop("TIERING_ORDER_DIR", None)
+    try:
+        spec = importlib.util.spec_from_file_location("tiering_hook_under_test", HOOK)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        if old is not None:
+            os.environ["TIERING_ORDER_DIR"] = old
+    return module
+
+
+# -- the daemon's side ---------------------------------------------------------
+
+def test_index_map_orders_several_files_per_index_and_skips_unmapped():
+    m = IndexMap(np.array([0, 2, 2, 3, 6]), np.array([10, 11, 20, 30, 31, 32]))
+    assert len(m) == 4 and m.mapped == 3
+    assert m.order(np.array([3, 0, 1, 2, 7, -1])).tolist() == [30, 31, 32, 10, 11, 20]
+    one = IndexMap.one_each(np.array([5, -1, 7]))
+    assert one.order(np.array([2, 1, 0])).tolist() == [7, 5]
+
+
+def test_learner_keeps_distinct_files_per_index_in_open_order():
+    lr = Learner(4)
+    assert lr.learn(np.array([2, 2, 0, 2, 9]), np.array([5, 6, 1, 5, 3])) == 3   # index 9 is out of range
+    assert lr.learn(np.array([2, 0]), np.array([5, 1])) == 0                        # known pairs
+    assert lr.learnt == 2 and lr.opens == 6
+    assert lr.index_map().order(np.array([0, 1, 2, 3])).tolist() == [1, 5, 6]
+    lr.learn(np.full(MAX_FILES + 3, 3), np.arange(100, 100 + MAX_FILES + 3))
+    assert lr.index_map().order(np.array([3])).tolist() == list(range(100, 100 + MAX_FILES))
+
+
+def test_a_mapping_read_from_an_attribute_must_name_distinct_catalogued_files():
+    assert check_attribute(np.arange(5)) is None
+    assert "not catalogued" in check_attribute(np.array([0, 1, -1]))
+    assert check_attribute(np.array([0, 1, 1])) == "several indices name the same file"
+
+
+@pytest.fixture
+def catalog(tmp_path):
+    root = tmp_path / "data"
+    make_data(root, {f"f{i}.bin": 10 for i in range(6)})
+    return root, scan([str(root)])
+
+
+def message(d: Path, name: str, msg: dict) -> None:
+    (d / f"{name}.json").write_text(json.dumps(msg))
+
+
+def test_feed_learns_the_mapping_in_epoch_1_and_orders_the_next_epochs(tmp_path, catalog):
+    root, cat = catalog
+    ids = {f.rel: k for k, f in enumerate(cat.files)}
+    d = tmp_path / "orders"
+    d.mkdir()
+    feed = HookFeed(d, cat)
+    space = 9
+    message(d, "0", {"kind": "dataset", "loader": 0, "paths": None, "how": None,
+                     "why": "no attribute of X lists one file per index", "learn": {"space": space, "length": 3}})
+    message(d, "1", {"kind": "epoch", "loader": 0, "epoch": 0, "indices": [2, 0, 1], "next": [1, 2, 0]})
+    assert feed.poll() == []                      # nothing learnt yet: first touch
+    # index i opens f{2i}.bin then f{2i+1}.bin
+    opened = [(i, f"f{2 * i + k}.bin") for i in (2, 0, 1) for k in (0, 1)]
+    files = np.array([ids[rel] for _, rel in opened])
+    tags = np.array([(space << TAG_BITS) | (i + 1) for i, _ in opened])
+    other = np.array([(3 << TAG_BITS) | 1])       # another data set's tag space: ignored
+    assert feed.learn(np.concatenate([files, files[:1]]), np.concatenate([tags, other])) == []
+    message(d, "2", {"kind": "epoch", "loader": 0, "epoch": 1, "indices": [1, 2, 0], "next": [0, 1, 2]})
+    assert feed.poll() == []                      # waits for the opens drained after it was read
+    (key, eo), = feed.learn(np.zeros(0, np.int64), np.zeros(0, np.int64)) or feed.poll()
+    rel = [cat.files[i].rel for i in eo.order]
+    assert eo.epoch == 1 and rel == ["f2.bin", "f3.bin", "f4.bin", "f5.bin", "f0.bin", "f1.bin"]
+    assert [cat.files[i].rel for i in eo.next] == [f"f{i}.bin" for i in range(6)]
+    assert feed.main == 0
+    assert feed.mapping() == {"source": "learnt in epoch 1", "indices": 3, "mapped": 3, "tagged_opens": 6}
+
+
+def test_feed_learns_when_the_attribute_names_other_files(tmp_path, catalog):
+    root, cat = catalog
+    d = tmp_path / "orders"
+    d.mkdir()
+    feed = HookFeed(d, cat)
+    message(d, "0", {"kind": "dataset", "loader": 0, "paths": ["/elsewhere/a", "/elsewhere/b"], "how": "labels",
+                     "why": None, "learn": {"space": 4, "length": 2}})
+    feed.poll()
+    m = feed.mapping()
+    assert m["source"].startswith("none: attribute labels: its files (e.g. /elsewhere/a) are not under any --data")
+    message(d, "1", {"kind": "dataset", "loader": 1, "paths": [str(root / "f0.bin")], "how": "x",
+                     "why": None, "learn": None})
+    feed.poll()
+    assert feed.errors == []
+    assert feed.mapping()["source"] == "attribute x" and feed.main == 1
+
+
+# -- the hook's side -------------------------------------------------------------
+
+class Plain:
+    def __init__(self, **attrs):
+        self.__dict__.update(attrs)
+        self.n = len(next(iter(attrs.values())))
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return i
+
+
+def test_hook_finds_the_one_attribute_that_lists_files(hook, tmp_path):
+    paths = [f"/d/img/{i:03d}.jpg" for i in range(300)]
+    ds = Plain(records=[{"image": p, "label": i % 3} for i, p in enumerate(paths)], labels=[i % 3 for i in range(300)],
+               names=[f"n{i}" for i in range(300)])
+    assert hook._paths_of(ds) == ("records", paths)
+    ds = Plain(by_index={i: (p, i) for i, p in enumerate(paths)})
+    assert hook._paths_of(ds) == ("by_index", paths)
+    ds = Plain(samples=[(p, 0) for p in paths], imgs=None)
+    ds.imgs = ds.samples                       # ImageFolder: one list under two names
+    assert hook._paths_of(ds)[0] == "samples"
+    ds = Plain(relpaths=["img/a.png", "img/b.png"], files=["/d/img/a.png", "/d/img/b.png"])
+    assert hook._paths_of(ds) == ("files", ["/d/img/a.png", "/d/img/b.png"])   # a known name wins
+    class WithProperty(Plain):
+        @property
+        def paths(self):
+            return [f"/d/{i}.jpg" for i in range(self.n)]
+
+    assert hook._paths_of(WithProperty(ids=[1, 2])) == ("paths", ["/d/0.jpg", "/d/1.jpg"])
+    ds = Plain(files=["rel/a.png", "rel/b.png"])
+    assert hook._paths_of(ds)[1] == [os.path.abspath("rel/a.png"), os.path.abspath("rel/b.png")]
+
+
+def test_hook_finds_a_dataframe_column(hook):
+    import pandas as pd
+    df = pd.DataFrame({"label": [1, 2, 3], "file": ["/d/a.jpg", "/d/b.jpg", "/d/c.jpg"]})
+    assert hook._paths_of(Plain(df=df)) == ("df['file']", ["/d/a.jpg", "/d/b.jpg", "/d/c.jpg"])
+    assert hook._paths_of(Plain(s=df["file"]))[0] == "s"
+
+
+@pytest.mark.parametrize("attrs,why", [
+    ({"images": ["/d/a.jpg", "/d/b.jpg"], "masks": ["/d/a.png", "/d/b.png"]},
+     "attributes images, masks of Plain all list files"),
+    ({"pairs": [("/d/a.jpg", "/d/a.png"), ("/d/b.jpg", "/d/b.png")]}, "no attribute of Plain lists one file per index"),
+    ({"by_id": {"a": "/d/a.jpg", "b": "/d/b.jpg"}}, "no attribute of Plain lists one file per index"),
+    ({"ids": ["n01440764", "n01443537"]}, "no attribute of Plain lists one file per index"),
+])
+def test_hook_leaves_ambiguous_or_unaligned_attributes_to_learning(hook, attrs, why):
+    with pytest.raises(hook._NoMapping, match=why):
+        hook._paths_of(Plain(**attrs))
+
+
+def test_hook_maps_a_subset_and_a_concat_through_their_data_sets(hook):
+    from torch.utils.data import ConcatDataset, Subset
+    a = Plain(files=["/d/a.jpg", "/d/b.jpg", "/d/c.jpg"])
+    b = Plain(paths=["/e/x.jpg", "/e/y.jpg"])
+    assert hook._paths_of(Subset(a, [2, 0])) == ("files (Subset)", ["/d/c.jpg", "/d/a.jpg"])
+    assert hook._paths_of(ConcatDataset([a, b])) == ("files + paths (ConcatDataset)",
+                                                     ["/d/a.jpg", "/d/b.jpg", "/d/c.jpg", "/e/x.jpg", "/e/y.jpg"])
+
+
+def test_hook_says_why_a_mapping_cannot_be_learnt(hook):
+    class Batched(Plain):
+        def __getitems__(self, idx):
+            return list(idx)
+
+    msg = hook._mapping_message(Batched(ids=[1, 2]))
+    assert msg["paths"] is None and msg["learn"] is None
+    assert msg["why"] == ("no attribute of Batched lists one file per index; cannot learn it: "
+                          "Batched fetches whole batches (__getitems__)")
+    # the tag space is the same in every process: from the class and the length
+    assert hook._space(Plain(ids=[1, 2]), 2) == hook._space(Plain(other=[3, 4]), 2)
+
+
+def test_opens_before_a_later_epochs_order_count_in_the_epoch_before():
+    from tiering.observe.epochs import EpochLog
+    log = EpochLog(clock=lambda: 1.0)
+    for _ in range(3):
+        log.opened(None, False, 10)                  # epoch 0, learning: no order yet
+    log.opened_many(np.array([1, 1]), np.array([True, True]), np.array([10, 10]))
+    assert [(r["epoch"], r["opens"], r["from_tiers"]) for r in log.records()] == [(0, 3, 0), (1, 2, 2)]
+    log = EpochLog(clock=lambda: 1.0)
+    log.opened(None, False, 10)                      # the first epoch's order came late
+    log.opened_many(np.array([0]), np.array([True]), np.array([10]))
+    assert [(r["epoch"], r["opens"]) for r in log.records()] == [(0, 2)]

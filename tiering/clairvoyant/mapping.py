@@ -1,0 +1,136 @@
+"""Data-set index -> catalog files, as the order hook reports it
+(tiering/hook): read from an attribute of the data set and checked here, or
+learnt from the tagged opens of the samples (NOTE [learnt mapping])."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+TAG_BITS = 24                  # the hook's tag: (space << TAG_BITS) | (index + 1)
+INDEX_MASK = (1 << TAG_BITS) - 1
+MAX_FILES = 8                  # files kept per index (image + mask + json ...), in open order
+CHECK = 1024                   # indices checked of a mapping read from an attribute
+
+
+@dataclass
+class IndexMap:
+    """Each index's catalog ids, in open order (CSR: index k owns
+    files[offsets[k]:offsets[k+1]]; none when the two are equal)."""
+
+    offsets: np.ndarray        # int64, length n + 1
+    files: np.ndarray          # int64
+
+    @classmethod
+    def one_each(cls, ids: np.ndarray) -> IndexMap:
+        """One id per index, -1 for none."""
+        ids = np.asarray(ids, np.int64)
+        offsets = np.zeros(len(ids) + 1, np.int64)
+        np.cumsum(ids >= 0, out=offsets[1:])
+        return cls(offsets, ids[ids >= 0])
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    @cached_property
+    def mapped(self) -> int:
+        """Indices with at least one file (counted once: the feed asks at every batch)."""
+        return int(np.count_nonzero(np.diff(self.offsets)))
+
+    def order(self, indices: np.ndarray) -> np.ndarray:
+        """The catalog ids the indices read, in order; unmapped indices and
+        indices out of range are skipped."""
+        idx = np.asarray(indices, np.int64)
+        idx = idx[(idx >= 0) & (idx < len(self))]
+        starts = self.offsets[idx]
+        counts = self.offsets[idx + 1] - starts
+        total = int(counts.sum())
+        if total == len(idx):          # one file each: the common case
+            return self.files[starts]
+        # position p of the output reads files[starts[k] + (p - first output of k)]
+        first_out = np.cumsum(counts) - counts
+        at = np.repeat(starts - first_out, counts) + np.arange(total, dtype=np.int64)
+        return self.files[at]
+
+
+def check_attribute(ids: np.ndarray) -> str | None:
+    """Why a mapping read from an attribute is not used, None when it is:
+    on a sample of the indices, every path must be a catalogued file and no
+    two indices the same file."""
+    n = len(ids)
+    if not n:
+        return "the attribute is empty"
+    sample = ids[np.unique(np.linspace(0, n - 1, min(n, CHECK)).astype(np.int64))]
+    missing = int((sample < 0).sum())
+    if missing:
+        return f"{missing} of {len(sample)} paths checked are not catalogued files under --data"
+    if len(np.unique(sample)) != len(sample):
+        return "several indices name the same file"
+    return None
+
+
+class Learner:
+    """The files each index opened while the hook's tag said that index was
+    being fetched: up to MAX_FILES per index, distinct, in open order."""
+
+    def __init__(self, length: int):
+        self.length = length
+        self.rows = np.full((length, 1), -1, np.int64)
+        self.count = np.zeros(length, np.int16)
+        self.learnt = 0                 # indices with at least one file
+        self.opens = 0                  # tagged catalogued opens seen
+        self.epoch: int | None = None   # the epoch (hook numbering) learning started in
+
+    def learn(self, indices: np.ndarray, files: np.ndarray) -> int:
+        """Records tagged opens (index, catalog id); the number of new pairs.
+        Vectorised: pairs already known cost one comparison; the new ones
+        are appended in rounds of distinct indices (a round per file of an
+        index new in this batch: image, mask, ...)."""
+        ok = (indices >= 0) & (indices < self.length)
+        indices, files = indices[ok], files[ok]
+        self.opens += len(indices)
+        if not len(indices):
+            return 0
+        new = ~(self.rows[indices] == files[:, None]).any(axis=1)
+        indices, files = indices[new], files[new]
+        if not len(indices):
+            return 0
+        # each new pair once (its first occurrence, batch order kept)
+        _, first = np.unique(indices * (int(files.max()) + 1) + files, return_index=True)
+        keep = np.sort(first)
+        indices, files = indices[keep], files[keep]
+        # the rank of each pair among the new pairs of its index: rounds of distinct indices
+        by_index = np.argsort(indices, kind="stable")
+        sorted_idx = indices[by_index]
+        starts = np.flatnonzero(np.r_[True, sorted_idx[1:] != sorted_idx[:-1]])
+        rank = np.empty(len(indices), np.int64)
+        rank[by_index] = np.arange(len(indices)) - np.repeat(starts, np.diff(np.r_[starts, len(indices)]))
+        added = 0
+        for r in range(int(rank.max()) + 1):
+            mine = rank == r
+            added += self._append(indices[mine], files[mine])
+        return added
+
+    def _append(self, indices: np.ndarray, files: np.ndarray) -> int:
+        """Appends files[k] to the row of indices[k] (distinct indices), where there is room."""
+        c = self.count[indices].astype(np.int64)
+        room = c < MAX_FILES
+        indices, files, c = indices[room], files[room], c[room]
+        if len(c) and c.max() >= self.rows.shape[1]:
+            self.rows = np.hstack([self.rows, np.full((self.length, 1), -1, np.int64)])
+        self.rows[indices, c] = files
+        self.count[indices] += 1
+        self.learnt += int((c == 0).sum())
+        return len(indices)
+
+    def index_map(self) -> IndexMap:
+        offsets = np.zeros(self.length + 1, np.int64)
+        np.cumsum(self.count, out=offsets[1:])
+        return IndexMap(offsets, self.rows[self.rows >= 0])
+
+
+def split_tags(tags: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(space, index) of each tag; index -1 for an untagged open."""
+    tags = np.asarray(tags, np.int64)
+    return tags >> TAG_BITS, (tags & INDEX_MASK) - 1
