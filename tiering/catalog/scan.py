@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from .cache import CacheRefused, cache_dir_problem, load_cache, save_cache
-from .model import Catalog, CatalogDir, CatalogFile, DirAlias, RootScan, ScanError
+from .model import FILE_COLUMNS, Catalog, CatalogDir, DirAlias, FileTable, RootScan, ScanError
 from .roots import join
 
 log = logging.getLogger("tiering")
@@ -136,6 +136,7 @@ class _Tasks:
 def _walk_root(root: str, pool: ThreadPoolExecutor, progress: ScanProgress | None = None,
                report: ScanCallback = _no_progress) -> RootScan:
     res = RootScan(scanned_ns=time.time_ns())
+    rows: list[tuple[Any, ...]] = []    # rel, then the FILE_COLUMNS
     prog = progress if progress is not None else ScanProgress()
     st = os.stat(root)
     seen: dict[tuple[int, int], str] = {}
@@ -163,7 +164,7 @@ def _walk_root(root: str, pool: ThreadPoolExecutor, progress: ScanProgress | Non
                 else:
                     add_dir(rel, s)
             elif stat.S_ISREG(s.st_mode):
-                res.files.append((rel, s.st_size, s.st_mtime_ns, s.st_dev, s.st_ino, is_link,
+                rows.append((rel, s.st_size, s.st_mtime_ns, s.st_dev, s.st_ino, is_link,
                                   s.st_mode, s.st_uid, s.st_gid, s.st_nlink, s.st_atime_ns, s.st_ctime_ns,
                                   s.st_blocks, s.st_blksize))
                 prog.files += 1
@@ -192,13 +193,23 @@ def _walk_root(root: str, pool: ThreadPoolExecutor, progress: ScanProgress | Non
         round_, later = sorted(later, key=lambda x: x[0]), []
         for rel, s in round_:
             add_dir(rel, s)
-    if res.errors and not res.files:
+    if res.errors and not rows:
         raise ScanError(f"cannot scan {root}: {res.errors[0]}")
-    res.files.sort()
+    rows.sort()
     res.dirs.sort()
+    res.files = _table(rows, res.dirs)
     res.aliases.sort()
     res.skipped.sort()
     return res
+
+
+def _table(rows: list[tuple[Any, ...]], dirs: list[tuple[str, int, int, int]]) -> FileTable:
+    """The scan's rows (sorted) as a FileTable, each file with the id of its directory."""
+    dir_id = {d[0]: k for k, d in enumerate(dirs)}
+    cols = list(zip(*rows)) if rows else [[] for _ in range(len(FILE_COLUMNS) + 1)]
+    parents = (dir_id.get(rel.rpartition("/")[0], -1) for rel in cols[0])
+    return FileTable.from_rows(cols[0], (0 for _ in rows), parents,
+                               {k: cols[j + 1] for j, k in enumerate(FILE_COLUMNS)})
 
 
 def _cached(cache_dir: Path, root: str, pool: ThreadPoolExecutor) -> tuple[RootScan | None, bool]:
@@ -235,7 +246,7 @@ def scan(dirs: list[str], threads: int = 16, cache_dir: Path | None = None,
                 prog.roots_from_cache += 1
                 prog.files += len(part.files)
                 prog.dirs += len(part.dirs)
-                prog.bytes += sum(f[1] for f in part.files)
+                prog.bytes += int(part.files.size.sum())
             else:
                 prog.phase = "scanning"
                 report(prog)
@@ -247,10 +258,12 @@ def scan(dirs: list[str], threads: int = 16, cache_dir: Path | None = None,
             parts.append(part)
     prog.phase = "done"
     report(prog)
-    cat = Catalog(list(roots), [], [], from_cache=cache is not None and all(from_cache),
-                  cached=from_cache)
+    bases = [0]
+    for p in parts[:-1]:
+        bases.append(bases[-1] + len(p.dirs))
+    cat = Catalog(list(roots), FileTable.concat([p.files for p in parts], range(len(parts)), bases), [],
+                  from_cache=cache is not None and all(from_cache), cached=from_cache)
     for i, p in enumerate(parts):
-        cat.files.extend(CatalogFile(i, *row) for row in p.files)
         cat.dirs.extend(CatalogDir(i, rel, ino, dev, mt) for rel, ino, dev, mt in p.dirs)
         cat.aliases.extend(DirAlias(i, rel, target) for rel, target in p.aliases)
         cat.skipped.extend((i, rel) for rel in p.skipped)
