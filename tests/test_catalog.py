@@ -869,3 +869,13 @@ def test_cached_paths_are_checked_on_the_arrays(rel: str, before: list[str]) -> 
         _check_file_paths(Catalog(["/r"], files, [False]).files)
     fine = [CatalogFile(0, r, 1, 1) for r in ["a", ".h", "a/.h", "..x", "a/...", "a/.b./c", "x.", "b/c..d"]]
     _check_file_paths(Catalog(["/r"], fine, [False]).files)
+
+
+@pytest.mark.parametrize("block", [1, 2, 3, 1 << 16])
+def test_terminated_paths_are_the_same_in_any_block_size(block: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    import tiering.catalog.model as model
+    monkeypatch.setattr(model, "TERMINATE_BLOCK", block)
+    files = ODD_FILES * 3
+    assert Catalog(["/r0", "/r1"], files, [False, False]).files.terminated() == \
+        b"".join(f.rel.encode("utf-8", "surrogateescape") + b"\0" for f in files)
+    assert FileTable.empty().terminated() == b""

@@ -64,6 +64,7 @@ FILE_COLUMNS: dict[str, str] = {
     "mode": "<u4", "uid": "<u4", "gid": "<u4", "nlink": "<u8", "atime_ns": "<i8", "ctime_ns": "<i8",
     "blocks": "<i8", "blksize": "<i8"}
 STAT_FIELDS = ("mode", "uid", "gid", "nlink", "atime_ns", "ctime_ns", "blocks", "blksize")
+TERMINATE_BLOCK = 1 << 16     # files per block of FileTable.terminated
 
 
 def encode_rel(rel: str) -> bytes:
@@ -169,14 +170,20 @@ class FileTable(Sequence[CatalogFile]):
         blob, o = self.blob(), self.offsets.tolist()
         return [decode_rel(blob[o[k]:o[k + 1]]) for k in range(len(self))]
 
-    def terminated(self) -> bytes:
-        """Every path followed by a NUL byte, in one blob."""
+    def terminated(self) -> bytearray:
+        """Every path followed by a NUL byte, in one buffer (made in blocks of
+        files: no temporary array as large as the blob)."""
         n = len(self)
-        out = np.zeros(len(self.paths) + n, np.uint8)
-        keep = np.ones(len(out), bool)
-        keep[self.offsets[1:] + np.arange(n)] = False      # where file k's NUL goes
-        out[keep] = self.paths
-        return out.tobytes()
+        out = bytearray(len(self.paths) + n)
+        view = np.frombuffer(out, np.uint8)
+        for a in range(0, n, TERMINATE_BLOCK):
+            b = min(n, a + TERMINATE_BLOCK)
+            o = self.offsets[a:b + 1]
+            part = view[o[0] + a:o[-1] + b]
+            keep = np.ones(len(part), bool)
+            keep[o[1:] - o[0] + np.arange(b - a)] = False       # where the NULs go
+            part[keep] = self.paths[o[0]:o[-1]]
+        return out
 
     # -- the Sequence of CatalogFile ------------------------------------------
     def __len__(self) -> int:

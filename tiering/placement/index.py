@@ -355,8 +355,8 @@ class SharedIndex:
         recs = np.ndarray((n,), numpy_dtype("struct tiering_file"), buffer=mm, offset=files_offset)
         _write_records(recs, devs, inos, mtimes, links, stats)
         del recs
-        blob = rels.terminated() if isinstance(rels, FileTable) else \
-            b"".join(r.encode("utf-8", "surrogateescape") + b"\0" for r in rels)
+        blob = ffi.from_buffer(rels.terminated() if isinstance(rels, FileTable) else
+                               b"".join(r.encode("utf-8", "surrogateescape") + b"\0" for r in rels))
         slots = np.zeros(max(n, 1), np.uint64)
         root_arr = np.zeros(max(n, 1), np.uint32)
         root_arr[:n] = np.asarray(root_ids, np.int64)
