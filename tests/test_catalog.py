@@ -862,8 +862,12 @@ def test_cache_file_holds_the_arrays_and_replaces_the_old_format(tmp_path: Path)
 @pytest.mark.parametrize("rel", [".", "..", "a/.", "a/..", "./a", "../a", "a/./b", "a/../b", "a//b", "/a", "a/", "",
                                  "a\0b"])
 @pytest.mark.parametrize("before", [[], ["k"]])
-def test_cached_paths_are_checked_on_the_arrays(rel: str, before: list[str]) -> None:
+@pytest.mark.parametrize("block", [1, 2, 1 << 16])
+def test_cached_paths_are_checked_on_the_arrays(rel: str, before: list[str], block: int,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from tiering.catalog import cache
     from tiering.catalog.cache import _check_file_paths
+    monkeypatch.setattr(cache, "CHECK_BLOCK", block)
     files = [CatalogFile(0, r, 1, 1) for r in [*before, rel, "z"]]
     with pytest.raises(ValueError, match="relative path below the root|NUL"):
         _check_file_paths(Catalog(["/r"], files, [False]).files)

@@ -186,29 +186,39 @@ def _check_paths(p: RootScan) -> None:
 
 def _check_file_paths(t: FileTable) -> None:
     """_check_rel of every file at once, on the path blob: no empty path, no
-    NUL byte, no "/" first or last, no empty, "." or ".." component."""
+    NUL byte, no "/" first or last, no empty, "." or ".." component (in
+    blocks of files: the masks stay small)."""
     o = t.offsets
     if len(o) and (o[0] != 0 or o[-1] != len(t.paths) or np.any(o[1:] < o[:-1])):
         raise ValueError("file path offsets out of order")
-    if not len(t):
-        return
-    starts, ends, b = o[:-1], o[1:], t.paths
-    slash, dot = b == ord("/"), b == ord(".")
-    if np.any(ends == starts) or np.any(b == 0) or np.any(slash[starts]) or np.any(slash[ends - 1]):
-        bad = np.flatnonzero((ends == starts) | slash[np.minimum(starts, len(b) - 1)] | slash[ends - 1])
-        raise ValueError(f"file {t.rel(int(bad[0])) if len(bad) else '(with a NUL byte)'!r} "
+    for a in range(0, len(t), CHECK_BLOCK):
+        _check_block(t, a, min(len(t), a + CHECK_BLOCK))
+
+
+CHECK_BLOCK = 1 << 16     # files per block of _check_file_paths
+
+
+def _check_block(t: FileTable, first_file: int, end_file: int) -> None:
+    o = t.offsets[first_file:end_file + 1]
+    starts, ends, b = o[:-1] - o[0], o[1:] - o[0], t.paths[o[0]:o[-1]]
+    if np.any(ends == starts) or np.any(b == 0):
+        bad = np.flatnonzero(ends == starts)
+        raise ValueError(f"file {t.rel(first_file + int(bad[0])) if len(bad) else '(with a NUL byte)'!r} "
                          "is not a relative path below the root")
+    slash, dot = b == ord("/"), b == ord(".")
     first = np.zeros(len(b), bool)           # where a component begins
     first[starts] = True
     first[1:] |= slash[:-1]
     after = np.zeros(len(b) + 2, bool)       # where a component ends (the end of a path, or a "/")
     after[ends] = True
     after[:len(b)] |= slash
-    one = first & dot & after[1:len(b) + 1]
-    two = first & dot & np.concatenate((dot[1:], [False])) & after[2:]
-    wrong = np.flatnonzero(one | two | (slash & np.concatenate((slash[1:], [False]))))
-    if len(wrong):
-        k = int(np.searchsorted(ends, wrong[0], "right"))
+    wrong = first & dot & after[1:len(b) + 1]                    # "."
+    wrong |= first & dot & np.append(dot[1:], False) & after[2:]  # ".."
+    wrong |= first & slash                                       # "" (a leading, doubled or trailing "/")
+    wrong[ends - 1] |= slash[ends - 1]
+    at = np.flatnonzero(wrong)
+    if len(at):
+        k = first_file + int(np.searchsorted(ends, at[0], "right"))
         raise ValueError(f"file {t.rel(k)!r} is not a relative path below the root")
 
 
