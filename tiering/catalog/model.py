@@ -92,7 +92,6 @@ class FileTable(Sequence[CatalogFile]):
         self.columns = {k: np.ascontiguousarray(columns[k], dt) for k, dt in FILE_COLUMNS.items()}
         if n < 0 or len(self.root) != n or len(self.dir) != n or any(len(c) != n for c in self.columns.values()):
             raise ValueError("the columns of a file table differ in length")
-        self._blob: bytes | None = None
 
     # -- construction ------------------------------------------------------
     @classmethod
@@ -155,13 +154,11 @@ class FileTable(Sequence[CatalogFile]):
                    + sum(c.nbytes for c in self.columns.values()))
 
     def blob(self) -> bytes:
-        """The paths as one bytes object (kept: slicing it is cheap)."""
-        if self._blob is None:
-            self._blob = self.paths.tobytes()
-        return self._blob
+        """The paths as one bytes object (a copy: for slicing many at once)."""
+        return self.paths.tobytes()
 
     def rel_bytes(self, i: int) -> bytes:
-        return self.blob()[int(self.offsets[i]):int(self.offsets[i + 1])]
+        return self.paths[int(self.offsets[i]):int(self.offsets[i + 1])].tobytes()
 
     def rel(self, i: int) -> str:
         return decode_rel(self.rel_bytes(i))
