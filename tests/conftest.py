@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import C_DIR, ShimEnv, build_index, dead_job_dir, leftovers, make_data, private_dir
+from helpers import C_DIR, ShimEnv, build_index, dead_job_dir, leftovers, make_data, private_dir, wait_for
 from tiering.placement.index import Root, library_path
 
 
@@ -49,8 +49,15 @@ def cbin(tmp_path_factory) -> Path:
 def no_leftovers():
     before = set(leftovers())
     yield
-    left = [d for d in set(leftovers()) - before if dead_job_dir(d)]
-    assert left == [], "tier-run left directories in /dev/shm"
+
+    def left() -> list[str]:
+        return [d for d in set(leftovers()) - before if dead_job_dir(d)]
+    # tiers are removed in the background after tier-run exits: wait for that, with a bound
+    try:
+        wait_for(lambda: not left(), "the background removal of tier-run's directories")
+    except AssertionError:
+        pass
+    assert left() == [], "tier-run left directories in /dev/shm"
 
 
 # -- reliability: the fault and hostile-input tests and what they checked ----------

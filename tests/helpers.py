@@ -234,6 +234,17 @@ def leftovers() -> list[str]:
     return [p for p in os.listdir("/dev/shm") if p.startswith(f"tiering-{USER}-")]
 
 
+def job_dirs(pid: int) -> list[str]:
+    """The private directories in /dev/shm of the tier-run with this pid."""
+    return [d for d in leftovers() if f"-{pid}-" in d]
+
+
+def wait_job_dirs_removed(pid: int) -> None:
+    """Waits (bounded) until the tier-run with this pid has no directory left
+    in /dev/shm: its tiers are removed in the background after it exits."""
+    wait_for(lambda: not job_dirs(pid), f"the directories of tier-run {pid} to be removed")
+
+
 def dead_job_dir(name: str) -> bool:
     """A directory of a tier-run process that no longer exists (a leftover);
     other tier-runs running meanwhile on this machine are not ours to judge."""

@@ -6,7 +6,7 @@ same trees): the sample paths must agree element for element, and the catalog
 file each sample maps to must hold the bytes ImageFolder would read."""
 from __future__ import annotations
 
-import gzip
+import io
 import json
 import logging
 import os
@@ -14,10 +14,14 @@ import stat
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 
+from helpers import alias_tree
 from tiering import catalog as catalog_mod
 from tiering.catalog import (
     IMG_EXTENSIONS,
@@ -25,12 +29,15 @@ from tiering.catalog import (
     CatalogError,
     CatalogFile,
     Layout,
+    PathIndex,
     ScanError,
     dataset_order,
     dataset_samples,
     scan,
 )
 from tiering.catalog.cache import cache_file
+from tiering.catalog.layout import _NameMatch
+from tiering.catalog.model import FILE_COLUMNS, FileTable
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "examples"))
@@ -533,20 +540,52 @@ def test_cache_invalidated_by_changes(tmp_path: Path, change: str) -> None:
     assert scan([str(root)], cache_dir=cache).files == fresh.files
 
 
+def read_doc(path: Path) -> dict[str, Any]:
+    """A catalog cache file as one document: its meta data, and its file
+    arrays as lists under "files" (the paths as "rel")."""
+    with np.load(path, allow_pickle=False) as z:
+        doc = json.loads(z["meta"].tobytes())
+        cols = {k: z[k] for k in FILE_COLUMNS}
+        table = FileTable(z["paths"], z["offsets"], np.zeros(len(z["dir"]), np.int32), z["dir"], cols)
+        doc["files"] = {"rel": table.rels(), "dir": z["dir"].tolist(), **{k: v.tolist() for k, v in cols.items()}}
+    return doc
+
+
+def encode_doc(doc: dict[str, Any], meta: bytes | None = None, offsets_reversed: bool = False) -> bytes:
+    """read_doc's document as a cache file (a column that does not fit its
+    dtype is written with the dtype numpy gives it)."""
+    files = doc["files"]
+    data = [r.encode("utf-8", "surrogateescape") for r in files["rel"]]
+    offsets = np.concatenate(([0], np.cumsum([len(d) for d in data]))).astype(np.int64)
+    arrays: dict[str, np.ndarray] = {"paths": np.frombuffer(b"".join(data), np.uint8), "offsets":
+                                     offsets[::-1].copy() if offsets_reversed else offsets}
+    for k, dtype in {"dir": "<i4", **FILE_COLUMNS}.items():
+        try:
+            arrays[k] = np.asarray(files[k], dtype)
+        except ValueError:
+            arrays[k] = np.asarray(files[k])
+    head = json.dumps({**{k: v for k, v in doc.items() if k != "files"}, "files": len(data)}).encode()
+    out = io.BytesIO()
+    np.savez(out, meta=np.frombuffer(meta if meta is not None else head, np.uint8), **arrays)
+    return out.getvalue()
+
+
 def test_corrupt_cache_ignored(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     root, _ = cached_tree(tmp_path)
     cache = tmp_path / "cache"
     good = scan([str(root)], cache_dir=cache)
     path = cache_file(cache, str(root))
-    doc = json.loads(gzip.decompress(path.read_bytes()))
+    doc = read_doc(path)
     bads = {
-        "garbage": b"not gzip at all",
+        "garbage": b"not a zip file at all",
         "truncated": path.read_bytes()[:40],
-        "not json": gzip.compress(b"{"),
-        "wrong root": gzip.compress(json.dumps({**doc, "root": "/elsewhere"}).encode()),
-        "wrong version": gzip.compress(json.dumps({**doc, "version": 99}).encode()),
-        "bad column": gzip.compress(json.dumps({**doc, "files": {**doc["files"], "size": ["x"]}}).encode()),
-        "missing table": gzip.compress(json.dumps({k: v for k, v in doc.items() if k != "dirs"}).encode()),
+        "not json": encode_doc(doc, meta=b"{"),
+        "wrong root": encode_doc({**doc, "root": "/elsewhere"}),
+        "wrong version": encode_doc({**doc, "version": 99}),
+        "bad column": encode_doc({**doc, "files": {**doc["files"], "size": ["x"] * len(doc["files"]["size"])}}),
+        "short column": encode_doc({**doc, "files": {**doc["files"], "size": doc["files"]["size"][1:]}}),
+        "bad offsets": encode_doc(doc, offsets_reversed=True),
+        "missing table": encode_doc({k: v for k, v in doc.items() if k != "dirs"}),
     }
     for what, data in bads.items():
         path.write_bytes(data)
@@ -602,10 +641,10 @@ def test_a_cache_that_is_not_the_users_own_is_refused(tmp_path: Path, caplog: py
         path.rename(real)
         path.symlink_to(real.name)
     # what is there claims a file the tree does not have
-    doc = json.loads(gzip.decompress(path.read_bytes()))
+    doc = read_doc(path)
     doc["files"] = {k: v + v[:1] for k, v in doc["files"].items()}
     doc["files"]["rel"][-1] = "planted.jpg"
-    planted = gzip.compress(json.dumps(doc).encode())
+    planted = encode_doc(doc)
     (path.resolve()).write_bytes(planted)
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="tiering"):
@@ -628,14 +667,14 @@ def test_a_cache_with_a_path_outside_its_root_is_ignored(tmp_path: Path, caplog:
     cache = tmp_path / "cache"
     good = scan([str(root)], cache_dir=cache)
     path = cache_file(cache, str(root))
-    doc = json.loads(gzip.decompress(path.read_bytes()))
+    doc = read_doc(path)
     if table == "skipped":
         doc["skipped"] = [bad]
     elif table == "targets":
         doc["aliases"]["target"][-1] = bad
     else:
         doc[table]["rel"][-1] = bad
-    path.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    path.write_bytes(encode_doc(doc))
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="tiering"):
         got = scan([str(root)], cache_dir=cache)
@@ -714,10 +753,10 @@ def test_a_cached_file_on_a_device_of_no_directory_is_stat_itself(tmp_path: Path
     cache = tmp_path / "cache"
     first = scan([str(root)], cache_dir=cache)
     path = cache_file(cache, str(root))
-    doc = json.loads(gzip.decompress(path.read_bytes()))
+    doc = read_doc(path)
     k = doc["files"]["rel"].index("k2/c.jpg")
     doc["files"]["dev"][k] = 424242                 # as if a symlink to a file on another file system
-    path.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    path.write_bytes(encode_doc(doc))
     node = OtherDevices(monkeypatch, base=1000)
     again = scan([str(root)], cache_dir=cache)
     monkeypatch.undo()
@@ -734,3 +773,113 @@ def test_a_cached_device_that_is_two_devices_here_rescans(tmp_path: Path, monkey
     monkeypatch.undo()
     assert not again.from_cache
     assert [f.rel for f in again.files] == [f.rel for f in first.files]
+
+
+# ------------------------------------------------ the catalog's arrays (NOTE [catalog arrays])
+
+ODD_FILES = [CatalogFile(0, "a/x.JPG", 5, 10, 1, 2, False, 0o100644, 1, 2, 1, 3, 4, 8, 4096),
+             CatalogFile(1, "é/ü.png", 0, 11, 2**63 + 5, 2**64 - 1, True),
+             CatalogFile(0, "top", 2**40, -5)]
+
+
+def test_file_table_is_the_catalog_files_as_arrays() -> None:
+    cat = Catalog(["/r0", "/r1"], list(ODD_FILES), [False, False])
+    t = cat.files
+    assert isinstance(t, FileTable) and len(t) == 3
+    assert list(t) == ODD_FILES and t == ODD_FILES and [t[k] for k in (-1, -2, -3)] == ODD_FILES[::-1]
+    assert t[1:] == ODD_FILES[1:]
+    with pytest.raises(IndexError):
+        t[3]
+    assert t.size.tolist() == [5, 0, 2**40] and t.dev.tolist() == [1, 2**63 + 5, 0]
+    assert t.ino.tolist() == [2, 2**64 - 1, 0] and t.link.tolist() == [False, True, False]
+    assert t.root.tolist() == [0, 1, 0] and t.dir.tolist() == [-1, -1, -1]
+    assert cat.total_bytes == 5 + 2**40
+    assert t.rels() == [f.rel for f in ODD_FILES]
+    assert t.terminated() == b"".join(f.rel.encode() + b"\0" for f in ODD_FILES)
+    assert Catalog(cat.roots, t).files is t
+    both = FileTable.concat([t, t.take(np.array([2, 0]))], [0, 1], [0, 7])
+    # each part takes the root id it is given (a scan's parts have root 0)
+    assert list(both) == [replace(f, root=0) for f in ODD_FILES] + [replace(ODD_FILES[2], root=1),
+                                                                   replace(ODD_FILES[0], root=1)]
+    assert both.dir.tolist() == [-1] * 5 and FileTable.empty() == []
+
+
+def test_scan_gives_each_file_its_directory(tmp_path: Path) -> None:
+    root, _ = alias_tree(tmp_path)
+    other = tmp_path / "other"
+    touch(other / "k" / "x.bin")
+    cat = scan([str(root), str(other)])
+    assert len(cat.files) == 6 and cat.files.dir.min() >= 0
+    for k, f in enumerate(cat.files):
+        d = cat.dirs[int(cat.files.dir[k])]
+        assert d.root == f.root and d.rel == f.rel.rpartition("/")[0]
+
+
+def test_path_index_finds_every_catalogued_path(tmp_path: Path) -> None:
+    root, _ = alias_tree(tmp_path)
+    other = tmp_path / "other"
+    touch(other / "real.bin")          # the same relative path under another root
+    cat = scan([str(root), str(other)])
+    paths = PathIndex(cat)
+    for k, f in enumerate(cat.files):
+        assert paths.id_of(cat.source_path(f)) == k
+    assert paths.id_of(str(other / "real.bin")) != paths.id_of(str(root / "real.bin"))
+    assert paths.id_of(str(root / "nothing.bin")) == -1
+    assert paths.id_of(str(root / "d")) == -1 and paths.id_of(str(tmp_path / "outside.bin")) == -1
+
+
+NAMES = ["a.jpg", "b.JPG", "c.Jpeg", "d.png.txt", ".jpg", "jpg", "e.pNg", "K.kpg", "\u212a.KPG", "\u0130.PNG",
+         "ü.jpg", "x", "y.webp", "\udcff.jpg", "z.TIFF"]
+
+
+@pytest.mark.parametrize("exts", [IMG_EXTENSIONS, (".kpg",), ("",), (".JPG",), ("a/b", ".png"), ("ü.jpg",),
+                                  (".jpeg", ".jpg")])
+def test_extension_match_on_the_arrays_is_pythons(exts: tuple[str, ...]) -> None:
+    files = [CatalogFile(0, f"c{k % 3}/{name}", 1, 1) for k, name in enumerate(NAMES)]
+    t = Catalog(["/r"], files, [False]).files
+    ids = np.arange(len(files))
+    expected = [name.lower().endswith(exts) for name in NAMES]
+    assert _NameMatch(t, exts)(ids).tolist() == expected
+    assert _NameMatch(t, exts)(ids[::-2]).tolist() == expected[::-2]
+
+
+def test_cache_file_holds_the_arrays_and_replaces_the_old_format(tmp_path: Path) -> None:
+    root, _ = cached_tree(tmp_path)
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    old = cache / cache_file(cache, str(root)).name.replace(".npz", ".json.gz")
+    old.write_bytes(b"a cache of format version 4")
+    first = scan([str(root)], cache_dir=cache)
+    assert not old.exists()
+    with np.load(cache_file(cache, str(root)), allow_pickle=False) as z:
+        assert sorted(z.files) == sorted(["meta", "paths", "offsets", "dir", *FILE_COLUMNS])
+        assert z["size"].tolist() == first.files.size.tolist()
+    again = scan([str(root)], cache_dir=cache)
+    assert again.from_cache and again.files == first.files and again.dirs == first.dirs
+    assert again.files.dir.tolist() == first.files.dir.tolist()
+
+
+@pytest.mark.parametrize("rel", [".", "..", "a/.", "a/..", "./a", "../a", "a/./b", "a/../b", "a//b", "/a", "a/", "",
+                                 "a\0b"])
+@pytest.mark.parametrize("before", [[], ["k"]])
+@pytest.mark.parametrize("block", [1, 2, 1 << 16])
+def test_cached_paths_are_checked_on_the_arrays(rel: str, before: list[str], block: int,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from tiering.catalog import cache
+    from tiering.catalog.cache import _check_file_paths
+    monkeypatch.setattr(cache, "CHECK_BLOCK", block)
+    files = [CatalogFile(0, r, 1, 1) for r in [*before, rel, "z"]]
+    with pytest.raises(ValueError, match="relative path below the root|NUL"):
+        _check_file_paths(Catalog(["/r"], files, [False]).files)
+    fine = [CatalogFile(0, r, 1, 1) for r in ["a", ".h", "a/.h", "..x", "a/...", "a/.b./c", "x.", "b/c..d"]]
+    _check_file_paths(Catalog(["/r"], fine, [False]).files)
+
+
+@pytest.mark.parametrize("block", [1, 2, 3, 1 << 16])
+def test_terminated_paths_are_the_same_in_any_block_size(block: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    import tiering.catalog.model as model
+    monkeypatch.setattr(model, "TERMINATE_BLOCK", block)
+    files = ODD_FILES * 3
+    assert Catalog(["/r0", "/r1"], files, [False, False]).files.terminated() == \
+        b"".join(f.rel.encode("utf-8", "surrogateescape") + b"\0" for f in files)
+    assert FileTable.empty().terminated() == b""

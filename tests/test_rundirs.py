@@ -15,7 +15,14 @@ import pytest
 
 from helpers import OTHER_UID, as_other_user, dataset, sweep_with_boot_time_off, tier_run
 from tiering import rundirs
-from tiering.rundirs import UnsafeParent, make_private_dir, parent_problem, start_ticks, sweep_leftovers
+from tiering.rundirs import (
+    UnsafeParent,
+    make_private_dir,
+    parent_problem,
+    remove_in_background,
+    start_ticks,
+    sweep_leftovers,
+)
 
 
 def mkdir(path: Path, mode: int) -> Path:
@@ -178,3 +185,54 @@ def test_tier_run_refuses_a_hostile_tier_parent_before_the_command_runs(base):
     assert f"tiers[0].path: path {hostile} is not safe for a private directory" in r.stderr
     assert "use a sticky directory such as /tmp" in r.stderr
     assert list(hostile.iterdir()) == []
+
+
+# -- background removal (NOTE [background teardown]) ----------------------------
+
+def _fill(d: Path, n: int = 200) -> None:
+    for k in range(n):
+        f = d / "data" / f"c{k % 7}" / f"f{k}.bin"
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_bytes(b"x" * k)
+    (d / "staging").mkdir()
+
+
+def test_background_removal_removes_everything(tmp_path: Path) -> None:
+    a, b = make_private_dir(str(tmp_path), "me"), make_private_dir(str(tmp_path), "me")
+    _fill(a)
+    _fill(b, 3)
+    proc = remove_in_background([a, b])
+    assert proc is not None
+    assert proc.wait(timeout=120) == 0
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_running_remover_is_left_alone_and_a_killed_ones_leftovers_are_swept(tmp_path: Path) -> None:
+    d = make_private_dir(str(tmp_path), "me")
+    _fill(d)
+    # a remover that has taken the directory over, stopped before it removed anything
+    code = ("import sys, time; from pathlib import Path; from tiering.rundirs import _take_over\n"
+            "assert _take_over(Path(sys.argv[1])); print('taken', flush=True); time.sleep(600)\n")
+    p = subprocess.Popen([sys.executable, "-c", code, str(d)], stdout=subprocess.PIPE)
+    try:
+        assert p.stdout is not None and p.stdout.readline() == b"taken\n"
+        assert json.loads((d / "owner.json").read_text())["pid"] == p.pid
+        assert sweep_leftovers([str(tmp_path)], "me") == []      # alive: not another job's to remove
+        assert (d / "data").is_dir()
+    finally:
+        p.kill()
+        p.wait()
+    assert sweep_leftovers([str(tmp_path)], "me") == [d]         # killed: swept like a dead job
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_remover_leaves_other_users_and_non_directories_alone(tmp_path: Path) -> None:
+    f = tmp_path / "tiering-me-1-file"
+    f.write_text("not a directory")
+    other = tmp_path / "tiering-me-2-other"
+    other.mkdir()
+    (other / "keep").write_text("k")
+    os.chown(other, 54321, 54321)
+    proc = remove_in_background([f, other])
+    assert proc is not None and proc.wait(timeout=120) == 0
+    assert f.read_text() == "not a directory" and (other / "keep").read_text() == "k"

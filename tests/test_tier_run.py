@@ -17,6 +17,7 @@ from helpers import (
     USER,
     dataset,
     digest,
+    job_dirs,
     leftovers,
     make_data,
     profile,
@@ -24,6 +25,7 @@ from helpers import (
     run_reader,
     tier_run,
     wait_for,
+    wait_job_dirs_removed,
 )
 
 pytestmark = pytest.mark.usefixtures("no_leftovers")
@@ -232,7 +234,7 @@ def test_signals_reach_the_command_and_everything_is_cleaned_up(tmp_path, sig, r
         p.kill()
         p.wait()
     assert p.returncode == 42, err
-    assert not [d for d in leftovers() if f"-{p.pid}-" in d]
+    wait_job_dirs_removed(p.pid)
     reliability.survived(f"{signal.Signals(sig).name} sent to tier-run (forwarded, all cleaned up)")
 
 
@@ -441,7 +443,7 @@ def test_a_hung_pfs_read_does_not_hold_tier_run_after_the_command(tmp_path, reli
     s = json.loads(stats.read_text())
     assert s["exit_code"] == 3 and s["placement"]["abandoned"] >= 1
     assert s["placement"]["copies"] == 0
-    assert not [d for d in leftovers() if f"-{p.pid}-" in d]
+    wait_job_dirs_removed(p.pid)
     reliability.survived(f"{s['placement']['abandoned']} copies hung in a PFS read at exit")
 
 
@@ -717,3 +719,25 @@ def test_errors_that_name_classes_name_a_few_and_count_the_rest(tmp_path):
     assert r.returncode == 2
     assert "classes n00000000, n00000001, n00000002, n00000003, n00000004 and 995 more in" in r.stderr
     assert "n00000999" not in r.stderr and len(r.stderr) < 2000
+
+
+def test_tiers_are_removed_in_the_background_and_nothing_is_left(tmp_path):
+    """tier-run hands its tiers (with their copies) to a detached remover and
+    exits; once that is done, no file of the job remains on any tier."""
+    data = tmp_path / "pfs"
+    dataset(data, n=60)
+    stats = tmp_path / "stats.json"
+    reader = ("import os, sys\n"
+              "for d, _, names in os.walk(sys.argv[1]):\n"
+              "    for n in names: open(os.path.join(d, n), 'rb').read()\n")
+    p = subprocess.Popen([PYTHON, "-m", "tiering", "run", "--profile", str(profile(tmp_path, second="1GiB")),
+                          "--data", str(data), "--policy", "stage", "--stats-json", str(stats), "--",
+                          PYTHON, "-c", reader, str(data)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err
+    s = json.loads(stats.read_text())
+    assert s["placement"]["copies"] > 0
+    ssd = tmp_path / "ssd"
+    wait_for(lambda: not list(ssd.iterdir()), "the ssd tier's directory to be removed")
+    wait_job_dirs_removed(p.pid)
+    assert list(ssd.iterdir()) == [] and job_dirs(p.pid) == []

@@ -179,7 +179,7 @@ def plan_cmd(profile_name: str, data: tuple[str, ...], window: int, as_json: boo
     try:
         prof = load_profile(profile_name)
         cat = scan(list(data), cache_dir=default_cache_dir())   # the catalog tier-run caches
-        sizes = np.fromiter((f.size for f in cat.files), np.int64, len(cat.files))
+        sizes = np.asarray(cat.files.size, np.int64)
         caps = [t.capacity for t in prof.tiers]
         reports, _ = simulate(epochs(), sizes, caps, window=window, schedule=False)
     except (ProfileError, ScanError, CatalogError, OrderError, StreamError) as e:

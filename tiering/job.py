@@ -42,7 +42,7 @@ from .placement.policies import POLICIES as SIMPLE_POLICIES
 from .placement.tiers import TierState
 from .profile import Profile
 from .report import JobRecord, stats_path_problem, summary_text, to_json, write_stats
-from .rundirs import current_user, index_parent, make_private_dir, remove_tree, sweep_leftovers
+from .rundirs import current_user, index_parent, make_private_dir, remove_in_background, remove_tree, sweep_leftovers
 
 log = logging.getLogger("tiering")
 
@@ -181,7 +181,7 @@ def setup(job: Job) -> None:
         return SIMPLE_POLICIES[job.policy](d)
 
     job.daemon = Daemon(job.index, cat, slots, job.tiers, opts.profile.pfs.read_threads, make_policy)
-    sizes = [f.size for f in cat.files]
+    sizes = cat.files.size
     info = JobInfo(job.run_dir.name, os.getpid(), job.user, opts.command, cat.roots, opts.profile.name, job.policy,
                    len(cat.files), cat.total_bytes, fits_bytes(sizes, sum(t.capacity for t in job.tiers), allocation),
                    [(t.name, t.capacity) for t in job.tiers], job.run_dir)
@@ -269,8 +269,11 @@ def cleanup(job: Job) -> None:
     if job.index is not None:
         job.index.close()
         job.index = None
-    for t in job.tiers:
-        remove_tree(t.root)
+    # the copies go in the background (NOTE [background teardown]): the job ends now
+    tiers = [t.root for t in job.tiers]
+    if remove_in_background(tiers) is None:
+        for t in tiers:
+            remove_tree(t)
     if job.run_dir is not None:
         remove_tree(job.run_dir)
 

@@ -19,6 +19,8 @@ import pwd
 import shutil
 import socket
 import stat
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -205,6 +207,85 @@ def sweep_leftovers(parents: list[str], user: str) -> list[Path]:
 
 def remove_tree(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
+
+
+# -- background removal (NOTE [background teardown] in docs/design.md) ---------
+
+def remove_in_background(paths: list[Path]) -> subprocess.Popen[bytes] | None:
+    """Hands private directories to a detached remover process (its own
+    session, niced) and returns at once; None when it cannot start (the
+    caller then removes them itself).  The remover takes each directory's
+    owner record over, so that other jobs' sweeps leave it alone while it
+    runs and remove what a killed remover left (`sweep_leftovers`)."""
+    if not paths:
+        return None
+    try:
+        return subprocess.Popen([sys.executable, "-m", "tiering.rundirs", *map(str, paths)],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True, close_fds=True)
+    except OSError:
+        return None
+
+
+def _take_over(path: Path) -> bool:
+    """Rewrites path's owner record for this process; False when path is not
+    a private directory of this user's (then it is left alone)."""
+    try:
+        st = path.lstat()
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+            return False
+        tmp = path / f".{OWNER_FILE}.tmp"
+        tmp.write_text(json.dumps(owner_record()))
+        tmp.rename(path / OWNER_FILE)
+    except OSError:
+        return False
+    return True
+
+
+def remove_private_dir(path: Path) -> None:
+    """Everything in path but its owner record, then the record and path:
+    killed on the way, what is left still carries the record (of a process
+    that is gone) for the next sweep."""
+    try:
+        names = [n for n in os.listdir(path) if n != OWNER_FILE]
+    except OSError:
+        return
+    rm = shutil.which("rm")
+    if rm and names:
+        subprocess.run([rm, "-rf", "--", *(str(path / n) for n in names)], stdin=subprocess.DEVNULL,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+    for n in names:                     # without rm, or what it could not remove
+        if (path / n).is_dir() and not (path / n).is_symlink():
+            remove_tree(path / n)
+        else:
+            _unlink(path / n)
+    _unlink(path / OWNER_FILE)
+    try:
+        path.rmdir()
+    except OSError:
+        remove_tree(path)
+
+
+def _unlink(path: Path) -> None:
+    try:
+        path.unlink()
+    except OSError:
+        pass
+
+
+def _remover(args: list[str]) -> None:
+    try:
+        os.nice(19)
+    except OSError:
+        pass
+    paths = [Path(a) for a in args]
+    mine = [p for p in paths if _take_over(p)]
+    for p in mine:
+        remove_private_dir(p)
+
+
+if __name__ == "__main__":
+    _remover(sys.argv[1:])
 
 
 def index_parent() -> str:

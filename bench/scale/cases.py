@@ -128,7 +128,7 @@ def tier_run(ctx: Context, d: Path, profile: Path, data: Path, cache: Path, opti
              command: list[str]) -> tuple[monitor.Finished, dict[str, Any] | None, bool]:
     """One monitored tier-run; its --stats-json; whether the catalog cache had
     an entry before it started."""
-    cached = cache.is_dir() and any(cache.rglob("*.json.gz"))
+    cached = cache.is_dir() and any(cache.rglob("*.npz"))
     cmd = [_exe("tier-run"), "--profile", str(profile), "--data", str(data), "--stats-json",
            str(d / "stats.json"), *options, "--", *command]
     env = dict(os.environ, XDG_CACHE_HOME=str(cache))

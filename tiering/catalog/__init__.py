@@ -4,14 +4,14 @@ reads (layout)."""
 from __future__ import annotations
 
 from .cache import default_cache_dir, drop_cache
-from .layout import IMG_EXTENSIONS, LAYOUTS, Layout, dataset_order, dataset_samples
-from .model import Catalog, CatalogDir, CatalogError, CatalogFile, DirAlias, ScanError
+from .layout import IMG_EXTENSIONS, LAYOUTS, Layout, dataset_ids, dataset_order, dataset_samples
+from .model import Catalog, CatalogDir, CatalogError, CatalogFile, DirAlias, FileTable, ScanError
 from .roots import PathIndex, RootMap
 from .scan import ScanCallback, ScanProgress, normalise_roots, scan
 
 __all__ = [
     "IMG_EXTENSIONS", "LAYOUTS", "Catalog", "CatalogDir", "CatalogError", "CatalogFile", "DirAlias", "Layout",
     "PathIndex", "RootMap", "ScanCallback", "ScanError", "ScanProgress",
-    "dataset_order", "dataset_samples", "default_cache_dir", "drop_cache",
+    "FileTable", "dataset_ids", "dataset_order", "dataset_samples", "default_cache_dir", "drop_cache",
     "normalise_roots", "scan",
 ]

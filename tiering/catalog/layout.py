@@ -40,8 +40,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from ..units import some_of
-from .model import Catalog, CatalogError
+from .model import Catalog, CatalogError, FileTable
 from .roots import RootMap, join
 
 # torchvision.datasets.folder.IMG_EXTENSIONS
@@ -67,16 +69,16 @@ class Layout:
 
 
 class _Tree:
-    """The directory tree of one root as the catalog saw it."""
+    """The directory tree of one root as the catalog saw it: the files of each
+    directory as an array of catalog ids in name order (from the scan's
+    directory ids; NOTE [catalog arrays] in docs/design.md)."""
 
     def __init__(self, catalog: Catalog, root: int):
-        self.files: dict[str, dict[str, int]] = {}      # dir rel -> name -> catalog id
+        self.table = catalog.files
+        self.ids: dict[str, np.ndarray] = _files_by_dir(catalog, root)   # dir rel -> ids in name order
+        self._names: dict[str, dict[str, int]] = {}      # dir rel -> name -> catalog id (made when asked)
         self.skipped: dict[str, set[str]] = {}           # dir rel -> names not catalogued
         self.subdirs: dict[str, dict[str, str]] = {}     # dir rel -> name -> catalogued dir rel
-        for k, f in enumerate(catalog.files):
-            if f.root == root:
-                parent, _, name = f.rel.rpartition("/")
-                self.files.setdefault(parent, {})[name] = k
         for r, rel in catalog.skipped:
             if r == root:
                 parent, _, name = rel.rpartition("/")
@@ -84,7 +86,7 @@ class _Tree:
         dirs = [d.rel for d in catalog.dirs if d.root == root]
         if not dirs:   # a catalog built by hand: directories from the files' parents
             found = {""}
-            for parent in self.files:
+            for parent in self.ids:
                 while parent not in found:
                     found.add(parent)
                     parent = parent.rpartition("/")[0]
@@ -98,6 +100,14 @@ class _Tree:
                 parent, _, name = a.rel.rpartition("/")
                 self.subdirs.setdefault(parent, {})[name] = a.target
         self._resolved: dict[str, str | None] = {"": ""}
+
+    def files(self, rel: str) -> dict[str, int]:
+        """name -> catalog id of the files of directory rel."""
+        got = self._names.get(rel)
+        if got is None:
+            ids = self.ids.get(rel, _NONE).tolist()
+            got = self._names[rel] = {self.table.rel(k).rpartition("/")[2]: k for k in ids}
+        return got
 
     def subdir(self, rel: str, name: str) -> str | None:
         return self.subdirs.get(rel, {}).get(name)
@@ -115,7 +125,7 @@ class _Tree:
     def file_id(self, rel: str) -> int | None:
         parent, _, name = rel.rpartition("/")
         d = self.resolve_dir(parent)
-        return None if d is None else self.files.get(d, {}).get(name)
+        return None if d is None else self.files(d).get(name)
 
     def walk(self, vrel: str, crel: str, where: str) -> list[tuple[str, str]]:
         """(path, catalogued dir) of every directory os.walk(followlinks=True)
@@ -138,8 +148,30 @@ class _Tree:
     def names(self, crel: str) -> list[str]:
         """What os.walk lists as file names: everything but directories."""
         other = self.skipped.get(crel)
-        files = self.files.get(crel, {})
+        files = self.files(crel)
         return sorted(files.keys() | other if other else files)
+
+
+_NONE = np.zeros(0, np.int64)
+
+
+def _files_by_dir(catalog: Catalog, root: int) -> dict[str, np.ndarray]:
+    """dir rel -> catalog ids of the root's files in it, in name order."""
+    t = catalog.files
+    sel = np.flatnonzero(t.root == root)
+    if not len(sel):
+        return {}
+    dirs = t.dir[sel]
+    if dirs.min() >= 0:     # from the scan: sorted by path, so by name within a directory
+        order = np.argsort(dirs, kind="stable")
+        ids, dirs = sel[order], dirs[order]
+        cuts = np.flatnonzero(np.diff(dirs)) + 1
+        return {catalog.dirs[int(dirs[c])].rel: chunk for c, chunk in zip(np.r_[0, cuts], np.split(ids, cuts))}
+    groups: dict[str, list[tuple[str, int]]] = {}    # a catalog built by hand
+    for k in sel.tolist():
+        parent, _, name = t.rel(k).rpartition("/")
+        groups.setdefault(parent, []).append((name, k))
+    return {p: np.asarray([k for _, k in sorted(v)], np.int64) for p, v in groups.items()}
 
 
 def _layout_root(catalog: Catalog, layout: Layout) -> tuple[int, str, str]:
@@ -180,7 +212,9 @@ def dataset_samples(catalog: Catalog, layout: Layout) -> list[tuple[str, int]]:
     data-set order. The path differs from the catalog's source path only for
     a file reached through an alias (a second path to a directory)."""
     if layout.kind in ("imagefolder", "datasetfolder"):
-        return _folder_samples(catalog, layout)
+        t = catalog.files
+        return [(dpath + "/" + t.rel(k).rpartition("/")[2], k)
+                for dpath, ids in _folder_parts(catalog, layout) for k in ids.tolist()]
     if layout.kind == "sorted":
         exts = tuple(layout.extensions) if layout.extensions is not None else None
         paths = [(catalog.source_path(f), k) for k, f in enumerate(catalog.files)
@@ -192,13 +226,24 @@ def dataset_samples(catalog: Catalog, layout: Layout) -> list[tuple[str, int]]:
     raise CatalogError(f"unknown layout {layout.kind!r}: use one of {', '.join(LAYOUTS)}")
 
 
-def dataset_order(catalog: Catalog, layout: Layout) -> list[int]:
+def dataset_ids(catalog: Catalog, layout: Layout) -> np.ndarray:
     """Position i of the data set -> index into catalog.files of the file
-    sample i reads (module doc)."""
-    return [k for _, k in dataset_samples(catalog, layout)]
+    sample i reads (module doc), as an int64 array; for ImageFolder without a
+    Python step per file."""
+    if layout.kind in ("imagefolder", "datasetfolder"):
+        parts = [ids for _, ids in _folder_parts(catalog, layout)]
+        return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
+    return np.asarray([k for _, k in dataset_samples(catalog, layout)], np.int64)
 
 
-def _folder_samples(catalog: Catalog, layout: Layout) -> list[tuple[str, int]]:
+def dataset_order(catalog: Catalog, layout: Layout) -> list[int]:
+    """dataset_ids as a list."""
+    return dataset_ids(catalog, layout).tolist()
+
+
+def _folder_parts(catalog: Catalog, layout: Layout) -> list[tuple[str, np.ndarray]]:
+    """(directory as the training code names it, catalog ids of its samples
+    in order) of every directory ImageFolder lists, in its order."""
     exts = _extensions(layout)
     root_id, base, where = _layout_root(catalog, layout)
     tree = _Tree(catalog, root_id)
@@ -206,26 +251,23 @@ def _folder_samples(catalog: Catalog, layout: Layout) -> list[tuple[str, int]]:
     if not classes:
         raise CatalogError(f"Couldn't find any class folder in {where}: --layout {layout.kind} "
                            "expects root/<class>/.../<file>")
-    samples: list[tuple[str, int]] = []
+    parts: list[tuple[str, np.ndarray]] = []
     empty: list[str] = []
     prefix = where.rstrip("/") + "/"
+    matches = _NameMatch(catalog.files, exts)
     for cls in classes:
-        start = len(samples)
+        count = 0
         crel = tree.subdir(base, cls)
         assert crel is not None
         for vrel, drel in sorted(tree.walk(cls, crel, where)):
-            ids = tree.files.get(drel, {})
-            for name in tree.names(drel):
-                if not name.lower().endswith(exts):
-                    continue
-                path = prefix + vrel + "/" + name
-                if name not in ids:
-                    raise CatalogError(
-                        f"{path} is not a regular file (a dangling symlink, a fifo or socket, or it "
-                        f"cannot be stat'ed), but ImageFolder would list it as a sample by its name; "
-                        "remove it or give the order as --layout manifest")
-                samples.append((path, ids[name]))
-        if len(samples) == start:
+            if drel in tree.skipped:
+                ids = _listed_samples(tree, drel, prefix + vrel, exts)
+            else:
+                ids = tree.ids.get(drel, _NONE)
+                ids = ids[matches(ids)]
+            parts.append((prefix + vrel, ids))
+            count += len(ids)
+        if not count:
             empty.append(cls)
     if empty and not layout.allow_empty:
         raise CatalogError(
@@ -233,7 +275,65 @@ def _folder_samples(catalog: Catalog, layout: Layout) -> list[tuple[str, int]]:
             f"extensions are: {', '.join(exts)} (compared with the lower-cased file name). "
             "torchvision raises FileNotFoundError here; remove the empty class folders or use "
             "allow_empty")
-    return samples
+    return parts
+
+
+def _listed_samples(tree: _Tree, drel: str, dpath: str, exts: tuple[str, ...]) -> np.ndarray:
+    """The samples of a directory that also holds entries the catalog skipped
+    (one of which ImageFolder would list is an error)."""
+    ids = tree.files(drel)
+    out: list[int] = []
+    for name in tree.names(drel):
+        if not name.lower().endswith(exts):
+            continue
+        if name not in ids:
+            raise CatalogError(
+                f"{dpath}/{name} is not a regular file (a dangling symlink, a fifo or socket, or it "
+                f"cannot be stat'ed), but ImageFolder would list it as a sample by its name; "
+                "remove it or give the order as --layout manifest")
+        out.append(ids[name])
+    return np.asarray(out, np.int64)
+
+
+_LOWER = np.arange(256, dtype=np.uint8)
+_LOWER[ord("A"):ord("Z") + 1] += 32
+
+
+class _NameMatch:
+    """Whether ``name.lower().endswith(exts)`` for catalog files, on the path
+    blob: ASCII names at once, others (whose lower() may change the length)
+    one by one in Python."""
+
+    def __init__(self, table: FileTable, exts: tuple[str, ...]):
+        self.t = table
+        self.exts = exts
+        self.ascii = all(e.isascii() for e in exts)
+        starts = table.offsets[:-1]
+        if len(table) and table.lengths().min() > 0:       # a path with a non-ASCII byte
+            self.other = np.maximum.reduceat(table.paths, starts) >= 128
+        else:
+            self.other = np.ones(len(table), bool)
+
+    def __call__(self, ids: np.ndarray) -> np.ndarray:
+        t = self.t
+        if not self.ascii or not len(ids):
+            return np.fromiter((t.rel(k).rpartition("/")[2].lower().endswith(self.exts) for k in ids.tolist()),
+                               bool, len(ids))
+        ends = t.offsets[ids + 1]
+        names = ends - t.offsets[ids]
+        out = np.zeros(len(ids), bool)
+        for e in self.exts:
+            if "/" in e:
+                continue                       # no name ends with it
+            eb = e.encode("ascii")
+            ok = names >= len(eb)
+            for j, c in enumerate(eb):
+                ok &= _LOWER[t.paths[np.where(ok, ends - len(eb) + j, 0)]] == c
+            out |= ok
+        slow = np.flatnonzero(self.other[ids])
+        for k in slow.tolist():
+            out[k] = t.rel(int(ids[k])).rpartition("/")[2].lower().endswith(self.exts)
+        return out
 
 
 def _read_manifest(path: Path) -> list[tuple[int, str]]:

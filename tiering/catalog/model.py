@@ -3,7 +3,11 @@ and the directories and directory aliases the scan saw."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any, overload
+
+import numpy as np
 
 
 class CatalogError(Exception):
@@ -53,10 +57,180 @@ class DirAlias:
     target: str
 
 
+# Per-file columns of a FileTable (NOTE [catalog arrays] in docs/design.md),
+# after root and rel, in CatalogFile order, with their dtypes.
+FILE_COLUMNS: dict[str, str] = {
+    "size": "<i8", "mtime_ns": "<i8", "dev": "<u8", "ino": "<u8", "link": "?",
+    "mode": "<u4", "uid": "<u4", "gid": "<u4", "nlink": "<u8", "atime_ns": "<i8", "ctime_ns": "<i8",
+    "blocks": "<i8", "blksize": "<i8"}
+STAT_FIELDS = ("mode", "uid", "gid", "nlink", "atime_ns", "ctime_ns", "blocks", "blksize")
+TERMINATE_BLOCK = 1 << 16     # files per block of FileTable.terminated
+
+
+def encode_rel(rel: str) -> bytes:
+    return rel.encode("utf-8", "surrogateescape")
+
+
+def decode_rel(data: bytes) -> str:
+    return data.decode("utf-8", "surrogateescape")
+
+
+class FileTable(Sequence[CatalogFile]):
+    """The catalogued files as arrays, one entry per file (NOTE [catalog
+    arrays]): the relative paths in one blob (`paths`, UTF-8 with surrogate
+    escapes) cut by `offsets` (n + 1), the root and directory ids (`dir`: an
+    index into Catalog.dirs, -1 when unknown) and one array per column of
+    FILE_COLUMNS.  ``table[i]`` builds the CatalogFile of file i when asked."""
+
+    def __init__(self, paths: np.ndarray, offsets: np.ndarray, root: np.ndarray, dir: np.ndarray,
+                 columns: dict[str, np.ndarray]):
+        self.paths = np.ascontiguousarray(paths, np.uint8)
+        self.offsets = np.ascontiguousarray(offsets, np.int64)
+        n = len(self.offsets) - 1
+        self.root = np.ascontiguousarray(root, np.int32)
+        self.dir = np.ascontiguousarray(dir, np.int32)
+        self.columns = {k: np.ascontiguousarray(columns[k], dt) for k, dt in FILE_COLUMNS.items()}
+        if n < 0 or len(self.root) != n or len(self.dir) != n or any(len(c) != n for c in self.columns.values()):
+            raise ValueError("the columns of a file table differ in length")
+
+    # -- construction ------------------------------------------------------
+    @classmethod
+    def empty(cls) -> FileTable:
+        return cls(np.zeros(0, np.uint8), np.zeros(1, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int32),
+                   {k: np.zeros(0, dt) for k, dt in FILE_COLUMNS.items()})
+
+    @classmethod
+    def from_rows(cls, rels: Sequence[str], root: Iterable[int], dirs: Iterable[int],
+                  columns: dict[str, Sequence[Any]]) -> FileTable:
+        """From Python values (a scan's rows, CatalogFiles built by hand)."""
+        data = [encode_rel(r) for r in rels]
+        offsets = np.zeros(len(data) + 1, np.int64)
+        np.cumsum([len(d) for d in data], out=offsets[1:])
+        paths = np.frombuffer(b"".join(data), np.uint8).copy()
+        n = len(data)
+        return cls(paths, offsets, np.fromiter(root, np.int32, n), np.fromiter(dirs, np.int32, n),
+                   {k: np.asarray(columns[k], dt) if n else np.zeros(0, dt) for k, dt in FILE_COLUMNS.items()})
+
+    @classmethod
+    def from_files(cls, files: Sequence[CatalogFile]) -> FileTable:
+        return cls.from_rows([f.rel for f in files], (f.root for f in files), (-1 for _ in files),
+                             {k: [getattr(f, k) for f in files] for k in FILE_COLUMNS})
+
+    @classmethod
+    def concat(cls, parts: Sequence[FileTable], roots: Sequence[int], dir_bases: Sequence[int]) -> FileTable:
+        """The tables of several roots as one: part k gets root id roots[k]
+        and its directory ids shifted by dir_bases[k]."""
+        if not parts:
+            return cls.empty()
+        sizes = np.cumsum([0] + [len(p.paths) for p in parts[:-1]])
+        offsets = np.concatenate([parts[0].offsets[:1]] + [p.offsets[1:] + s for p, s in zip(parts, sizes)])
+        root = np.concatenate([np.full(len(p), r, np.int32) for p, r in zip(parts, roots)])
+        dirs = np.concatenate([np.where(p.dir >= 0, p.dir + b, -1) for p, b in zip(parts, dir_bases)])
+        return cls(np.concatenate([p.paths for p in parts]), offsets, root, dirs,
+                   {k: np.concatenate([p.columns[k] for p in parts]) for k in FILE_COLUMNS})
+
+    def take(self, ids: np.ndarray) -> FileTable:
+        """The files ids (in that order) as a table of their own."""
+        ids = np.asarray(ids, np.int64)
+        starts, lengths = self.offsets[ids], self.lengths()[ids]
+        offsets = np.zeros(len(ids) + 1, np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        return FileTable(self.paths[spans(starts, lengths)], offsets, self.root[ids], self.dir[ids],
+                         {k: c[ids] for k, c in self.columns.items()})
+
+    # -- columns ------------------------------------------------------------
+    def __getattr__(self, name: str) -> np.ndarray:
+        columns = self.__dict__.get("columns")
+        if columns is not None and name in columns:
+            return columns[name]
+        raise AttributeError(name)
+
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.paths.nbytes + self.offsets.nbytes + self.root.nbytes + self.dir.nbytes
+                   + sum(c.nbytes for c in self.columns.values()))
+
+    def blob(self) -> bytes:
+        """The paths as one bytes object (a copy: for slicing many at once)."""
+        return self.paths.tobytes()
+
+    def rel_bytes(self, i: int) -> bytes:
+        return self.paths[int(self.offsets[i]):int(self.offsets[i + 1])].tobytes()
+
+    def rel(self, i: int) -> str:
+        return decode_rel(self.rel_bytes(i))
+
+    def rels(self) -> list[str]:
+        blob, o = self.blob(), self.offsets.tolist()
+        return [decode_rel(blob[o[k]:o[k + 1]]) for k in range(len(self))]
+
+    def terminated(self) -> bytearray:
+        """Every path followed by a NUL byte, in one buffer (made in blocks of
+        files: no temporary array as large as the blob)."""
+        n = len(self)
+        out = bytearray(len(self.paths) + n)
+        view = np.frombuffer(out, np.uint8)
+        for a in range(0, n, TERMINATE_BLOCK):
+            b = min(n, a + TERMINATE_BLOCK)
+            o = self.offsets[a:b + 1]
+            part = view[o[0] + a:o[-1] + b]
+            keep = np.ones(len(part), bool)
+            keep[o[1:] - o[0] + np.arange(b - a)] = False       # where the NULs go
+            part[keep] = self.paths[o[0]:o[-1]]
+        return out
+
+    # -- the Sequence of CatalogFile ------------------------------------------
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    @overload
+    def __getitem__(self, i: int) -> CatalogFile: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[CatalogFile]: ...
+
+    def __getitem__(self, i: int | slice) -> CatalogFile | list[CatalogFile]:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        n = len(self)
+        k = int(i)
+        if k < 0:
+            k += n
+        if not 0 <= k < n:
+            raise IndexError(f"file {i} of {n}")
+        c = self.columns
+        return CatalogFile(int(self.root[k]), self.rel(k), int(c["size"][k]), int(c["mtime_ns"][k]),
+                           int(c["dev"][k]), int(c["ino"][k]), bool(c["link"][k]),
+                           *(int(c[name][k]) for name in STAT_FIELDS))
+
+    def __iter__(self) -> Iterator[CatalogFile]:
+        return (self[k] for k in range(len(self)))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, FileTable):
+            return (len(self) == len(other) and np.array_equal(self.offsets, other.offsets)
+                    and np.array_equal(self.paths, other.paths) and np.array_equal(self.root, other.root)
+                    and all(np.array_equal(c, other.columns[k]) for k, c in self.columns.items()))
+        if isinstance(other, (list, tuple)):
+            return len(self) == len(other) and list(self) == list(other)
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        return f"FileTable({len(self)} files)"
+
+
+def spans(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The indices of every element of the ranges [starts[k], starts[k] + lengths[k]), in order."""
+    first = np.cumsum(lengths) - lengths
+    return np.arange(int(lengths.sum()), dtype=np.int64) + np.repeat(starts - first, lengths)
+
+
 @dataclass
 class Catalog:
     roots: list[str]                      # absolute, normalised data roots
-    files: list[CatalogFile]
+    files: FileTable                      # also given as a list of CatalogFile (converted)
     dir_links: list[bool] = field(default_factory=list)  # per root: contains a symlinked dir
     dirs: list[CatalogDir] = field(default_factory=list)
     aliases: list[DirAlias] = field(default_factory=list)
@@ -64,24 +238,23 @@ class Catalog:
     from_cache: bool = False              # every root came from the scan cache
     cached: list[bool] = field(default_factory=list)  # per root: from the scan cache, not scanned now
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.files, FileTable):
+            self.files = FileTable.from_files(list(self.files))
+
     @property
     def total_bytes(self) -> int:
-        return sum(f.size for f in self.files)
+        return int(self.files.size.sum())
 
     def source_path(self, f: CatalogFile) -> str:
         return os.path.join(self.roots[f.root], f.rel)
 
 
-# One file of a RootScan: the fields of CatalogFile after root, in order.
-FileRow = tuple[str, int, int, int, int, bool, int, int, int, int, int, int, int, int]
-STAT_FIELDS = ("mode", "uid", "gid", "nlink", "atime_ns", "ctime_ns", "blocks", "blksize")
-
-
 @dataclass
 class RootScan:
-    """One root, before root ids are assigned (also what the cache holds)."""
-    # rel, size, mtime_ns, dev, ino, link, then mode, uid, gid, nlink, atime_ns, ctime_ns, blocks, blksize
-    files: list[FileRow] = field(default_factory=list)
+    """One root, before root ids are assigned (also what the cache holds):
+    its files as a FileTable (root ids 0, directory ids into `dirs`)."""
+    files: FileTable = field(default_factory=FileTable.empty)
     dirs: list[tuple[str, int, int, int]] = field(default_factory=list)    # rel, ino, dev, mtime_ns
     aliases: list[tuple[str, str]] = field(default_factory=list)           # rel, target rel
     skipped: list[str] = field(default_factory=list)

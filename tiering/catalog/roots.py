@@ -11,6 +11,10 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
+import numpy as np
+
+from .model import encode_rel
+
 if TYPE_CHECKING:
     from .model import Catalog
 
@@ -41,17 +45,33 @@ class RootMap:
 
 
 class PathIndex:
-    """Absolute paths -> catalog file ids (-1: not a catalogued file)."""
+    """Absolute paths -> catalog file ids (-1: not a catalogued file): the
+    catalog's (root, path) hashes sorted once, found by binary search and
+    checked against the path itself (NOTE [catalog arrays] in docs/design.md)."""
 
     def __init__(self, catalog: Catalog):
         self.catalog = catalog
         self.roots = RootMap(catalog.roots)
-        self._ids: dict[tuple[int, str], int] | None = None
+        self._hashes: np.ndarray | None = None
+        self._ids: np.ndarray | None = None
+
+    def _build(self) -> tuple[np.ndarray, np.ndarray]:
+        t = self.catalog.files
+        blob, o, r = t.blob(), t.offsets.tolist(), t.root.tolist()
+        h = np.fromiter((hash((r[k], blob[o[k]:o[k + 1]])) for k in range(len(t))), np.int64, len(t))
+        ids = np.argsort(h, kind="stable")
+        self._hashes, self._ids = h[ids], ids
+        return self._hashes, self._ids
 
     def id_of(self, path: str) -> int:
         where = self.roots.split(path)
         if where is None:
             return -1
-        if self._ids is None:
-            self._ids = {(f.root, f.rel): k for k, f in enumerate(self.catalog.files)}
-        return self._ids.get(where, -1)
+        hashes, ids = (self._hashes, self._ids) if self._ids is not None else self._build()
+        root, rel = where[0], encode_rel(where[1])
+        h = hash((root, rel))
+        t = self.catalog.files
+        for k in ids[np.searchsorted(hashes, h, "left"):np.searchsorted(hashes, h, "right")].tolist():
+            if t.root[k] == root and t.rel_bytes(k) == rel:
+                return k
+        return -1

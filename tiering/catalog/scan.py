@@ -33,14 +33,17 @@ import os
 import queue
 import stat
 import time
+from array import array
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from .cache import CacheRefused, cache_dir_problem, load_cache, save_cache
-from .model import Catalog, CatalogDir, CatalogFile, DirAlias, RootScan, ScanError
+from .model import FILE_COLUMNS, Catalog, CatalogDir, DirAlias, FileTable, RootScan, ScanError, decode_rel, encode_rel
 from .roots import join
 
 log = logging.getLogger("tiering")
@@ -136,6 +139,7 @@ class _Tasks:
 def _walk_root(root: str, pool: ThreadPoolExecutor, progress: ScanProgress | None = None,
                report: ScanCallback = _no_progress) -> RootScan:
     res = RootScan(scanned_ns=time.time_ns())
+    rows = _Columns()
     prog = progress if progress is not None else ScanProgress()
     st = os.stat(root)
     seen: dict[tuple[int, int], str] = {}
@@ -163,9 +167,7 @@ def _walk_root(root: str, pool: ThreadPoolExecutor, progress: ScanProgress | Non
                 else:
                     add_dir(rel, s)
             elif stat.S_ISREG(s.st_mode):
-                res.files.append((rel, s.st_size, s.st_mtime_ns, s.st_dev, s.st_ino, is_link,
-                                  s.st_mode, s.st_uid, s.st_gid, s.st_nlink, s.st_atime_ns, s.st_ctime_ns,
-                                  s.st_blocks, s.st_blksize))
+                rows.add(rel, s, is_link)
                 prog.files += 1
                 prog.bytes += s.st_size
             else:
@@ -192,13 +194,66 @@ def _walk_root(root: str, pool: ThreadPoolExecutor, progress: ScanProgress | Non
         round_, later = sorted(later, key=lambda x: x[0]), []
         for rel, s in round_:
             add_dir(rel, s)
-    if res.errors and not res.files:
+    if res.errors and not rows.rels:
         raise ScanError(f"cannot scan {root}: {res.errors[0]}")
-    res.files.sort()
     res.dirs.sort()
+    res.files = rows.table(res.dirs)
     res.aliases.sort()
     res.skipped.sort()
     return res
+
+
+class _Columns:
+    """The files a scan finds, kept as it goes in C arrays, one per column
+    (the path as UTF-8 bytes is the one object per file), then sorted by path
+    into a FileTable (NOTE [catalog arrays] in docs/design.md)."""
+
+    _CODES = {"<i8": "q", "<u8": "Q", "<u4": "I", "?": "b"}
+
+    def __init__(self) -> None:
+        self.rels: list[bytes] = []
+        self.cols = {k: array(self._CODES[dt]) for k, dt in FILE_COLUMNS.items()}
+        self.escaped = False      # a name that is not UTF-8: sort by the decoded str
+
+    def add(self, rel: str, s: os.stat_result, link: bool) -> None:
+        try:
+            data = rel.encode("utf-8")
+        except UnicodeEncodeError:
+            data = rel.encode("utf-8", "surrogateescape")
+            self.escaped = True
+        self.rels.append(data)
+        c = self.cols
+        c["size"].append(s.st_size)
+        c["mtime_ns"].append(s.st_mtime_ns)
+        c["dev"].append(s.st_dev)
+        c["ino"].append(s.st_ino)
+        c["link"].append(link)
+        c["mode"].append(s.st_mode)
+        c["uid"].append(s.st_uid)
+        c["gid"].append(s.st_gid)
+        c["nlink"].append(s.st_nlink)
+        c["atime_ns"].append(s.st_atime_ns)
+        c["ctime_ns"].append(s.st_ctime_ns)
+        c["blocks"].append(s.st_blocks)
+        c["blksize"].append(s.st_blksize)
+
+    def table(self, dirs: list[tuple[str, int, int, int]]) -> FileTable:
+        """Sorted by path as str (code points: UTF-8's byte order, unless a
+        name is not UTF-8), each file with the id of its directory in dirs."""
+        rels = self.rels
+        key = (lambda k: decode_rel(rels[k])) if self.escaped else rels.__getitem__
+        order = np.fromiter(sorted(range(len(rels)), key=key), np.int64, len(rels))
+        dir_id = {encode_rel(d[0]): k for k, d in enumerate(dirs)}
+        ordered = [rels[k] for k in order.tolist()]
+        self.rels = []
+        offsets = np.zeros(len(ordered) + 1, np.int64)
+        np.cumsum(np.fromiter(map(len, ordered), np.int64, len(ordered)), out=offsets[1:])
+        parents = np.fromiter((dir_id.get(r.rpartition(b"/")[0], -1) for r in ordered), np.int32, len(ordered))
+        paths = np.frombuffer(b"".join(ordered), np.uint8)
+        del ordered
+        cols = {k: np.frombuffer(a, FILE_COLUMNS[k])[order] if len(a) else np.zeros(0, FILE_COLUMNS[k])
+                for k, a in self.cols.items()}
+        return FileTable(paths, offsets, np.zeros(len(order), np.int32), parents, cols)
 
 
 def _cached(cache_dir: Path, root: str, pool: ThreadPoolExecutor) -> tuple[RootScan | None, bool]:
@@ -235,7 +290,7 @@ def scan(dirs: list[str], threads: int = 16, cache_dir: Path | None = None,
                 prog.roots_from_cache += 1
                 prog.files += len(part.files)
                 prog.dirs += len(part.dirs)
-                prog.bytes += sum(f[1] for f in part.files)
+                prog.bytes += int(part.files.size.sum())
             else:
                 prog.phase = "scanning"
                 report(prog)
@@ -247,10 +302,12 @@ def scan(dirs: list[str], threads: int = 16, cache_dir: Path | None = None,
             parts.append(part)
     prog.phase = "done"
     report(prog)
-    cat = Catalog(list(roots), [], [], from_cache=cache is not None and all(from_cache),
-                  cached=from_cache)
+    bases = [0]
+    for p in parts[:-1]:
+        bases.append(bases[-1] + len(p.dirs))
+    cat = Catalog(list(roots), FileTable.concat([p.files for p in parts], range(len(parts)), bases), [],
+                  from_cache=cache is not None and all(from_cache), cached=from_cache)
     for i, p in enumerate(parts):
-        cat.files.extend(CatalogFile(i, *row) for row in p.files)
         cat.dirs.extend(CatalogDir(i, rel, ino, dev, mt) for rel, ino, dev, mt in p.dirs)
         cat.aliases.extend(DirAlias(i, rel, target) for rel, target in p.aliases)
         cat.skipped.extend((i, rel) for rel in p.skipped)

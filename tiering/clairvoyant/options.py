@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..catalog import Catalog, Layout, PathIndex, dataset_order
+from ..catalog import Catalog, Layout, PathIndex, dataset_ids
 from .feeds import ListFeed
 from .launcher import local_ranks, ranks_from_env
 from .orderfile import read_order_file
@@ -127,7 +127,7 @@ def epoch_arrays_from_options(opts: OrderOptions, catalog: Catalog,
     if opts.order_file is not None:
         yield from _order_file_epochs(opts, catalog)
         return
-    mapping = np.asarray(dataset_order(catalog, _layout(opts)), dtype=np.int64)
+    mapping = dataset_ids(catalog, _layout(opts))
     specs = _specs(opts, env)
     n = len(mapping)
     if len(specs) == 1:
@@ -157,7 +157,7 @@ def _order_file_epochs(opts: OrderOptions, catalog: Catalog) -> Iterator[np.ndar
         for order in _path_epochs(opts.order_file, catalog):
             yield np.asarray(order, dtype=np.int64)
         return
-    mapping = np.asarray(dataset_order(catalog, _layout(opts)), dtype=np.int64)
+    mapping = dataset_ids(catalog, _layout(opts))
     for k, order in enumerate(epochs):
         idx = np.asarray(order, dtype=np.int64)
         bad = np.flatnonzero((idx < 0) | (idx >= len(mapping)))

@@ -23,10 +23,12 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
+
+import numpy as np
 
 from ..catalog import ScanProgress
 from ..console import Stderr, say, stderr_is_terminal
@@ -101,11 +103,13 @@ def warm_line(p: Any) -> str:
             f"ETA {eta}")
 
 
-def fits_bytes(sizes: list[int], capacity: int, alloc: Callable[[int], int]) -> int:
+def fits_bytes(sizes: Sequence[int], capacity: int, alloc: Callable[[int], int]) -> int:
     """Bytes of the data set the tiers can hold: all of it, or the capacity
-    scaled by the data set's bytes per allocated byte (whole blocks)."""
-    total = sum(sizes)
-    allocated = sum(alloc(s) for s in sizes)
+    scaled by the data set's bytes per allocated byte (whole blocks; alloc
+    is asked once per distinct size)."""
+    values, counts = np.unique(np.asarray(sizes, np.int64), return_counts=True)
+    total = int((values * counts).sum())
+    allocated = sum(alloc(int(v)) * int(c) for v, c in zip(values.tolist(), counts.tolist()))
     if allocated <= capacity or not allocated:
         return total
     return int(capacity * total / allocated)

@@ -95,7 +95,7 @@ class DaemonSnapshot:
 class Daemon:
     """Implements the Placement contract (placement/api.py) for its policy."""
 
-    def __init__(self, index: SharedIndex, catalog: Catalog, slots: list[int],
+    def __init__(self, index: SharedIndex, catalog: Catalog, slots: Sequence[int],
                  tiers: list[TierState], pfs_threads: int, policy_factory: Callable[[Daemon], Policy],
                  peers: PeerLinks | None = None):
         self.index = index
@@ -105,8 +105,8 @@ class Daemon:
         self.slots = slots
         self.tiers = tiers
         self.stats = DaemonStats()
-        self._sizes = [f.size for f in catalog.files]
-        self._sizes_array = np.asarray(self._sizes, dtype=np.int64)
+        self._sizes_array = np.asarray(catalog.files.size, dtype=np.int64)
+        self._sizes = self._sizes_array
         self._lock = threading.Lock()
         self.pfs_threads = max(1, pfs_threads)
         self._pfs = threading.BoundedSemaphore(self.pfs_threads)
@@ -150,7 +150,7 @@ class Daemon:
         return self.tiers[tier].free()
 
     def fastest_with_room(self, i: int) -> int | None:
-        need = allocation(self._sizes[i])
+        need = allocation(int(self._sizes[i]))
         for k, t in enumerate(self.tiers):
             if t.free() >= need:
                 return k
@@ -162,7 +162,7 @@ class Daemon:
             if not self.placeable(i):
                 return False
             t = self.tiers[tier]
-            need = allocation(self._sizes[i])
+            need = allocation(int(self._sizes[i]))
             if t.free() < need:
                 return False
             t.used += need

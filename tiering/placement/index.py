@@ -15,11 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    from ..catalog import Catalog
-
 import cffi
 import numpy as np
+
+from ..catalog.model import FileTable
+
+if TYPE_CHECKING:
+    from ..catalog import Catalog
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent     # tiering/
 RING_MIN = 1 << 16        # ring slots at least (1.5 MiB)
@@ -221,12 +223,10 @@ def file_stats(cat: Catalog) -> FileStats:
     """The catalog's stat columns; exact for the roots scanned now, not for
     those taken from the scan cache (a file changed in place since the cache
     was written does not show in it: NOTE [stat from the index])."""
-    files = cat.files
-    cached = cat.cached or [False] * len(cat.roots)
-    return FileStats(mode=[f.mode for f in files], uid=[f.uid for f in files], gid=[f.gid for f in files],
-                     nlink=[f.nlink for f in files], atime_ns=[f.atime_ns for f in files],
-                     ctime_ns=[f.ctime_ns for f in files], blocks=[f.blocks for f in files],
-                     blksize=[f.blksize for f in files], exact=[not cached[f.root] for f in files])
+    t = cat.files
+    cached = np.asarray(cat.cached or [False] * len(cat.roots), bool)
+    return FileStats(mode=t.mode, uid=t.uid, gid=t.gid, nlink=t.nlink, atime_ns=t.atime_ns, ctime_ns=t.ctime_ns,
+                     blocks=t.blocks, blksize=t.blksize, exact=~cached[t.root] if len(cached) else np.zeros(0, bool))
 
 
 def _aligned(offset: int) -> int:
@@ -283,12 +283,12 @@ class SharedIndex:
     # -- creation ---------------------------------------------------------
     @classmethod
     def create(cls, path: Path, roots: Sequence[Root], tiers: Sequence[str],
-               rels: Sequence[str], root_ids: Sequence[int], sizes: Sequence[int],
+               rels: Sequence[str] | FileTable, root_ids: Sequence[int], sizes: Sequence[int],
                mtimes: Sequence[int], devs: Sequence[int] | None = None,
                inos: Sequence[int] | None = None, links: Sequence[bool] | None = None,
                stats: FileStats | None = None, scanner: Credentials | None = None,
-               ring_size: int | None = None) -> tuple[SharedIndex, list[int]]:
-        """Writes a new index at path (mode 0600) and returns it with the slot
+               ring_size: int | None = None) -> tuple[SharedIndex, np.ndarray]:
+        """Writes a new index at path (mode 0600) and returns it with the slot (int64 array)
         of every catalogued file, in the order given.  devs and inos are the
         files' st_dev and st_ino (0: unknown), which link the entries of one
         file (hard links, symlinks) so that a write through any of its paths
@@ -355,30 +355,34 @@ class SharedIndex:
         recs = np.ndarray((n,), numpy_dtype("struct tiering_file"), buffer=mm, offset=files_offset)
         _write_records(recs, devs, inos, mtimes, links, stats)
         del recs
-        blob = b"".join(r.encode("utf-8", "surrogateescape") + b"\0" for r in rels)
-        slots = ffi.new("uint64_t[]", max(n, 1))
+        blob = ffi.from_buffer(rels.terminated() if isinstance(rels, FileTable) else
+                               b"".join(r.encode("utf-8", "surrogateescape") + b"\0" for r in rels))
+        slots = np.zeros(max(n, 1), np.uint64)
+        root_arr = np.zeros(max(n, 1), np.uint32)
+        root_arr[:n] = np.asarray(root_ids, np.int64)
+        size_arr = np.zeros(max(n, 1), np.uint64)
+        size_arr[:n] = np.asarray(sizes, np.int64)
         got = lib.tiering_index_fill(
-            ffi.cast("void *", buf), blob, len(blob),
-            ffi.new("uint32_t[]", list(root_ids) or [0]), ffi.new("uint64_t[]", list(sizes) or [0]), n, slots)
+            ffi.cast("void *", buf), blob, len(blob), ffi.from_buffer("uint32_t[]", root_arr),
+            ffi.from_buffer("uint64_t[]", size_arr), n, ffi.from_buffer("uint64_t[]", slots))
         if got <= -2:
-            raise ValueError(f"duplicate catalog path: {rels[-2 - got]!r}")
+            dup = rels.rel(-2 - got) if isinstance(rels, FileTable) else rels[-2 - got]
+            raise ValueError(f"duplicate catalog path: {dup!r}")
         if got < 0:
             raise RuntimeError("index table overflow (internal error)")
         h.magic = lib.TIERING_MAGIC  # last: a reader trusts nothing before it
         del h, buf
-        return cls(path, mm), [int(slots[i]) for i in range(n)]
+        return cls(path, mm), slots[:n].astype(np.int64)
 
     @classmethod
     def for_catalog(cls, path: Path, roots: Sequence[Root], tiers: Sequence[str],
-                    cat: Catalog) -> tuple[SharedIndex, list[int]]:
+                    cat: Catalog) -> tuple[SharedIndex, np.ndarray]:
         """The index of a catalog: every file with its identity, whether its
         path is a symlink, and its stat (answered from the index for the
         roots this job scanned itself)."""
-        files = cat.files
-        return cls.create(path, roots, tiers, [f.rel for f in files], [f.root for f in files],
-                          [f.size for f in files], [f.mtime_ns for f in files],
-                          devs=[f.dev for f in files], inos=[f.ino for f in files],
-                          links=[f.link for f in files], stats=file_stats(cat))
+        t = cat.files
+        return cls.create(path, roots, tiers, t, t.root, t.size, t.mtime_ns, devs=t.dev, inos=t.ino,
+                          links=t.link, stats=file_stats(cat))
 
     @classmethod
     def open(cls, path: Path, readonly: bool = False) -> SharedIndex:

@@ -37,7 +37,7 @@ def _from_profile(profile: str, data: tuple[str, ...], nodes: int, w: Workload, 
     prof = load_profile(profile)
     cat = scan(list(data))
     streams = node_streams(order, cat, nodes)
-    return config_from_profile(prof, [f.size for f in cat.files], streams, order.batch_size or 32, w)
+    return config_from_profile(prof, cat.files.size.tolist(), streams, order.batch_size or 32, w)
 
 
 @click.command("simulate", help="Simulate the I/O policies of a training job on a cluster.\n\n" + EXAMPLE)
