@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -86,13 +87,14 @@ class DirFds:
     def get(self, key: str, create: bool) -> Iterator[int]:
         """The fd of directory `key` (made with its parents when `create`),
         valid inside the with block."""
-        fd = self._acquire(key, create)
+        fd = self.acquire(key, create)
         try:
             yield fd
         finally:
-            self._release(key)
+            self.release(key)
 
-    def _acquire(self, key: str, create: bool) -> int:
+    def acquire(self, key: str, create: bool) -> int:
+        """The fd of directory `key`, valid until release(key)."""
         if key == "":
             return self.top_fd
         with self._lock:
@@ -114,7 +116,7 @@ class DirFds:
             self._trim()
         return fd
 
-    def _release(self, key: str) -> None:
+    def release(self, key: str) -> None:
         if key == "":
             return
         with self._lock:
@@ -232,7 +234,6 @@ class TierState:
     files: int = 0      # published copies
     placed_bytes: int = 0  # logical bytes of published copies
     failures: int = 0
-    pool: ThreadPoolExecutor | None = None
     chunked_bytes: int = CHUNKED_BYTES   # NOTE [chunked copy]
     chunk_threads: int = CHUNK_THREADS
     dirs: TierDirs = field(init=False, repr=False)
@@ -326,43 +327,84 @@ def copy_file(src: str, f: CatalogFile, tier: TierState, stop: threading.Event,
     if f.size >= tier.chunked_bytes:
         return _copy_chunked(src, f, tier, stop, on_read, name)
     key, leaf = TierDirs.key(f)
-    progress = _Progress(stop, on_read)
-    c = ffi.new("struct tiering_copy *", {"size": f.size, "mtime_ns": f.mtime_ns, "follow": int(f.link)})
-    with tier.dirs.data.get(key, create=True) as dst_fd:
+    call = _Call.of_thread()
+    c, progress = call.c, call.progress
+    c.size, c.mtime_ns, c.follow = f.size, f.mtime_ns, int(f.link)
+    progress.stop, progress.on_read, progress.error = stop, on_read, None
+    data = tier.dirs.data
+    dst_fd = data.acquire(key, create=True)
+    try:
         for _ in range(3):
             staging_fd = tier.dirs.staging_fd
-            status = _transfer(os.fsencode(src), staging_fd, name.encode(), dst_fd, leaf.encode(), c, progress)
-            if status != lib.TIERING_COPY_NO_STAGING:
+            status = _transfer(os.fsencode(src), staging_fd, name.encode(), dst_fd, leaf.encode(), call)
+            if status != STATUS.no_staging:
                 break
             tier.dirs.remake_staging(staging_fd)
+    finally:
+        data.release(key)
     if progress.error is not None:
         raise progress.error
-    if status == lib.TIERING_COPY_STOPPED:
+    if status == STATUS.stopped:
         return None
     _raise_for(status, int(c.error), src)
     return int(c.blocks) * 512
 
 
-def _transfer(src: bytes, staging_fd: int, name: bytes, dst_fd: int, leaf: bytes, c: Any,
-              progress: _Progress) -> int:
+class _Call:
+    """A copying thread's arguments of the C routine, made once per thread."""
+
+    _local = threading.local()
+
+    def __init__(self) -> None:
+        self.c = ffi.new("struct tiering_copy *")
+        self.progress = _Progress(threading.Event(), lambda n: None)
+        self.handle = ffi.new_handle(self.progress)
+
+    @classmethod
+    def of_thread(cls) -> _Call:
+        call: _Call | None = getattr(cls._local, "call", None)
+        if call is None:
+            call = cls._local.call = cls()
+        return call
+
+
+def _transfer(src: bytes, staging_fd: int, name: bytes, dst_fd: int, leaf: bytes, call: _Call) -> int:
     """The copy in C, the GIL released (NOTE [copy in C]): a TIERING_COPY_* status."""
-    return int(lib.tiering_copy_file(src, staging_fd, name, dst_fd, leaf, c, _progress, ffi.new_handle(progress)))
+    return int(lib.tiering_copy_file(src, staging_fd, name, dst_fd, leaf, call.c, _progress, call.handle))
 
 
-# TIERING_COPY_* statuses that mean the source is not the catalog's file
-CHANGED = {
-    lib.TIERING_COPY_NOT_REGULAR: "is no longer the regular file the scan saw",
-    lib.TIERING_COPY_CHANGED: "changed since the scan",
-    lib.TIERING_COPY_GREW: "grew while it was copied",
-    lib.TIERING_COPY_SHRANK: "shrank while it was copied",
-}
+class _Statuses:
+    """The TIERING_COPY_* results of the header, read once from the library."""
+
+    @cached_property
+    def ok(self) -> int:
+        return int(lib.TIERING_COPY_OK)
+
+    @cached_property
+    def stopped(self) -> int:
+        return int(lib.TIERING_COPY_STOPPED)
+
+    @cached_property
+    def no_staging(self) -> int:
+        return int(lib.TIERING_COPY_NO_STAGING)
+
+    @cached_property
+    def changed(self) -> dict[int, str]:
+        """Those that mean the source is not the catalog's file."""
+        return {lib.TIERING_COPY_NOT_REGULAR: "is no longer the regular file the scan saw",
+                lib.TIERING_COPY_CHANGED: "changed since the scan",
+                lib.TIERING_COPY_GREW: "grew while it was copied",
+                lib.TIERING_COPY_SHRANK: "shrank while it was copied"}
+
+
+STATUS = _Statuses()
 
 
 def _raise_for(status: int, err: int, src: str) -> None:
     """The exception of a TIERING_COPY_* status other than OK and STOPPED."""
-    if status == lib.TIERING_COPY_OK:
+    if status == STATUS.ok:
         return
-    reason = CHANGED.get(status)
+    reason = STATUS.changed.get(status)
     if reason is not None:
         raise SourceChanged(f"{src} {reason}")
     raise OSError(err or errno.EIO, os.strerror(err or errno.EIO), src)
