@@ -182,3 +182,30 @@ def test_chunked_copy_mb_is_read_from_the_profile_with_a_default(tmp_path):
                         f"chunked_copy_mb: {bad}}}\n")
         with pytest.raises(ProfileError, match=r"tiers\[0\]\.chunked_copy_mb: must be a whole number"):
             load_profile(str(path))
+
+
+# -- the policy thread hands copies to the daemon in batches ------------------------------
+
+def test_landed_copies_are_followed_by_new_ones_in_batches_not_one_by_one() -> None:
+    import numpy as np
+    from test_event_batches import FakePlacement
+    from tiering.clairvoyant.feeds import ListFeed
+    from tiering.clairvoyant.policy import Clairvoyant
+    n = 5000
+    order = np.random.default_rng(3).permutation(n)
+    fake = FakePlacement(n, 10 * 4096 * n)
+    policy = Clairvoyant(fake, ListFeed(iter([order])))  # type: ignore[arg-type]
+    policy.start()
+    assert len(fake.pending) == policy.in_flight
+    issued = policy.fetches
+    for _ in range(policy.refill - 1):        # each landing alone issues nothing
+        f = fake.pending.pop(0)
+        fake.placed.append(f)
+        policy.on_placed(f, 0)
+        assert policy.fetches == issued
+    f = fake.pending.pop(0)
+    fake.placed.append(f)
+    policy.on_placed(f, 0)                     # the batch: the queue is full again
+    assert policy.fetches == issued + policy.refill and len(fake.pending) == policy.in_flight
+    policy.poll()                              # every turn of the event thread issues what has room
+    assert len(fake.pending) == policy.in_flight
