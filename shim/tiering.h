@@ -170,6 +170,34 @@ int tiering_state_cas(void *base, uint64_t slot, uint32_t expected, uint32_t des
 uint64_t tiering_ring_drain(void *base, uint64_t *tail, struct tiering_event *out,
                             uint64_t max, int force, uint64_t *dropped);
 uint64_t tiering_groups_hash(const uint32_t *groups, uint64_t n);
+/* The daemon's copy of one file (shim/tiercopy.c, NOTE [copy in C]). */
+#define TIERING_COPY_OK 0
+#define TIERING_COPY_STOPPED 1       /* progress() asked to stop */
+#define TIERING_COPY_NOT_REGULAR 2   /* not a regular file (now a symlink, fifo, directory...) */
+#define TIERING_COPY_CHANGED 3       /* another size or mtime than the catalog's */
+#define TIERING_COPY_GREW 4          /* more than the catalogued size could be read */
+#define TIERING_COPY_SHRANK 5
+#define TIERING_COPY_SOURCE_ERROR 6  /* the source could not be opened or checked: errno in error */
+#define TIERING_COPY_NO_STAGING 7    /* the staging directory is gone (ENOENT) */
+#define TIERING_COPY_TARGET_ERROR 8  /* the staging file or the rename failed: errno in error */
+#define TIERING_COPY_IO_ERROR 9      /* reading or writing failed (ENOSPC...): errno in error */
+
+struct tiering_copy {
+    uint64_t size;       /* in: the catalog's size and mtime of the source  */
+    int64_t mtime_ns;
+    uint32_t follow;     /* in: the catalogued path is a symlink: follow it */
+    int32_t error;       /* out: errno of the *_ERROR results               */
+    uint64_t copied;     /* out: bytes read from the source                 */
+    int64_t blocks;      /* out: st_blocks of the finished copy             */
+};
+
+/* Called after each step of a copy with the bytes it read; non-zero stops it. */
+typedef int (*tiering_progress_fn)(void *arg, uint64_t n);
+int64_t tiering_copy_range(int in, int out, uint64_t off, uint64_t len,
+                           tiering_progress_fn progress, void *arg);
+int tiering_copy_file(const char *src, int staging_fd, const char *name, int dst_fd,
+                      const char *leaf, struct tiering_copy *c, tiering_progress_fn progress,
+                      void *arg);
 /* The calling thread's tag, posted with each of its events (NOTE [open tags]). */
 void tiering_set_tag(uint32_t tag);
 uint32_t tiering_get_tag(void);

@@ -163,7 +163,8 @@ def setup(job: Job) -> None:
         job.warm_order = feed.first
     for t in opts.profile.tiers:
         try:
-            job.tiers.append(TierState(t.name, t.kind, make_private_dir(t.path, job.user), t.capacity, t.threads))
+            job.tiers.append(TierState(t.name, t.kind, make_private_dir(t.path, job.user), t.capacity, t.threads,
+                                       chunked_bytes=t.chunked_copy_mb << 20, chunk_threads=t.threads))
         except OSError as e:
             log.warning("tier %s at %s cannot be used (%s); continuing without it", t.name, t.path, e)
     cat = job.catalog

@@ -29,6 +29,7 @@ class Clairvoyant(Policy):
     in_flight = 1024     # copies queued in the daemon at most; the plan's other fetches wait here
     reorder = 8192       # how far ahead of the furthest match an open may match, at most
     chunk = 1024         # actions handed to the daemon per turn
+    refill = 128         # a landed copy hands more only once this many have room (poll() does every turn)
     part = 4096          # opens matched at once (between them the next epoch may become known)
 
     def __init__(self, placement: Placement, feed: ListFeed | HookFeed | None = None, window: int = 64):
@@ -252,12 +253,17 @@ class Clairvoyant(Policy):
     def on_placed(self, i: int, tier: int) -> None:
         if self.following and self.planner is not None and self.planner.resident.get(i) != tier:
             self.placement.evict(i)  # the plan changed while it was copied
-        self._issue()
+        self._refill()
 
     def on_failed(self, i: int) -> None:
         if self.planner is not None:
             self.planner.drop(i)
-        self._issue()
+        self._refill()
+
+    def _refill(self) -> None:
+        """Issues in batches, not one action per landed copy (NOTE [copy in C])."""
+        if self.in_flight - self.placement.copies_in_flight() >= self.refill:
+            self._issue()
 
     def report(self) -> dict[str, Any]:
         p, pr = self.planner, self.progress

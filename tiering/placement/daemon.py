@@ -3,8 +3,10 @@ the local tiers and publish them in the shared index.
 
 Threads: one event thread drains the shim's event ring, delivers copy
 completions and calls the policy (every policy hook runs there: NOTE [one
-policy thread]); per tier a pool of copy workers; the PFS reads of all
-workers share one semaphore sized for the PFS's concurrency.  The lock
+policy thread]); per tier a set of copy workers that take the copies placed
+on it from a queue, one after the other without waking another thread
+(NOTE [copy in C]); the PFS reads of all workers share one semaphore sized
+for the PFS's concurrency.  The lock
 guards the placement state (which file is where, copies in flight, tier
 accounting), which the workers change when a copy lands.
 
@@ -21,8 +23,8 @@ import queue
 import threading
 import time
 from array import array
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -118,7 +120,15 @@ class Daemon:
         self._pending: dict[int, int] = {}    # file -> tier of a copy in flight
         self._allocated: dict[int, int] = {}  # file -> bytes its published copy was counted for
         self._invalid: set[int] = set()
-        self._futures: set[Future[None]] = set()
+        # per tier: copies placed and not started (file, bytes reserved), and a
+        # condition on the lock its idle workers wait on
+        self._queued: list[deque[tuple[int, int]]] = [deque() for _ in tiers]
+        self._work = [threading.Condition(self._lock) for _ in tiers]
+        self._idle = [0] * len(tiers)
+        self._running = 0                   # copies taken from a queue and not finished
+        self._quiet = threading.Condition(self._lock)   # notified when _running drops to 0
+        self._workers: list[threading.Thread] = []
+        self._closing = False                # close_pools(): workers end when idle
         self._landed: queue.SimpleQueue[tuple[int, int, bool]] = queue.SimpleQueue()  # file, tier, published
         self._thread: threading.Thread | None = None
         self._error_kinds: set[str] = set()
@@ -167,10 +177,9 @@ class Daemon:
                 return False
             t.used += need
             self._pending[i] = tier
-            assert t.pool is not None
-            fut = t.pool.submit(self._copy_job, i, tier, need)
-            self._futures.add(fut)
-            fut.add_done_callback(self._job_done(i, tier, need))
+            self._queued[tier].append((i, need))
+            if self._idle[tier]:
+                self._work[tier].notify()
         return True
 
     def evict(self, i: int) -> bool:
@@ -195,21 +204,28 @@ class Daemon:
     def start_pools(self) -> None:
         """The copy workers (place() needs them); start() makes them if
         they are not there (--warm copies before COMMAND and the event thread start)."""
-        for t in self.tiers:
-            if t.pool is None:
-                # a copy waits on the PFS most of the time: enough workers that the
-                # PFS's concurrency (the semaphore) is what bounds the reads
-                t.pool = ThreadPoolExecutor(max_workers=max(1, t.threads, self.pfs_threads),
-                                            thread_name_prefix=f"tiering-{t.name}")
+        if self._workers:
+            return
+        self._closing = False
+        for k, t in enumerate(self.tiers):
+            # a copy waits on the PFS most of the time: enough workers that the
+            # PFS's concurrency (the semaphore) is what bounds the reads
+            for n in range(max(1, t.threads, self.pfs_threads)):
+                w = threading.Thread(target=self._worker, args=(k,), name=f"tiering-{t.name}-{n}", daemon=True)
+                w.start()
+                self._workers.append(w)
 
     def close_pools(self) -> None:
         """Ends the copy workers (queued copies are cancelled, running ones
         end at their next chunk when stopping) and waits for their threads,
         so that COMMAND is forked from a process without them."""
-        for t in self.tiers:
-            if t.pool is not None:
-                t.pool.shutdown(wait=True, cancel_futures=True)
-                t.pool = None
+        with self._lock:
+            self._closing = True
+            self._cancel_queued()
+        for w in self._workers:
+            w.join()
+        self._workers = []
+        self._closing = False
 
     def start(self) -> None:
         self.start_pools()
@@ -224,26 +240,33 @@ class Daemon:
         those threads at exit); True when every copy has ended."""
         timeout = STOP_TIMEOUT if timeout is None else timeout
         deadline = time.monotonic() + timeout
-        with self._lock:  # a place() past its stop check has submitted already
+        with self._lock:  # a place() past its stop check has queued already
             self._stop.set()
-            running = set(self._futures)
+            self._cancel_queued()
         if self._thread:
             self._thread.join(max(0.0, deadline - time.monotonic()))
-        for t in self.tiers:
-            if t.pool:
-                t.pool.shutdown(wait=False, cancel_futures=True)
-        # wait() would not see a future cancelled by shutdown() as done: leave them out
-        running = {f for f in running if not f.cancelled()}
-        not_done = wait(running, timeout=max(0.0, deadline - time.monotonic())).not_done
+        with self._lock:
+            self._cancel_queued()   # placed by the event thread before it saw the stop
+            self._quiet.wait_for(lambda: not self._running, max(0.0, deadline - time.monotonic()))
+            stuck = self._running
         self._guarded(self._handle, self.index.drain_batch(force=True))
         self.stats.peer = self.peer_report()
-        if not_done:
-            self.stuck = len(not_done)
+        if stuck:
+            self.stuck = stuck
             log.warning("%d cop%s still blocked reading the PFS after %.0f s; not waiting for %s",
-                        len(not_done), "y is" if len(not_done) == 1 else "ies are", timeout,
-                        "it" if len(not_done) == 1 else "them")
+                        stuck, "y is" if stuck == 1 else "ies are", timeout, "it" if stuck == 1 else "them")
             return False
         return True
+
+    def _cancel_queued(self) -> None:
+        """Under the lock: the copies not started are dropped, their room
+        released; idle workers wake up to end."""
+        for tier, q in enumerate(self._queued):
+            while q:
+                i, reserved = q.popleft()
+                self._pending.pop(i, None)
+                self.tiers[tier].used -= reserved
+            self._work[tier].notify_all()
 
     # -- the event thread -------------------------------------------------------
     def _event_loop(self) -> None:
@@ -350,14 +373,26 @@ class Daemon:
         self._where[i] = NOT_PLACED
 
     # -- the copy workers --------------------------------------------------------
-    def _job_done(self, i: int, tier: int, reserved: int) -> Callable[[Future[None]], None]:
-        def done(fut: Future[None]) -> None:
+    def _worker(self, tier: int) -> None:
+        """Copies what is placed on the tier, in order, until stop."""
+        q, work = self._queued[tier], self._work[tier]
+        copied = False
+        while True:
             with self._lock:
-                self._futures.discard(fut)
-                if fut.cancelled():
-                    self._pending.pop(i, None)
-                    self.tiers[tier].used -= reserved
-        return done
+                if copied:      # the previous copy has ended
+                    self._running -= 1
+                    if not self._running:
+                        self._quiet.notify_all()
+                while not q and not self._stop.is_set() and not self._closing:
+                    self._idle[tier] += 1
+                    work.wait()
+                    self._idle[tier] -= 1
+                if self._stop.is_set() or self._closing:
+                    return
+                i, reserved = q.popleft()
+                self._running += 1
+            copied = True
+            self._copy_job(i, tier, reserved)
 
     def _count_read(self, n: int) -> None:
         with self._lock:
@@ -367,52 +402,40 @@ class Daemon:
         """One copy, inside the PFS semaphore (tests wrap it)."""
         return copy_file(src, f, t, self._stop, self._count_read)
 
+    def _copy_from_pfs(self, src: str, f: CatalogFile, t: TierState) -> int | None:
+        """A copy read from the PFS, inside its semaphore."""
+        with self._pfs:
+            with self._lock:
+                self.stats.pfs_opens += 1
+                self._reading += 1
+            try:
+                return self._copy(src, f, t)
+            finally:
+                with self._lock:
+                    self._reading -= 1
+
     def _copy_job(self, i: int, tier: int, reserved: int) -> None:
+        """One copy: read inside the PFS semaphore, then published and
+        accounted in one hold of the lock."""
         t = self.tiers[tier]
         f = self.files[i]
         src = self.catalog.source_path(f)
         allocated: int | None = None
+        failure: Exception | None = None
         published = False
         try:
             allocated = self._from_peer(i, f, t)
             if allocated is None:
-                with self._pfs:
-                    with self._lock:
-                        self.stats.pfs_opens += 1
-                        self._reading += 1
-                    try:
-                        allocated = self._copy(src, f, t)
-                    finally:
-                        with self._lock:
-                            self._reading -= 1
-            with self._lock:
-                if allocated is not None and i not in self._invalid and not self._stop.is_set():
-                    # the copy is complete under its final name: publish it
-                    published = self.index.cas_state(self.slots[i], lib.TIERING_STATE_NONE, tier + 1)
-                if published and allocated is not None:
-                    self._where[i] = tier
-                    t.files += 1
-                    t.placed_bytes += f.size
-                    t.used += allocated - reserved
-                    self._allocated[i] = allocated
-                    self.stats.copies += 1
-        except SourceChanged:
-            with self._lock:
-                self.stats.changed_sources += 1
-            log.info("%s changed since the scan: not placed", src)
+                allocated = self._copy_from_pfs(src, f, t)
         except Exception as e:  # a failed copy only means the PFS serves this file
-            with self._lock:
-                t.failures += 1
-                self.stats.copy_failures += 1
-                self.stats.note(f"{src}: {e}")
-            log.debug("copy of %s to %s failed: %s", f.rel, t.name, e)
+            failure = e
         finally:
             with self._lock:
-                self._pending.pop(i, None)
-                if not published:
-                    t.used -= reserved
-                    if allocated is not None:
-                        t.remove_copy(f)
+                published = self._settle(i, tier, reserved, allocated, failure, src)
+        if isinstance(failure, SourceChanged):
+            log.info("%s changed since the scan: not placed", src)
+        elif failure is not None:
+            log.debug("copy of %s to %s failed: %s", f.rel, t.name, failure)
         self._landed.put((i, tier, published))
 
     # -- the peer tier (NOTE [node-aware plan]) -----------------------------------
@@ -468,6 +491,35 @@ class Daemon:
             mine = {"fetches": st.peer_fetches, "bytes": st.peer_bytes, "fallbacks": dict(st.peer_fallbacks)}
         return {**mine, "nodes": peers.nodes, "node_rank": peers.node_rank, "linked": peers.ready.is_set(),
                 "planned": peers.plans is not None, "client": peers.counters.snapshot()}
+    def _settle(self, i: int, tier: int, reserved: int, allocated: int | None, failure: Exception | None,
+                src: str) -> bool:
+        """Under the lock: publishes a complete copy (unless its file was
+        written meanwhile or the daemon stops) and does the accounting;
+        True when published."""
+        t = self.tiers[tier]
+        published = False
+        if isinstance(failure, SourceChanged):
+            self.stats.changed_sources += 1
+        elif failure is not None:
+            t.failures += 1
+            self.stats.copy_failures += 1
+            self.stats.note(f"{src}: {failure}")
+        elif allocated is not None and i not in self._invalid and not self._stop.is_set():
+            # the copy is complete under its final name: publish it
+            published = self.index.cas_state(self.slots[i], lib.TIERING_STATE_NONE, tier + 1)
+        self._pending.pop(i, None)
+        if published and allocated is not None:
+            self._where[i] = tier
+            t.files += 1
+            t.placed_bytes += self._sizes[i]
+            t.used += allocated - reserved
+            self._allocated[i] = allocated
+            self.stats.copies += 1
+        else:
+            t.used -= reserved
+            if allocated is not None:
+                t.remove_copy(self.files[i])
+        return published
 
     # -- observation (NOTE [status file]) -------------------------------------------
     def snapshot(self) -> DaemonSnapshot:

@@ -27,13 +27,18 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 from ..catalog import CatalogFile
+from .index import ffi, lib
 
 log = logging.getLogger("tiering")
 
-CHUNK = 8 << 20
+CHUNK_ALIGN = 1 << 20      # the ranges of a chunked copy start at multiples of this
+CHUNKED_BYTES = 64 << 20   # files of this size or more are copied in parallel chunks (profile: large_file_mb)
+CHUNK_THREADS = 4          # ... by this many threads
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 STAGING_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -82,13 +87,14 @@ class DirFds:
     def get(self, key: str, create: bool) -> Iterator[int]:
         """The fd of directory `key` (made with its parents when `create`),
         valid inside the with block."""
-        fd = self._acquire(key, create)
+        fd = self.acquire(key, create)
         try:
             yield fd
         finally:
-            self._release(key)
+            self.release(key)
 
-    def _acquire(self, key: str, create: bool) -> int:
+    def acquire(self, key: str, create: bool) -> int:
+        """The fd of directory `key`, valid until release(key)."""
         if key == "":
             return self.top_fd
         with self._lock:
@@ -110,7 +116,7 @@ class DirFds:
             self._trim()
         return fd
 
-    def _release(self, key: str) -> None:
+    def release(self, key: str) -> None:
         if key == "":
             return
         with self._lock:
@@ -173,10 +179,10 @@ class TierDirs:
             except FileExistsError:
                 unlink_at(name, dir_fd)       # left by an earlier copy of this thread
             except FileNotFoundError:
-                self._remake_staging(dir_fd)
+                self.remake_staging(dir_fd)
         return os.open(name, STAGING_FLAGS, 0o600, dir_fd=self.staging_fd), self.staging_fd
 
-    def _remake_staging(self, missing_fd: int) -> None:
+    def remake_staging(self, missing_fd: int) -> None:
         with self._lock:
             if self.staging_fd != missing_fd:
                 return                         # another copy made it again already
@@ -228,7 +234,8 @@ class TierState:
     files: int = 0      # published copies
     placed_bytes: int = 0  # logical bytes of published copies
     failures: int = 0
-    pool: ThreadPoolExecutor | None = None
+    chunked_bytes: int = CHUNKED_BYTES   # NOTE [chunked copy]
+    chunk_threads: int = CHUNK_THREADS
     dirs: TierDirs = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -283,6 +290,27 @@ def check_source(st: os.stat_result, f: CatalogFile, src: str) -> None:
         raise SourceChanged(f"{src} changed since the scan")
 
 
+@dataclass
+class _Progress:
+    """What a copy in C reports to between its steps (NOTE [copy in C])."""
+
+    stop: threading.Event
+    on_read: Callable[[int], None]
+    error: BaseException | None = None   # ends every chunk of the copy
+
+
+@ffi.callback("int(void *, uint64_t)")
+def _progress(arg: Any, n: int) -> int:
+    """Counts the bytes of one step; non-zero stops the copy."""
+    p: _Progress = ffi.from_handle(arg)
+    try:
+        p.on_read(n)
+        return int(p.stop.is_set() or p.error is not None)
+    except BaseException as e:   # raised again in the copying thread
+        p.error = e
+        return 1
+
+
 def copy_file(src: str, f: CatalogFile, tier: TierState, stop: threading.Event,
               on_read: Callable[[int], None]) -> int | None:
     """Copies one file into the tier under its final name; returns the bytes
@@ -291,20 +319,121 @@ def copy_file(src: str, f: CatalogFile, tier: TierState, stop: threading.Event,
     SourceChanged when the source is not the catalog's regular file (a
     symlink, fifo or directory in its place, another size or mtime, growth
     while it was read), and OSError when the copy fails; nothing is left
-    behind in either case."""
-    fd_in = open_source(src, f)
+    behind in either case.  A file of tier.chunked_bytes or more is copied
+    in parallel chunks (NOTE [chunked copy])."""
+    if stop.is_set():
+        return None
     name = f"{threading.get_ident()}-{os.getpid()}.part"
+    if f.size >= tier.chunked_bytes:
+        return _copy_chunked(src, f, tier, stop, on_read, name)
+    key, leaf = TierDirs.key(f)
+    call = _Call.of_thread()
+    c, progress = call.c, call.progress
+    c.size, c.mtime_ns, c.follow = f.size, f.mtime_ns, int(f.link)
+    progress.stop, progress.on_read, progress.error = stop, on_read, None
+    data = tier.dirs.data
+    dst_fd = data.acquire(key, create=True)
+    try:
+        for _ in range(3):
+            staging_fd = tier.dirs.staging_fd
+            status = _transfer(os.fsencode(src), staging_fd, name.encode(), dst_fd, leaf.encode(), call)
+            if status != STATUS.no_staging:
+                break
+            tier.dirs.remake_staging(staging_fd)
+    finally:
+        data.release(key)
+    if progress.error is not None:
+        raise progress.error
+    if status == STATUS.stopped:
+        return None
+    _raise_for(status, int(c.error), src)
+    return int(c.blocks) * 512
+
+
+class _Call:
+    """A copying thread's arguments of the C routine, made once per thread."""
+
+    _local = threading.local()
+
+    def __init__(self) -> None:
+        self.c = ffi.new("struct tiering_copy *")
+        self.progress = _Progress(threading.Event(), lambda n: None)
+        self.handle = ffi.new_handle(self.progress)
+
+    @classmethod
+    def of_thread(cls) -> _Call:
+        call: _Call | None = getattr(cls._local, "call", None)
+        if call is None:
+            call = cls._local.call = cls()
+        return call
+
+
+def _transfer(src: bytes, staging_fd: int, name: bytes, dst_fd: int, leaf: bytes, call: _Call) -> int:
+    """The copy in C, the GIL released (NOTE [copy in C]): a TIERING_COPY_* status."""
+    return int(lib.tiering_copy_file(src, staging_fd, name, dst_fd, leaf, call.c, _progress, call.handle))
+
+
+class _Statuses:
+    """The TIERING_COPY_* results of the header, read once from the library."""
+
+    @cached_property
+    def ok(self) -> int:
+        return int(lib.TIERING_COPY_OK)
+
+    @cached_property
+    def stopped(self) -> int:
+        return int(lib.TIERING_COPY_STOPPED)
+
+    @cached_property
+    def no_staging(self) -> int:
+        return int(lib.TIERING_COPY_NO_STAGING)
+
+    @cached_property
+    def changed(self) -> dict[int, str]:
+        """Those that mean the source is not the catalog's file."""
+        return {lib.TIERING_COPY_NOT_REGULAR: "is no longer the regular file the scan saw",
+                lib.TIERING_COPY_CHANGED: "changed since the scan",
+                lib.TIERING_COPY_GREW: "grew while it was copied",
+                lib.TIERING_COPY_SHRANK: "shrank while it was copied"}
+
+
+STATUS = _Statuses()
+
+
+def _raise_for(status: int, err: int, src: str) -> None:
+    """The exception of a TIERING_COPY_* status other than OK and STOPPED."""
+    if status == STATUS.ok:
+        return
+    reason = STATUS.changed.get(status)
+    if reason is not None:
+        raise SourceChanged(f"{src} {reason}")
+    raise OSError(err or errno.EIO, os.strerror(err or errno.EIO), src)
+
+
+def _copy_chunked(src: str, f: CatalogFile, tier: TierState, stop: threading.Event,
+                  on_read: Callable[[int], None], name: str) -> int | None:
+    """A large file in parallel chunks (NOTE [chunked copy]): each of up to
+    tier.chunk_threads threads copies its range at the same offsets into the
+    staging file; then one more byte is tried (growth), the source checked
+    again and the copy renamed into place.  A stop or an error in any chunk
+    ends all of them and removes the staging file."""
+    fd_in = open_source(src, f)
     staging_fd = -1
     placed = False
     try:
         fd_out, staging_fd = tier.dirs.create_staging(name)
         try:
-            copied = _transfer(fd_in, fd_out, f.size + 1, stop, on_read)
+            progress = _Progress(stop, on_read)
+            copied = _copy_ranges(fd_in, fd_out, f.size, tier.chunk_threads, progress)
+            if copied is not None:
+                copied += _copy_range(fd_in, fd_out, f.size, 1, progress)  # growth
+            if progress.error is not None:
+                raise progress.error
             os.fchmod(fd_out, 0o400)   # a copy is never written through
             st_out = os.fstat(fd_out)
         finally:
             os.close(fd_out)
-        if copied < 0:  # stopped halfway
+        if copied is None or stop.is_set():
             return None
         if copied != f.size:
             raise SourceChanged(f"{src} {'grew' if copied > f.size else 'shrank'} while it was copied")
@@ -315,38 +444,35 @@ def copy_file(src: str, f: CatalogFile, tier: TierState, stop: threading.Event,
     finally:
         os.close(fd_in)
         if staging_fd >= 0 and not placed:
-            unlink_at(name, staging_fd)  # a partial or rejected copy
+            unlink_at(name, staging_fd)  # a partial, stopped or rejected copy
 
 
-def _transfer(fd_in: int, fd_out: int, limit: int, stop: threading.Event,
-              on_read: Callable[[int], None]) -> int:
-    """Copies until end of file or `limit` bytes; -1 when `stop` was set first."""
-    copied = 0
-    use_sendfile = True
-    while copied < limit:
-        if stop.is_set():
-            return -1
-        want = min(CHUNK, limit - copied)
-        n = 0
-        if use_sendfile:
-            try:
-                n = os.sendfile(fd_out, fd_in, copied, want)
-            except OSError as e:
-                if e.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
-                    raise
-                use_sendfile = False
-                continue
-        else:
-            data = os.pread(fd_in, want, copied)
-            n = len(data)
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd_out, view):]
-        if n == 0:
-            break
-        copied += n
-        on_read(n)
-    return copied
+def _copy_ranges(fd_in: int, fd_out: int, size: int, threads: int, progress: _Progress) -> int | None:
+    """[0, size) in `threads` ranges copied at once; None when stopped."""
+    step = -(-size // max(1, threads))
+    step = -(-step // CHUNK_ALIGN) * CHUNK_ALIGN
+    ranges = [(off, min(step, size - off)) for off in range(0, size, step)]
+    with ThreadPoolExecutor(max_workers=len(ranges) or 1, thread_name_prefix="tiering-chunk") as pool:
+        done = list(pool.map(lambda r: _copy_range(fd_in, fd_out, r[0], r[1], progress), ranges))
+    if progress.error is not None or progress.stop.is_set():
+        return None
+    total = 0
+    for (_, want), got in zip(ranges, done):
+        total += got
+        if got < want:     # end of file inside this range: the source shrank
+            return total
+    return total
+
+
+def _copy_range(fd_in: int, fd_out: int, off: int, length: int, progress: _Progress) -> int:
+    """[off, off + length) of fd_in to the same offsets of fd_out; the bytes
+    copied (fewer at end of file), 0 when stopped (progress says why)."""
+    n = int(lib.tiering_copy_range(fd_in, fd_out, off, length, _progress, ffi.new_handle(progress)))
+    if n == -1:
+        e = ffi.errno
+        progress.error = progress.error or OSError(e, os.strerror(e))
+        return 0
+    return max(n, 0)
 
 
 def unlink_at(name: str, dir_fd: int) -> None:

@@ -10,6 +10,7 @@ T = TypeVar("T")
 
 MAX_TIERS = 4  # the shared index (shim/tiering.h) has room for at most 4 tier roots
 DEFAULT_TIER_THREADS = 4
+DEFAULT_CHUNKED_COPY_MB = 64   # files of this many MiB or more are copied in parallel chunks
 DEFAULT_PFS_READ_THREADS = 8
 TIER_KINDS = ("memory", "filesystem")
 
@@ -65,6 +66,8 @@ class Tier:
     capacity_spec: str  # as written in the YAML, e.g. "64GiB", "25%", "auto"
     threads: int  # copy threads for this tier
     bandwidth: dict[int, float]  # MB/s by thread count, {} when not given
+    # files of this many MiB or more are copied in chunks by `threads` threads at once (NOTE [chunked copy])
+    chunked_copy_mb: int = DEFAULT_CHUNKED_COPY_MB
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from ..units import human_bytes, parse_size
 from . import node
 from .expand import _ExpansionError, expand_vars
 from .model import (
+    DEFAULT_CHUNKED_COPY_MB,
     DEFAULT_PFS_READ_THREADS,
     DEFAULT_TIER_THREADS,
     MAX_TIERS,
@@ -178,6 +179,8 @@ def _resolve_tier(raw: Any, index: int, ctx: _Context) -> Tier | None:
     name = errs.run(_tier_name, raw["name"], src, where + "name") if raw.get("name") is not None else None
     kind = errs.run(_tier_kind, raw["kind"], src, where + "kind") if raw.get("kind") is not None else None
     threads = errs.run(positive_int, raw.get("threads"), DEFAULT_TIER_THREADS, src, where + "threads")
+    chunked = errs.run(positive_int, raw.get("chunked_copy_mb"), DEFAULT_CHUNKED_COPY_MB, src,
+                       where + "chunked_copy_mb")
     optional = bool(errs.run(flag, raw.get("optional"), src, where + "optional"))
     local_only = bool(errs.run(flag, raw.get("local_only"), src, where + "local_only"))
     bw = errs.run(bandwidth, raw.get("bandwidth"), src, where + "bandwidth")
@@ -190,6 +193,7 @@ def _resolve_tier(raw: Any, index: int, ctx: _Context) -> Tier | None:
         path = errs.run(_tier_path, raw, name or f"tiers[{index}]", optional, local_only, ctx, where + "path")
     errs.raise_any()
     assert name is not None and kind is not None and spec is not None and threads is not None and bw is not None
+    assert chunked is not None
     if path is None:
         return None
     capacity = _resolve_capacity(spec, kind, path, optional, name, ctx, where + "capacity")
@@ -206,7 +210,7 @@ def _resolve_tier(raw: Any, index: int, ctx: _Context) -> Tier | None:
         raise _error(src, where + "capacity", f"{spec} resolves to 0 bytes at {path} ({why})", fix)
     return Tier(
         name=name, kind=kind, path=path, capacity=capacity, capacity_spec=spec,
-        threads=threads, bandwidth=bw,
+        threads=threads, bandwidth=bw, chunked_copy_mb=chunked,
     )
 
 

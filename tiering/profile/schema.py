@@ -12,7 +12,8 @@ from .model import ProfileError, _error
 
 TOP_KEYS = ("name", "description", "tiers", "pfs")
 TOP_REQUIRED = ("name", "tiers")
-TIER_KEYS = ("name", "kind", "path", "capacity", "threads", "bandwidth", "optional", "local_only")
+TIER_KEYS = ("name", "kind", "path", "capacity", "threads", "bandwidth", "optional", "local_only",
+             "chunked_copy_mb")
 TIER_REQUIRED = ("name", "kind", "path", "capacity")
 PFS_KEYS = ("read_threads", "bandwidth", "latency_ms")
 

@@ -23,6 +23,7 @@ def format_profile(p: Profile) -> str:
             f"     path:      {t.path}",
             f"     capacity:  {human_bytes(t.capacity)} (spec: {t.capacity_spec})",
             f"     threads:   {t.threads}",
+            f"     chunked:   files of {t.chunked_copy_mb} MiB or more, {t.threads} threads per file",
             f"     bandwidth: {_format_bandwidth(t.bandwidth)}",
         ]
     latency = "not given" if p.pfs.latency_ms is None else f"{p.pfs.latency_ms:g} ms"

@@ -1,0 +1,184 @@
+/*
+ * tiercopy.c - the daemon's copy of one data-set file onto a tier, in C
+ * (NOTE [copy in C], docs/design.md).  Part of libtiershim.so, called by the
+ * daemon through cffi with the GIL released; never reached by the
+ * interposed functions.
+ *
+ * System calls only (syscall(2)): the library also interposes open, close and
+ * stat, and a daemon that runs under another job's LD_PRELOAD must read the
+ * real source, never a redirected copy.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <sys/sendfile.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "tiering.h"
+
+#define EXPORT __attribute__((visibility("default")))
+#define STEP (8u << 20)      /* bytes per system call, and between progress calls */
+#define BOUNCE (1u << 20)    /* buffer of the read/write fallback */
+
+enum { VIA_RANGE, VIA_SENDFILE, VIA_BUFFER };
+
+static long sys_close(int fd) { return syscall(SYS_close, fd); }
+static long sys_fstat(int fd, struct stat *st) { return syscall(SYS_newfstatat, fd, "", st, AT_EMPTY_PATH); }
+
+/* One step of at most want bytes from in at offset at to the same offset of
+ * out; *via falls back to *fallback when the file systems cannot copy a
+ * range (sendfile writes at out's file position: only for a copy that
+ * starts at 0 on an fd of its own; the others use pread and pwrite). */
+static ssize_t step(int in, int out, uint64_t at, size_t want, int *via, int fallback, char **buf)
+{
+    for (;;) {
+        if (*via == VIA_RANGE) {
+            loff_t oi = (loff_t)at, oo = (loff_t)at;
+            ssize_t n = syscall(SYS_copy_file_range, in, &oi, out, &oo, want, 0);
+            if (n >= 0 || (errno != EXDEV && errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP))
+                return n;
+            *via = at == 0 ? fallback : VIA_BUFFER;
+        } else if (*via == VIA_SENDFILE) {
+            off_t oi = (off_t)at;
+            ssize_t n = syscall(SYS_sendfile, out, in, &oi, want);
+            if (n >= 0 || (errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP))
+                return n;
+            *via = VIA_BUFFER;
+        } else {
+            if (!*buf && !(*buf = malloc(BOUNCE)))
+                return -1;
+            ssize_t n = syscall(SYS_pread64, in, *buf, want < BOUNCE ? want : BOUNCE, (off_t)at);
+            for (ssize_t w = 0; n > 0 && w < n;) {
+                ssize_t k = syscall(SYS_pwrite64, out, *buf + w, (size_t)(n - w), (off_t)(at + w));
+                if (k < 0)
+                    return -1;
+                w += k;
+            }
+            return n;
+        }
+    }
+}
+
+static int64_t copy_range(int in, int out, uint64_t off, uint64_t len, tiering_progress_fn progress,
+                          void *arg, int fallback)
+{
+    int via = VIA_RANGE;
+    char *buf = NULL;
+    uint64_t done = 0;
+    int64_t r = 0;
+    while (done < len) {
+        size_t want = len - done < STEP ? (size_t)(len - done) : STEP;
+        ssize_t n = step(in, out, off + done, want, &via, fallback, &buf);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            r = -1;
+            break;
+        }
+        if (n == 0)
+            break;
+        done += (uint64_t)n;
+        if (progress && progress(arg, (uint64_t)n)) {
+            r = -2;
+            break;
+        }
+    }
+    int saved = errno;
+    free(buf);
+    errno = saved;
+    return r < 0 ? r : (int64_t)done;
+}
+
+/* Copies [off, off + len) of in to the same offsets of out, or less at end
+ * of file; progress(arg, n) after each step, which stops the copy by
+ * returning non-zero.  Returns the bytes copied, -1 (errno) on error, -2 when
+ * stopped.  Threads may copy ranges of one file into one fd at once. */
+EXPORT int64_t tiering_copy_range(int in, int out, uint64_t off, uint64_t len,
+                                  tiering_progress_fn progress, void *arg)
+{
+    return copy_range(in, out, off, len, progress, arg, VIA_BUFFER);
+}
+
+/* The source is the regular file of the catalog: same size and mtime. */
+static int check_source(int fd, const struct tiering_copy *c)
+{
+    struct stat st;
+    if (sys_fstat(fd, &st) < 0)
+        return TIERING_COPY_SOURCE_ERROR;
+    if (!S_ISREG(st.st_mode))
+        return TIERING_COPY_NOT_REGULAR;
+    if ((uint64_t)st.st_size != c->size ||
+        (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec != c->mtime_ns)
+        return TIERING_COPY_CHANGED;
+    return TIERING_COPY_OK;
+}
+
+/* NOTE [copy in C]: opens src (O_NOFOLLOW unless c->follow, O_NONBLOCK so a
+ * fifo cannot block), checks it against c->size and c->mtime_ns, writes it
+ * to the new staging file name in staging_fd (O_EXCL; one left by an earlier
+ * copy is replaced), reading at most size + 1 bytes, checks the source again,
+ * makes the copy read-only and renames it to leaf in dst_fd.  Anything but
+ * TIERING_COPY_OK leaves no staging file behind; c->error holds errno for
+ * the *_ERROR results, c->copied the bytes read and c->blocks the copy's
+ * st_blocks. */
+EXPORT int tiering_copy_file(const char *src, int staging_fd, const char *name, int dst_fd,
+                             const char *leaf, struct tiering_copy *c, tiering_progress_fn progress,
+                             void *arg)
+{
+    c->error = 0;
+    c->copied = 0;
+    c->blocks = 0;
+    int flags = O_RDONLY | O_NONBLOCK | O_CLOEXEC | (c->follow ? 0 : O_NOFOLLOW);
+    int in = (int)syscall(SYS_openat, AT_FDCWD, src, flags);
+    if (in < 0) {
+        c->error = errno;
+        return errno == ELOOP || errno == ENXIO ? TIERING_COPY_NOT_REGULAR : TIERING_COPY_SOURCE_ERROR;
+    }
+    int r = check_source(in, c);
+    if (r != TIERING_COPY_OK) {
+        c->error = errno;
+        sys_close(in);
+        return r;
+    }
+    syscall(SYS_fcntl, in, F_SETFL, O_RDONLY); /* blocking reads from here on */
+    const int out_flags = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
+    int out = (int)syscall(SYS_openat, staging_fd, name, out_flags, 0600);
+    if (out < 0 && errno == EEXIST) { /* left by an earlier copy of this thread */
+        syscall(SYS_unlinkat, staging_fd, name, 0);
+        out = (int)syscall(SYS_openat, staging_fd, name, out_flags, 0600);
+    }
+    if (out < 0) {
+        c->error = errno;
+        sys_close(in);
+        return errno == ENOENT ? TIERING_COPY_NO_STAGING : TIERING_COPY_TARGET_ERROR;
+    }
+    int64_t n = copy_range(in, out, 0, c->size + 1, progress, arg, VIA_SENDFILE);
+    struct stat st;
+    if (n == -1) {
+        c->error = errno;
+        r = TIERING_COPY_IO_ERROR;
+    } else if (n == -2) {
+        r = TIERING_COPY_STOPPED;
+    } else {
+        c->copied = (uint64_t)n;
+        if ((uint64_t)n != c->size)
+            r = (uint64_t)n > c->size ? TIERING_COPY_GREW : TIERING_COPY_SHRANK;
+        else if ((r = check_source(in, c)) != TIERING_COPY_OK)
+            c->error = errno;
+        else if (syscall(SYS_fchmod, out, 0400) < 0 || sys_fstat(out, &st) < 0) /* never written through */
+            r = TIERING_COPY_TARGET_ERROR, c->error = errno;
+        else
+            c->blocks = (int64_t)st.st_blocks;
+    }
+    sys_close(in);
+    if (sys_close(out) < 0 && r == TIERING_COPY_OK)
+        r = TIERING_COPY_TARGET_ERROR, c->error = errno;
+    if (r == TIERING_COPY_OK && dst_fd >= 0 && syscall(SYS_renameat2, staging_fd, name, dst_fd, leaf, 0) < 0)
+        r = TIERING_COPY_TARGET_ERROR, c->error = errno;
+    if (r != TIERING_COPY_OK)
+        syscall(SYS_unlinkat, staging_fd, name, 0);
+    return r;
+}

@@ -1,0 +1,212 @@
+"""The copy of one file onto a tier (placement/tiers.py, shim/tiercopy.c):
+small files in one call of the C routine, large ones in parallel chunks
+(NOTE [copy in C], NOTE [chunked copy])."""
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+from test_daemon import Setup
+
+from helpers import private_dir, wait_for
+from tiering.catalog import scan
+from tiering.placement.daemon import Daemon
+from tiering.placement.index import lib
+from tiering.placement.tiers import SourceChanged, TierState, copy_file
+
+MIB = 1 << 20
+
+
+def _tier(tmp: Path, chunked_mb: int = 1, threads: int = 3) -> TierState:
+    return TierState("ram", "memory", private_dir(tmp / "tier"), 1 << 30, threads,
+                     chunked_bytes=chunked_mb * MIB, chunk_threads=threads)
+
+
+def _source(tmp: Path, sizes: dict[str, int]) -> tuple[Path, dict[str, bytes]]:
+    data = tmp / "pfs"
+    contents = {}
+    for rel, size in sizes.items():
+        (data / rel).parent.mkdir(parents=True, exist_ok=True)
+        contents[rel] = os.urandom(size)
+        (data / rel).write_bytes(contents[rel])
+    return data, contents
+
+
+def _file(data: Path, rel: str):  # type: ignore[no-untyped-def]
+    return next(f for f in scan([str(data)]).files if f.rel == rel)
+
+
+@pytest.mark.parametrize("size", [0, 1, 4096, 5 * MIB + 12345, 3 * MIB])
+def test_copies_are_byte_equal_in_one_call_or_in_chunks(tmp_path, size):
+    data, contents = _source(tmp_path, {"d/f.bin": size})
+    tier = _tier(tmp_path)
+    f = _file(data, "d/f.bin")
+    read: list[int] = []
+    lock = threading.Lock()
+
+    def on_read(n: int) -> None:
+        with lock:
+            read.append(n)
+    used = copy_file(str(data / "d/f.bin"), f, tier, threading.Event(), on_read)
+    copy = tier.copy_path(f)
+    assert copy.read_bytes() == contents["d/f.bin"]
+    assert used == copy.stat().st_blocks * 512
+    assert copy.stat().st_mode & 0o777 == 0o400
+    assert sum(read) == size
+    if size >= MIB:
+        assert len(read) >= 3        # one range per thread at least
+    assert list(tier.staging.iterdir()) == []
+
+
+def test_a_chunked_copy_is_invisible_until_complete(tmp_path):
+    data, contents = _source(tmp_path, {"big.bin": 6 * MIB})
+    tier = _tier(tmp_path)
+    f = _file(data, "big.bin")
+    entered, release = threading.Event(), threading.Event()
+
+    def on_read(n: int) -> None:
+        entered.set()
+        release.wait(60)
+    result: list[object] = []
+    t = threading.Thread(target=lambda: result.append(copy_file(str(data / "big.bin"), f, tier,
+                                                                threading.Event(), on_read)))
+    t.start()
+    try:
+        assert entered.wait(60)
+        assert not tier.copy_path(f).exists()                   # nothing under the final name
+        assert [p.suffix for p in tier.staging.iterdir()] == [".part"]
+    finally:
+        release.set()
+        t.join(60)
+    assert isinstance(result[0], int)
+    assert tier.copy_path(f).read_bytes() == contents["big.bin"]
+
+
+@pytest.mark.parametrize("size", [5 * MIB, 1000])
+def test_a_stop_halfway_leaves_nothing(tmp_path, size):
+    data, _ = _source(tmp_path, {"big.bin": size})
+    tier = _tier(tmp_path)
+    f = _file(data, "big.bin")
+    stop = threading.Event()
+    assert copy_file(str(data / "big.bin"), f, tier, stop, lambda n: stop.set()) is None
+    assert not tier.copy_path(f).exists()
+    assert list(tier.staging.iterdir()) == []
+
+
+def test_a_large_source_growing_while_copied_is_refused(tmp_path):
+    data, _ = _source(tmp_path, {"big.bin": 4 * MIB})
+    tier = _tier(tmp_path)
+    f = _file(data, "big.bin")
+    grown = threading.Event()
+
+    def on_read(n: int) -> None:
+        if not grown.is_set():
+            grown.set()
+            with open(data / "big.bin", "ab") as out:
+                out.write(b"z" * MIB)
+    with pytest.raises(SourceChanged, match="grew|changed"):
+        copy_file(str(data / "big.bin"), f, tier, threading.Event(), on_read)
+    assert grown.is_set()
+    assert not tier.copy_path(f).exists()
+    assert list(tier.staging.iterdir()) == []
+
+
+@pytest.mark.parametrize("size", [5 * MIB, 1000])
+def test_an_error_of_the_counting_callback_reaches_the_caller(tmp_path, size):
+    data, _ = _source(tmp_path, {"big.bin": size})
+    tier = _tier(tmp_path)
+    f = _file(data, "big.bin")
+
+    def on_read(n: int) -> None:
+        raise RuntimeError("counting failed")
+    with pytest.raises(RuntimeError, match="counting failed"):
+        copy_file(str(data / "big.bin"), f, tier, threading.Event(), on_read)
+    assert not tier.copy_path(f).exists()
+    assert list(tier.staging.iterdir()) == []
+
+
+class HeldDaemon(Daemon):
+    """Its copies wait after their first step until released."""
+    entered = threading.Event()
+    release = threading.Event()
+
+    def _count_read(self, n: int) -> None:
+        super()._count_read(n)
+        HeldDaemon.entered.set()
+        HeldDaemon.release.wait(60)
+
+
+def test_the_daemon_publishes_a_large_copy_only_when_complete_and_stop_removes_it(tmp_path):
+    """A reader that opens the file while its chunks are copied finds no copy
+    in the index (it reads the PFS); stop() ends the copy and removes its
+    staging file."""
+    HeldDaemon.entered.clear()
+    HeldDaemon.release.clear()
+    s = Setup(tmp_path, {"big.bin": 3 * MIB, "small.bin": 100}, daemon_cls=HeldDaemon)
+    try:
+        s.tier.chunked_bytes, s.tier.chunk_threads = MIB, 3
+        assert s.d.place(s.i["big.bin"], 0)
+        assert HeldDaemon.entered.wait(60)
+        assert s.state("big.bin") == lib.TIERING_STATE_NONE
+        assert not (s.tier.data / "0" / "big.bin").exists()
+        stopper = threading.Thread(target=s.d.stop, kwargs={"timeout": 60})
+        stopper.start()
+        wait_for(lambda: s.d.stopping, "the stop")
+        HeldDaemon.release.set()
+        stopper.join(60)
+        assert not s.d.copies_in_flight()
+        assert s.state("big.bin") == lib.TIERING_STATE_NONE
+        assert list(s.tier.staging.iterdir()) == []
+        assert not (s.tier.data / "0" / "big.bin").exists()
+        assert s.tier.used == 0 and s.tier.files == 0
+    finally:
+        HeldDaemon.release.set()
+        s.d.stop()
+        s.index.close()
+
+
+# -- the profile key -----------------------------------------------------------------
+
+def test_chunked_copy_mb_is_read_from_the_profile_with_a_default(tmp_path):
+    from tiering.profile import ProfileError, load_profile, model
+    path = tmp_path / "p.yaml"
+    path.write_text(f"name: t\ntiers:\n  - {{name: a, kind: filesystem, path: {tmp_path}, capacity: 1MiB, "
+                    "chunked_copy_mb: 16}\n"
+                    f"  - {{name: b, kind: filesystem, path: {tmp_path}, capacity: 1MiB}}\n")
+    p = load_profile(str(path))
+    assert [t.chunked_copy_mb for t in p.tiers] == [16, model.DEFAULT_CHUNKED_COPY_MB] == [16, 64]
+    for bad in ("0", "1.5", "big"):
+        path.write_text(f"name: t\ntiers:\n  - {{name: a, kind: filesystem, path: {tmp_path}, capacity: 1MiB, "
+                        f"chunked_copy_mb: {bad}}}\n")
+        with pytest.raises(ProfileError, match=r"tiers\[0\]\.chunked_copy_mb: must be a whole number"):
+            load_profile(str(path))
+
+
+# -- the policy thread hands copies to the daemon in batches ------------------------------
+
+def test_landed_copies_are_followed_by_new_ones_in_batches_not_one_by_one() -> None:
+    import numpy as np
+    from test_event_batches import FakePlacement
+
+    from tiering.clairvoyant.feeds import ListFeed
+    from tiering.clairvoyant.policy import Clairvoyant
+    n = 5000
+    order = np.random.default_rng(3).permutation(n)
+    fake = FakePlacement(n, 10 * 4096 * n)
+    policy = Clairvoyant(fake, ListFeed(iter([order])))  # type: ignore[arg-type]
+    policy.start()
+    assert len(fake.pending) == policy.in_flight
+    issued = policy.fetches
+    for _ in range(policy.refill - 1):        # each landing alone issues nothing
+        f = fake.pending.pop(0)
+        fake.placed.append(f)
+        policy.on_placed(f, 0)
+        assert policy.fetches == issued
+    f = fake.pending.pop(0)
+    fake.placed.append(f)
+    policy.on_placed(f, 0)                     # the batch: the queue is full again
+    assert policy.fetches == issued + policy.refill and len(fake.pending) == policy.in_flight
+    policy.poll()                              # every turn of the event thread issues what has room
+    assert len(fake.pending) == policy.in_flight
