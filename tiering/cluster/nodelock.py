@@ -23,6 +23,7 @@ import fcntl
 import hashlib
 import json
 import os
+import stat
 import subprocess
 import threading
 import time
@@ -40,6 +41,8 @@ POLL = 0.05
 SERVICE_FILE = "service.json"
 STARTING_FILE = "starting.json"
 LOG_FILE = "service.log"
+JOB_FILE = "job.json"          # the job's options, written by the member that starts the service
+YOUNG_SECONDS = 60             # a node directory without elect.lock is left alone this long (being made)
 
 
 class NodeLockError(Exception):
@@ -321,12 +324,56 @@ class ServiceLifetime:
         rec = _read_record(self.directory)
         if rec and rec.get("pid") != os.getpid():
             return      # another service took over (this one was presumed dead)
-        for name in (SERVICE_FILE, STARTING_FILE, "members.lock", LOG_FILE, "elect.lock"):
-            try:
-                os.unlink(self.directory / name)
-            except FileNotFoundError:
-                pass
+        _remove_node_dir(self.directory)
+
+
+def _remove_node_dir(directory: Path) -> None:
+    """Under elect.lock: the files of the node directory (elect.lock last),
+    then the directory."""
+    try:
+        names = sorted(os.listdir(directory), key=lambda n: n == "elect.lock")
+    except OSError:
+        return
+    for name in names:
         try:
-            os.rmdir(self.directory)
+            os.unlink(directory / name)
         except OSError:
             pass
+    try:
+        os.rmdir(directory)
+    except OSError:
+        pass
+
+
+def sweep_node_dirs(user: str, parent: str | None = None) -> list[Path]:
+    """Removes this user's node directories whose service died with no member
+    left (a SIGKILLed service, a crashed node): nothing else would, since
+    their key may never come again.  A directory is judged under its
+    elect.lock, so no tier-run is joining or leaving meanwhile."""
+    removed = []
+    for d in Path(parent or index_parent()).glob(f"tiering.node-{user}-*"):
+        try:
+            st = os.lstat(d)
+        except OSError:
+            continue
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+            continue
+        elect = _try_exclusive(d / "elect.lock")
+        if elect is None:
+            if not (d / "elect.lock").exists() and time.time() - st.st_mtime > YOUNG_SECONDS:
+                _remove_node_dir(d)
+                removed.append(d)
+            continue
+        try:
+            members = _try_exclusive(d / "members.lock")
+            if members is None and (d / "members.lock").exists():
+                continue     # members still run (on copies of a dead service, or joining one)
+            if members is not None:
+                members.release()
+            if _alive(_read_record(d)) or _alive(_read_record(d, STARTING_FILE)):
+                continue
+            _remove_node_dir(d)
+            removed.append(d)
+        finally:
+            elect.release()
+    return removed

@@ -24,6 +24,7 @@ from array import array
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -31,6 +32,9 @@ from ..catalog import Catalog, CatalogFile
 from .api import NOT_PLACED, Policy, allocation
 from .index import Event, SharedIndex, events_array, lib
 from .tiers import SourceChanged, TierState, copy_file
+
+if TYPE_CHECKING:   # grpc is imported only by jobs that span nodes
+    from ..cluster.links import PeerLinks
 
 log = logging.getLogger("tiering")
 
@@ -88,8 +92,10 @@ class Daemon:
     """Implements the Placement contract (placement/api.py) for its policy."""
 
     def __init__(self, index: SharedIndex, catalog: Catalog, slots: list[int],
-                 tiers: list[TierState], pfs_threads: int, policy_factory: Callable[[Daemon], Policy]):
+                 tiers: list[TierState], pfs_threads: int, policy_factory: Callable[[Daemon], Policy],
+                 peers: PeerLinks | None = None):
         self.index = index
+        self.peers = peers                  # the other nodes of a multi-node job (None: one node)
         self.catalog = catalog
         self.files = catalog.files
         self.slots = slots
