@@ -14,9 +14,9 @@ from . import __version__
 from .cliopts import apply_options as _apply
 from .cliopts import order_from as _order
 from .cliopts import order_options as _order_options
-from .console import flush_quietly, reserve_standard_fds, say, setup_logging
 from .cluster.identity import Explicit, IdentityError, node_identity
 from .cluster.rendezvous import DEFAULT_RENDEZVOUS_TIMEOUT
+from .console import flush_quietly, reserve_standard_fds, say, setup_logging
 from .job import POLICY_NAMES, Job, JobError, JobOptions, run
 from .observe.live import choose_display
 from .profile import ProfileError, check_profile, format_profile, list_profiles, load_profile

@@ -264,7 +264,9 @@ def _wait_ready(directory: Path, rec: dict[str, Any], started: int | None,
             return now
         if not _alive(rec):
             if started == rec["pid"]:
-                raise NodeLockError(f"the node's tiering service exited before it was ready: {_log_tail(directory)}")
+                why = _log_tail(directory)
+                _remove_if_unused(directory)    # under elect.lock: nothing of the failed start is left
+                raise NodeLockError(f"the node's tiering service exited before it was ready: {why}")
             return None
         if deadline is not None and time.monotonic() >= deadline:
             raise NodeLockError(f"the node's tiering service (pid {rec['pid']}) was not ready in time; "
@@ -365,15 +367,22 @@ def sweep_node_dirs(user: str, parent: str | None = None) -> list[Path]:
                 removed.append(d)
             continue
         try:
-            members = _try_exclusive(d / "members.lock")
-            if members is None and (d / "members.lock").exists():
-                continue     # members still run (on copies of a dead service, or joining one)
-            if members is not None:
-                members.release()
-            if _alive(_read_record(d)) or _alive(_read_record(d, STARTING_FILE)):
-                continue
-            _remove_node_dir(d)
-            removed.append(d)
+            if _remove_if_unused(d):
+                removed.append(d)
         finally:
             elect.release()
     return removed
+
+
+def _remove_if_unused(directory: Path) -> bool:
+    """Under elect.lock: removes the node directory when no member holds its
+    lock and no service (running or starting) is alive."""
+    members = _try_exclusive(directory / "members.lock")
+    if members is None and (directory / "members.lock").exists():
+        return False     # members still run (on copies of a dead service)
+    if members is not None:
+        members.release()
+    if _alive(_read_record(directory)) or _alive(_read_record(directory, STARTING_FILE)):
+        return False
+    _remove_node_dir(directory)
+    return True

@@ -18,9 +18,9 @@ from ..units import human_bytes, parse_size
 from . import node
 from .expand import _ExpansionError, expand_vars
 from .model import (
+    DEFAULT_NETWORK_LATENCY_MS,
     DEFAULT_PFS_READ_THREADS,
     DEFAULT_TIER_THREADS,
-    DEFAULT_NETWORK_LATENCY_MS,
     MAX_TIERS,
     TIER_KINDS,
     Errors,
