@@ -359,3 +359,32 @@ def test_two_nodes_meet_and_serve_copies_to_the_job_only(tmp_path: Path, job):
     assert not jobdir.exists()                           # node 0 removed it at exit
     assert "peers    node 0 of 2" in results[0][1]
     assert tier_dirs(tmp_path / "tiers0") == [] and tier_dirs(tmp_path / "tiers1") == []
+
+
+def test_the_peer_lookup_finds_published_copies_through_the_index(tmp_path: Path):
+    from tiering.catalog import scan
+    from tiering.cluster.peering import index_lookup
+    from tiering.placement.index import Root, SharedIndex, lib
+    from tiering.placement.tiers import TierState
+    root = tmp_path / "data"
+    want = make_data(root)
+    assert want
+    cat = scan([str(root)], cache_dir=None)
+    tier_root = tmp_path / "tier"
+    tier_root.mkdir(mode=0o700)
+    tier = TierState("disk", "filesystem", tier_root, 1 << 30, 1)
+    (tmp_path / "run").mkdir(mode=0o700)
+    index, slots = SharedIndex.for_catalog(tmp_path / "run" / "index", [Root(cat.roots[0], 0)], [str(tier.data)],
+                                           cat)
+    lookup = index_lookup(index, cat, [tier])
+    k = next(i for i, f in enumerate(cat.files) if f.rel == "c1/f004.bin")
+    f = cat.files[k]
+    assert lookup(0, f.rel) is None                          # catalogued, not published
+    assert index.cas_state(slots[k], lib.TIERING_STATE_NONE, 1)
+    pub = lookup(0, f.rel)
+    assert pub is not None and (pub.path, pub.size, pub.mtime_ns) == (str(tier.data / "0" / f.rel), f.size,
+                                                                       f.mtime_ns)
+    assert lookup(1, f.rel) is None and lookup(0, "c1/missing.bin") is None and lookup(0, "c1") is None
+    assert index.cas_state(slots[k], 1, lib.TIERING_STATE_INVALID)
+    assert lookup(0, f.rel) is None                          # written to during the job: never served
+    index.close()
