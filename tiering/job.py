@@ -395,11 +395,12 @@ def _finish(job: Job, exit_code: int, t_start: float) -> None:
 
 
 def stop_service(job: Job) -> None:
-    """Stops placing and serving the other nodes (idempotent)."""
-    if job.peer is not None:
-        job.peer.close()
+    """Stops placing, then serving the other nodes (idempotent); both before
+    the tiers are removed."""
     if job.daemon is not None and not job.daemon.stopping:
         job.daemon.stop()
+    if job.peer is not None:
+        job.peer.close()
 
 
 def job_stats(job: Job, exit_code: int, final: bool) -> dict[str, Any]:
