@@ -14,6 +14,8 @@ from . import __version__
 from .cliopts import apply_options as _apply
 from .cliopts import order_from as _order
 from .cliopts import order_options as _order_options
+from .cluster.identity import Explicit, IdentityError, node_identity
+from .cluster.rendezvous import DEFAULT_RENDEZVOUS_TIMEOUT
 from .console import flush_quietly, reserve_standard_fds, say, setup_logging
 from .job import POLICY_NAMES, Job, JobError, JobOptions, run
 from .observe.live import choose_display
@@ -66,6 +68,19 @@ def _run_options(f):  # type: ignore[no-untyped-def]
         click.option("--progress-every", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
                      help="Seconds between status lines while COMMAND runs [default: 30 on a terminal, 10 in "
                           "a log, 5 with -v; 0: none]."),
+        click.option("--nodes", type=click.IntRange(min=1), default=None, metavar="N",
+                     help="Nodes in the job, each running one tier-run [default: from Slurm, torchrun or MPI; "
+                          "else 1]."),
+        click.option("--node-rank", type=click.IntRange(min=0), default=None, metavar="R",
+                     help="This node's rank, 0..N-1 (with --nodes)."),
+        click.option("--rendezvous", type=click.Path(file_okay=False, path_type=str), default=None, metavar="DIR",
+                     help="Where the nodes of the job meet: a directory of yours on a file system every node "
+                          "shares [default: ~/.cache/tiering/rendezvous]."),
+        click.option("--job-id", default=None, metavar="ID",
+                     help="The job's id, the same on every node [default: the launcher's]."),
+        click.option("--rendezvous-timeout", type=click.FloatRange(min=0, min_open=True),
+                     default=DEFAULT_RENDEZVOUS_TIMEOUT, show_default=True, metavar="SECONDS",
+                     help="Seconds the nodes have to meet; the job runs meanwhile, and without peers after."),
         click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED),
     ]
     return _order_options(_apply(f, opts))
@@ -73,16 +88,26 @@ def _run_options(f):  # type: ignore[no-untyped-def]
 
 def _do_run(profile: str, data: tuple[str, ...], policy: str | None, hook: bool | None, window: int,
             warm: int | None, stats_json: Path | None, keep: bool, verbose: int, quiet: bool, progress: str,
-            progress_every: float | None, command: tuple[str, ...], **kw: Any) -> None:
+            progress_every: float | None, nodes: int | None, node_rank: int | None, rendezvous: str | None,
+            job_id: str | None, rendezvous_timeout: float, command: tuple[str, ...], **kw: Any) -> None:
     reserve_standard_fds()
     order = _order(kw)
     setup_logging(0 if quiet else verbose)
     display = choose_display(progress, quiet, verbose, progress_every)
     try:
+        node = node_identity(os.environ, Explicit(nodes, node_rank, rendezvous, job_id))
+    except IdentityError as e:
+        _leave(2, f"tier-run: {e}")
+    try:
         prof = load_profile(profile)
         job = Job(JobOptions(list(data), list(command), prof, policy=policy, order=order, hook=hook, window=window,
-                             warm=warm, stats_json=stats_json, keep=keep, verbose=verbose, display=display))
-        code = run(job)
+                             warm=warm, stats_json=stats_json, keep=keep, verbose=verbose, display=display, node=node,
+                             rendezvous_timeout=rendezvous_timeout))
+        if node.shared_node:   # launch form 2: one service for the tier-runs of this node
+            from .cluster.member import run_member
+            code = run_member(job)
+        else:
+            code = run(job)
     except ProfileError as e:
         _leave(2, f"tier-run: profile error: {e}")
     except JobError as e:

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -23,6 +23,8 @@ from .clairvoyant.options import OrderOptions, StreamError, hook_blocker, is_pyt
 from .clairvoyant.policy import Clairvoyant
 from .clairvoyant.samplers import OrderError
 from .clairvoyant.warm import WarmResult, warm_up
+from .cluster.identity import SINGLE, NodeIdentity
+from .cluster.rendezvous import DEFAULT_RENDEZVOUS_TIMEOUT
 from .command import (
     CommandError,
     SetupWatch,
@@ -40,9 +42,12 @@ from .placement.daemon import Daemon, DaemonSnapshot
 from .placement.index import Root, SharedIndex, library_path
 from .placement.policies import POLICIES as SIMPLE_POLICIES
 from .placement.tiers import TierState
-from .profile import Profile
+from .profile import Network, Profile
 from .report import JobRecord, stats_path_problem, summary_text, to_json, write_stats
 from .rundirs import current_user, index_parent, make_private_dir, remove_in_background, remove_tree, sweep_leftovers
+
+if TYPE_CHECKING:   # grpc is imported only by jobs that span nodes
+    from .cluster.peering import PeerTier
 
 log = logging.getLogger("tiering")
 
@@ -78,6 +83,8 @@ class JobOptions:
     scan_threads: int = 16
     warm: int | None = None             # --warm PERCENT: fill the tiers before COMMAND starts
     display: Display = field(default_factory=lambda: Display("plain", 10.0))   # progress on stderr
+    node: NodeIdentity = SINGLE         # this node in its job (NOTE [node identity])
+    rendezvous_timeout: float = DEFAULT_RENDEZVOUS_TIMEOUT
 
 
 @dataclass
@@ -97,6 +104,7 @@ class Job:
     watch: JobWatch | None = None       # progress, status file, time series
     warm_order: np.ndarray | None = None   # the first epoch, when known before COMMAND (--warm)
     warmed: WarmResult | None = None
+    peer: PeerTier | None = None        # the peer tier of a job that spans several nodes
 
     @property
     def order_dir(self) -> Path | None:
@@ -181,7 +189,13 @@ def setup(job: Job) -> None:
             return Clairvoyant(d, feed, window=opts.window)
         return SIMPLE_POLICIES[job.policy](d)
 
-    job.daemon = Daemon(job.index, cat, slots, job.tiers, opts.profile.pfs.read_threads, make_policy)
+    if opts.node.multi_node:
+        from .cluster.peering import PeerTier, index_lookup
+        job.peer = PeerTier(opts.node, opts.profile.network or Network(), index_lookup(job.index, cat, job.tiers),
+                            opts.rendezvous_timeout)
+        _plan_peers(job, cat)
+    job.daemon = Daemon(job.index, cat, slots, job.tiers, opts.profile.pfs.read_threads, make_policy,
+                        peers=job.peer.links if job.peer is not None else None)
     sizes = cat.files.size
     info = JobInfo(job.run_dir.name, os.getpid(), job.user, opts.command, cat.roots, opts.profile.name, job.policy,
                    len(cat.files), cat.total_bytes, fits_bytes(sizes, sum(t.capacity for t in job.tiers), allocation),
@@ -281,17 +295,41 @@ def cleanup(job: Job) -> None:
 
 # -- running COMMAND -----------------------------------------------------------
 
-def run(job: Job) -> int:
-    """Runs the whole job; returns COMMAND's exit status (128+N for signal N).
-    Nothing after COMMAND started changes that: a report that cannot be
-    written is said on stderr (or dropped with it), NOTE [exit status]."""
-    opts = job.opts
+def check_command(opts: JobOptions) -> str:
+    """COMMAND's executable, and the --stats-json path checked: both before
+    anything is set up (a typo costs no scan)."""
     try:
         exe = resolve_command(opts.command)
     except CommandError as e:
         raise JobError(str(e), e.exit_code) from None
     if opts.stats_json is not None and (problem := stats_path_problem(opts.stats_json)):
         raise JobError(problem)
+    return exe
+
+
+def run_command(command: list[str], exe: str, env: dict[str, str], ignored: set[int],
+                started: Callable[[int], None], tick: Callable[[], None]) -> int:
+    """The member part: starts COMMAND, calls started(pid) (threads may start
+    from then on: COMMAND is forked already), forwards signals until it exits
+    and returns its exit status (128+N for signal N)."""
+    try:
+        proc = spawn(command, exe, env, ignored)
+    except CommandError as e:
+        raise JobError(str(e), e.exit_code) from None
+    started(proc.pid)
+    code = wait_forwarding(proc.pid, ignored, tick)
+    proc.returncode = code   # reaped here, not by Popen
+    return code
+
+
+def run(job: Job) -> int:
+    """Runs the whole job in this process, the service part and the member
+    part (launch forms 1 and 3; form 2 is cluster/member.py); returns
+    COMMAND's exit status (128+N for signal N).  Nothing after COMMAND
+    started changes that: a report that cannot be written is said on stderr
+    (or dropped with it), NOTE [exit status]."""
+    opts = job.opts
+    exe = check_command(opts)
     t_start = time.monotonic()
     ignored = ignored_at_start()
     # before anything starts a thread (NOTE [signals and COMMAND])
@@ -304,15 +342,13 @@ def run(job: Job) -> int:
         env = child_environment(dict(os.environ), job.index.path if job.index else None,
                                 library_path(), opts.verbose >= 2, job.order_dir)
         t0 = time.monotonic()
-        try:
-            proc = spawn(opts.command, exe, env, ignored)
-        except CommandError as e:
-            raise JobError(str(e), e.exit_code) from None
-        _start_daemon(job)   # after the fork: COMMAND never inherits a thread
-        if job.watch is not None:
-            job.watch.command_started(proc.pid)
-        exit_code = wait_forwarding(proc.pid, ignored, _ticker(job))
-        proc.returncode = exit_code   # reaped here, not by Popen
+
+        def started(pid: int) -> None:
+            start_service(job)   # after the fork: COMMAND never inherits a thread
+            if job.watch is not None:
+                job.watch.command_started(pid)
+
+        exit_code = run_command(opts.command, exe, env, ignored, started, _ticker(job))
         job.timings["command"] = time.monotonic() - t0
         _finish(job, exit_code, t_start)
         return exit_code
@@ -340,16 +376,42 @@ def warm(job: Job) -> None:
         watch.warm_done(job.warmed)
 
 
-def _start_daemon(job: Job) -> None:
-    """COMMAND runs already: a daemon that cannot start leaves it reading the PFS."""
-    if job.daemon is None:
+def _plan_peers(job: Job, cat: catalog_mod.Catalog) -> None:
+    """What the daemon needs to ask a peer (NOTE [node-aware plan]): the
+    other nodes' plans when the sampler is given (None: no peer fetch) and
+    the PFS's rate per stream to compare with the network's."""
+    from .clairvoyant.nodes import plans_from_options
+    from .cluster.links import pfs_stream_rate
+    assert job.peer is not None
+    opts, links = job.opts, job.peer.links
+    links.pfs_bandwidth = pfs_stream_rate(opts.profile.pfs.bandwidth)
+    links.pfs_latency_ms = opts.profile.pfs.latency_ms or 0.0
+    if job.policy != "clairvoyant":
         return
     try:
-        job.daemon.start()
-    except Exception as e:
-        log.warning("placement cannot start (%r): COMMAND reads everything from the PFS", e)
-        if job.index is not None:
-            job.index.set_disabled(True)
+        links.plans = plans_from_options(opts.order, cat, opts.node.node_count, opts.node.node_rank,
+                                         [t.capacity for t in job.tiers], opts.window)
+    except Exception as e:   # no peer fetch: this node reads the PFS
+        log.warning("the other nodes' plans cannot be computed (%r): no copies from peers", e)
+
+
+def start_service(job: Job) -> None:
+    """The threads of the service part: the daemon, and the peer tier of a
+    job that spans nodes.  Neither may fail the job: a daemon that cannot
+    start leaves COMMAND reading the PFS, a peer tier that cannot start is a
+    warning."""
+    if job.daemon is not None:
+        try:
+            job.daemon.start()
+        except Exception as e:
+            log.warning("placement cannot start (%r): COMMAND reads everything from the PFS", e)
+            if job.index is not None:
+                job.index.set_disabled(True)
+    if job.peer is not None:
+        try:
+            job.peer.start()
+        except Exception as e:
+            log.warning("the peer tier cannot start (%r): this node reads the PFS only", e)
 
 
 def _ticker(job: Job) -> Callable[[], None]:
@@ -370,15 +432,11 @@ def _finish(job: Job, exit_code: int, t_start: float) -> None:
     opts = job.opts
     try:
         _check_hook(job, command_done=True)
-        if job.daemon is not None:
-            job.daemon.stop()
+        stop_service(job)
         job.timings["total"] = time.monotonic() - t_start
-        record = _record(job, exit_code)
-        if job.watch is not None:
-            record.observed = job.watch.finish()
-        stats = to_json(record)
+        stats = job_stats(job, exit_code, final=True)
         if opts.display.mode != "off":
-            say(summary_text(stats))
+            say(job_summary(stats))
         if opts.stats_json and (problem := write_stats(opts.stats_json, stats)):
             say(f"tier-run: {problem} (COMMAND exited {exit_code})")
         if opts.keep and job.run_dir:
@@ -388,12 +446,42 @@ def _finish(job: Job, exit_code: int, t_start: float) -> None:
         say(f"tier-run: the summary failed ({e!r}); COMMAND exited {exit_code}")
 
 
+def stop_service(job: Job) -> None:
+    """Stops placing, then serving the other nodes (idempotent); both before
+    the tiers are removed."""
+    if job.daemon is not None and not job.daemon.stopping:
+        job.daemon.stop()
+    if job.peer is not None:
+        job.peer.close()
+
+
+def job_stats(job: Job, exit_code: int, final: bool) -> dict[str, Any]:
+    """The job's statistics (the --stats-json object); final: after the
+    daemon stopped (the last sample of the time series), else a snapshot
+    (the node service's, exit_code -1: each member puts its COMMAND's)."""
+    record = _record(job, exit_code)
+    if job.watch is not None:
+        record.observed = job.watch.finish() if final else job.watch.observed()
+    stats = to_json(record)
+    if job.peer is not None:
+        stats["peer"] = job.peer.report()
+    return stats
+
+
+def job_summary(stats: dict[str, Any]) -> str:
+    """summary_text, with the peer tier's line for a job that spans nodes."""
+    text = summary_text(stats)
+    if "peer" in stats:
+        from .cluster.peering import peer_summary
+        text += "\n" + peer_summary(stats["peer"])
+    return text
+
+
 def _teardown(job: Job, reporting: bool) -> None:
     """Stops the daemon and removes what the job made.  After COMMAND ran
     (reporting), a failure here is said, not raised."""
     try:
-        if job.daemon is not None and not job.daemon.stopping:
-            job.daemon.stop()
+        stop_service(job)
         cleanup(job)
     except Exception as e:
         if not reporting:

@@ -23,6 +23,7 @@ import fcntl
 import hashlib
 import json
 import os
+import stat
 import subprocess
 import threading
 import time
@@ -40,6 +41,8 @@ POLL = 0.05
 SERVICE_FILE = "service.json"
 STARTING_FILE = "starting.json"
 LOG_FILE = "service.log"
+JOB_FILE = "job.json"          # the job's options, written by the member that starts the service
+YOUNG_SECONDS = 60             # a node directory without elect.lock is left alone this long (being made)
 
 
 class NodeLockError(Exception):
@@ -261,7 +264,9 @@ def _wait_ready(directory: Path, rec: dict[str, Any], started: int | None,
             return now
         if not _alive(rec):
             if started == rec["pid"]:
-                raise NodeLockError(f"the node's tiering service exited before it was ready: {_log_tail(directory)}")
+                why = _log_tail(directory)
+                _remove_if_unused(directory)    # under elect.lock: nothing of the failed start is left
+                raise NodeLockError(f"the node's tiering service exited before it was ready: {why}")
             return None
         if deadline is not None and time.monotonic() >= deadline:
             raise NodeLockError(f"the node's tiering service (pid {rec['pid']}) was not ready in time; "
@@ -321,12 +326,63 @@ class ServiceLifetime:
         rec = _read_record(self.directory)
         if rec and rec.get("pid") != os.getpid():
             return      # another service took over (this one was presumed dead)
-        for name in (SERVICE_FILE, STARTING_FILE, "members.lock", LOG_FILE, "elect.lock"):
-            try:
-                os.unlink(self.directory / name)
-            except FileNotFoundError:
-                pass
+        _remove_node_dir(self.directory)
+
+
+def _remove_node_dir(directory: Path) -> None:
+    """Under elect.lock: the files of the node directory (elect.lock last),
+    then the directory."""
+    try:
+        names = sorted(os.listdir(directory), key=lambda n: n == "elect.lock")
+    except OSError:
+        return
+    for name in names:
         try:
-            os.rmdir(self.directory)
+            os.unlink(directory / name)
         except OSError:
             pass
+    try:
+        os.rmdir(directory)
+    except OSError:
+        pass
+
+
+def sweep_node_dirs(user: str, parent: str | None = None) -> list[Path]:
+    """Removes this user's node directories whose service died with no member
+    left (a SIGKILLed service, a crashed node): nothing else would, since
+    their key may never come again.  A directory is judged under its
+    elect.lock, so no tier-run is joining or leaving meanwhile."""
+    removed = []
+    for d in Path(parent or index_parent()).glob(f"tiering.node-{user}-*"):
+        try:
+            st = os.lstat(d)
+        except OSError:
+            continue
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+            continue
+        elect = _try_exclusive(d / "elect.lock")
+        if elect is None:
+            if not (d / "elect.lock").exists() and time.time() - st.st_mtime > YOUNG_SECONDS:
+                _remove_node_dir(d)
+                removed.append(d)
+            continue
+        try:
+            if _remove_if_unused(d):
+                removed.append(d)
+        finally:
+            elect.release()
+    return removed
+
+
+def _remove_if_unused(directory: Path) -> bool:
+    """Under elect.lock: removes the node directory when no member holds its
+    lock and no service (running or starting) is alive."""
+    members = _try_exclusive(directory / "members.lock")
+    if members is None and (directory / "members.lock").exists():
+        return False     # members still run (on copies of a dead service)
+    if members is not None:
+        members.release()
+    if _alive(_read_record(directory)) or _alive(_read_record(directory, STARTING_FILE)):
+        return False
+    _remove_node_dir(directory)
+    return True

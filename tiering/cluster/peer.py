@@ -42,6 +42,7 @@ import psutil
 
 from ..catalog import CatalogFile
 from ..placement.tiers import TierState, unlink_at
+from ..profile.model import Network
 
 FETCH = "/tiering.Peer/Fetch"    # streamed, any size
 GET = "/tiering.Peer/Get"        # one message, at most one chunk
@@ -370,14 +371,6 @@ def fetch_copy(client: PeerClient, f: CatalogFile, tier: TierState, timeout: flo
 
 
 # -- when a peer is worth asking --------------------------------------------------
-
-@dataclass(frozen=True)
-class Network:
-    """The profile's ``network: {bandwidth, latency_ms, interface}``."""
-    bandwidth: float          # MB/s between two nodes
-    latency_ms: float = 0.1
-    interface: str | None = None
-
 
 def transfer_seconds(size: int, bandwidth_mb_s: float, latency_ms: float) -> float:
     return latency_ms / 1000 + size / (bandwidth_mb_s * 1e6)

@@ -25,6 +25,7 @@ import os
 import re
 import secrets
 import socket
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,10 +36,15 @@ from .files import NotPrivate, check_parent, ensure_private_dir, read_private, r
 from .identity import NodeIdentity
 
 SECRET_BYTES = 32
+DEFAULT_RENDEZVOUS_TIMEOUT = 600.0   # seconds the nodes have to meet (torchrun's default is 900)
 
 
 class RendezvousError(Exception):
     """The nodes did not meet; the message says which are missing and why that may be."""
+
+
+class RendezvousStopped(RendezvousError):
+    """The wait was ended by this node (its job ends)."""
 
 
 @dataclass(frozen=True)
@@ -126,8 +132,9 @@ class JobDirectory:
 
     # -- the meeting --------------------------------------------------------------
 
-    def meet(self, address: str, timeout: float) -> Meeting:
-        """Publishes this node's address and waits for every node's."""
+    def meet(self, address: str, timeout: float, stop: threading.Event | None = None) -> Meeting:
+        """Publishes this node's address and waits for every node's; a set
+        ``stop`` ends the wait early (RendezvousStopped)."""
         self._prepare()
         rank, count = self.ident.node_rank, self.ident.node_count
         if rank == 0:
@@ -158,7 +165,10 @@ class JobDirectory:
                                              for r in range(count)))
             if time.monotonic() >= deadline:
                 raise RendezvousError(self._missing(timeout, secret is not None, set(proven)))
-            time.sleep(self.poll)
+            if stop is not None and stop.wait(self.poll):
+                raise RendezvousStopped("the job ended before the nodes met")
+            if stop is None:
+                time.sleep(self.poll)
 
     def _acknowledge(self, secret: bytes, entries: dict[int, dict[str, Any]], acks: dict[int, str]) -> None:
         for r, e in entries.items():

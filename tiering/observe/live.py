@@ -297,6 +297,10 @@ class JobWatch:
             self._tick(final=True)
         except Exception:
             log.debug("last status tick failed", exc_info=True)
+        return self.observed()
+
+    def observed(self) -> dict[str, Any]:
+        """What the report keeps, as sampled so far."""
         names = [n for n, _ in self.info.tiers] if self.info else []
         return {"series": self.series.to_json(names), "warm_after": self.warm_after, "t0": self.t0}
 

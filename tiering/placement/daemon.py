@@ -101,7 +101,7 @@ class Daemon:
                  tiers: list[TierState], pfs_threads: int, policy_factory: Callable[[Daemon], Policy],
                  peers: PeerLinks | None = None):
         self.index = index
-        self.peers = peers
+        self.peers = peers                  # the other nodes of a multi-node job (None: one node)
         self.catalog = catalog
         self.files = catalog.files
         self.slots = slots

@@ -77,6 +77,19 @@ class Pfs:
     latency_ms: float | None
 
 
+DEFAULT_NETWORK_BANDWIDTH = 1250.0   # MB/s between two nodes when the profile says nothing (10 Gbit/s)
+DEFAULT_NETWORK_LATENCY_MS = 0.1
+
+
+@dataclass(frozen=True)
+class Network:
+    """The profile's ``network: {bandwidth, latency_ms, interface}``: how fast
+    one node reads a peer's copy, and where the peer service listens."""
+    bandwidth: float = DEFAULT_NETWORK_BANDWIDTH   # MB/s between two nodes
+    latency_ms: float = DEFAULT_NETWORK_LATENCY_MS
+    interface: str | None = None                   # None: the address the host name resolves to
+
+
 @dataclass(frozen=True)
 class Profile:
     name: str
@@ -84,6 +97,7 @@ class Profile:
     description: str
     tiers: tuple[Tier, ...]  # fastest first, at least one
     pfs: Pfs
+    network: Network | None = None   # None: not given (multi-node jobs take Network()'s defaults)
     # What the loader decided on this machine: dropped optional tiers, clamped
     # capacities, tiers sharing a file system.  Shown by format_profile.
     notes: tuple[str, ...] = ()

@@ -11,17 +11,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import psutil
+
 from ..rundirs import SAFE_PARENT_FIX, parent_problem
 from ..units import human_bytes, parse_size
 from . import node
 from .expand import _ExpansionError, expand_vars
 from .model import (
     DEFAULT_CHUNKED_COPY_MB,
+    DEFAULT_NETWORK_LATENCY_MS,
     DEFAULT_PFS_READ_THREADS,
     DEFAULT_TIER_THREADS,
     MAX_TIERS,
     TIER_KINDS,
     Errors,
+    Network,
     Pfs,
     Profile,
     ProfileError,
@@ -29,6 +33,7 @@ from .model import (
     _error,
 )
 from .schema import (
+    NETWORK_KEYS,
     PFS_KEYS,
     TIER_KEYS,
     TIER_REQUIRED,
@@ -285,6 +290,7 @@ def build_profile(data: dict[str, Any], source: str, env: Mapping[str, str]) -> 
             if tier is not None:
                 ctx.kept.append((tier, os.stat(tier.path).st_dev))
     pfs = errs.run(_build_pfs, data.get("pfs"), source)
+    network = errs.run(_build_network, data.get("network"), ctx) if data.get("network") is not None else None
     errs.raise_any()
     assert pfs is not None
     if not ctx.kept:
@@ -302,15 +308,53 @@ def build_profile(data: dict[str, Any], source: str, env: Mapping[str, str]) -> 
                 )
     return Profile(
         name=data["name"], source=source, description=(data.get("description") or "").strip(),
-        tiers=tuple(t for t, _ in ctx.kept), pfs=pfs, notes=tuple(ctx.notes),
+        tiers=tuple(t for t, _ in ctx.kept), pfs=pfs, network=network, notes=tuple(ctx.notes),
     )
 
 
-def _latency(latency: Any, source: str) -> float | None:
+def _latency(latency: Any, source: str, key: str = "pfs.latency_ms") -> float | None:
     if latency is not None and (isinstance(latency, bool) or not isinstance(latency, (int, float)) or latency < 0):
         problem = f"must be a number of milliseconds >= 0, got {latency!r}"
-        raise _error(source, "pfs.latency_ms", problem, "e.g. latency_ms: 1.0, or leave it out")
+        raise _error(source, key, problem, "e.g. latency_ms: 1.0, or leave it out")
     return None if latency is None else float(latency)
+
+
+def _network_bandwidth(value: Any, source: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise _error(source, "network.bandwidth", f"must be a positive number of MB/s, got {value!r}",
+                     "e.g. bandwidth: 12000 (MB/s between two nodes: 100 Gbit/s is 12500)")
+    return float(value)
+
+
+def _interface(value: Any, ctx: _Context) -> str:
+    """A network interface of this node (its IPv4 address is where the peer service listens)."""
+    name = _expand(value, ctx, "network.interface") if isinstance(value, str) else value
+    if not isinstance(name, str) or not name:
+        raise _error(ctx.source, "network.interface", f"must be the name of a network interface, got {value!r}",
+                     "e.g. interface: ib0, or leave it out (the address the host name resolves to)")
+    addrs = psutil.net_if_addrs()
+    if name not in addrs:
+        raise _error(ctx.source, "network.interface", f"no interface {name!r} on this node",
+                     f"interfaces here: {', '.join(sorted(addrs))}; or leave it out (the address the host "
+                     "name resolves to)")
+    return name
+
+
+def _build_network(raw: Any, ctx: _Context) -> Network:
+    """``network: {bandwidth, latency_ms, interface}`` between the nodes of a multi-node job."""
+    source = ctx.source
+    if not isinstance(raw, dict):
+        raise _error(source, "network", f"expected a mapping, got {raw!r}",
+                     f"keys are {', '.join(NETWORK_KEYS)}, e.g. network: {{bandwidth: 12000, interface: ib0}}")
+    errs = Errors()
+    errs.run(check_keys, raw, NETWORK_KEYS, ("bandwidth",), source, "network.")
+    bw = errs.run(_network_bandwidth, raw.get("bandwidth"), source) if raw.get("bandwidth") is not None else None
+    latency = errs.run(_latency, raw.get("latency_ms"), source, "network.latency_ms")
+    iface = errs.run(_interface, raw["interface"], ctx) if raw.get("interface") is not None else None
+    errs.raise_any()
+    assert bw is not None
+    return Network(bandwidth=bw, latency_ms=DEFAULT_NETWORK_LATENCY_MS if latency is None else latency,
+                   interface=iface)
 
 
 def _build_pfs(raw: Any, source: str) -> Pfs:

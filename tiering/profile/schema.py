@@ -10,12 +10,13 @@ import yaml
 
 from .model import ProfileError, _error
 
-TOP_KEYS = ("name", "description", "tiers", "pfs")
+TOP_KEYS = ("name", "description", "tiers", "pfs", "network")
 TOP_REQUIRED = ("name", "tiers")
 TIER_KEYS = ("name", "kind", "path", "capacity", "threads", "bandwidth", "optional", "local_only",
              "chunked_copy_mb")
 TIER_REQUIRED = ("name", "kind", "path", "capacity")
 PFS_KEYS = ("read_threads", "bandwidth", "latency_ms")
+NETWORK_KEYS = ("bandwidth", "latency_ms", "interface")
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

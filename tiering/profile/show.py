@@ -33,6 +33,14 @@ def format_profile(p: Profile) -> str:
         f"  bandwidth:    {_format_bandwidth(p.pfs.bandwidth)}",
         f"  latency:      {latency}",
     ]
+    if p.network is not None:
+        n = p.network
+        lines += [
+            "network (between the nodes of a job):",
+            f"  bandwidth:    {n.bandwidth:g} MB/s",
+            f"  latency:      {n.latency_ms:g} ms",
+            f"  interface:    {n.interface or 'the address the host name resolves to'}",
+        ]
     if p.notes:
         lines.append("notes:")
         lines += [f"  - {note}" for note in p.notes]
