@@ -31,6 +31,7 @@ class Clairvoyant(Policy):
     chunk = 1024         # actions handed to the daemon per turn
     refill = 128         # a landed copy hands more only once this many have room (poll() does every turn)
     part = 4096          # opens matched at once (between them the next epoch may become known)
+    early = 256          # opens kept while the hook's first order is on its way (NOTE [early opens])
 
     def __init__(self, placement: Placement, feed: ListFeed | HookFeed | None = None, window: int = 64):
         super().__init__(placement)
@@ -51,6 +52,8 @@ class Clairvoyant(Policy):
         self._actions: deque[Actions] = deque()   # planned, not yet handed to the daemon
         self.epoch_log = EpochLog()         # opens per epoch, for the report
         self._sizes = np.asarray(placement.sizes, dtype=np.int64)
+        self._early: deque[tuple[np.ndarray, np.ndarray]] = deque()   # (files, pids) before the first order
+        self._early_n = 0
 
     # -- the stream ----------------------------------------------------------
     def start(self) -> None:
@@ -111,9 +114,37 @@ class Clairvoyant(Policy):
 
     def poll(self) -> None:
         if isinstance(self.feed, HookFeed):
+            first = self.planner is None
             for key, eo in self.feed.poll():
                 self._take(key, eo)
+            if first and self.planner is not None:
+                self._match_early()
         self._issue()
+
+    def _keep_early(self, files: np.ndarray, pids: np.ndarray) -> None:
+        """The last opens made before the hook's first order came in: a fast
+        reader's first batches may be drained before the order file is read
+        (NOTE [early opens])."""
+        if not isinstance(self.feed, HookFeed) or self.diverged or not len(files):
+            return
+        self._early.append((files[-self.early:].copy(), pids[-self.early:].copy()))
+        self._early_n += min(len(files), self.early)
+        while self._early_n - len(self._early[0][0]) >= self.early:
+            self._early_n -= len(self._early.popleft()[0])
+
+    def _match_early(self) -> None:
+        """Matches the opens kept before the first order against its start:
+        only files the new stream reads near its beginning, so opens of
+        something else (a validation pass before training) are left alone."""
+        if not self._early or self.planner is None:
+            return
+        files = np.concatenate([f for f, _ in self._early])
+        pids = np.concatenate([p for _, p in self._early])
+        self._early.clear()
+        self._early_n = 0
+        near = self.planner.need_of(files) < self.planner.reader + 2 * len(files) + self.window
+        if near.any():
+            self._follow(files[near], pids[near])
 
     def _take(self, key: int, eo: EpochOrder) -> None:
         feed = self.feed
@@ -145,6 +176,9 @@ class Clairvoyant(Policy):
         if isinstance(self.feed, HookFeed):
             for key, eo in self.feed.learn(files, tags):
                 self._take(key, eo)
+            if self.planner is not None:   # a learnt order: the early opens were epoch 1's, learnt from
+                self._early.clear()
+                self._early_n = 0
 
     @property
     def following(self) -> bool:
@@ -162,6 +196,8 @@ class Clairvoyant(Policy):
             if not self.following:
                 self.first_touch.on_opens(files[k:], from_tier[k:], pids[k:])
                 self._observe(files[k:], from_tier[k:], None)
+                if self.planner is None:
+                    self._keep_early(files[k:], pids[k:])
                 return
             got = self._follow(files[k:k + part], pids[k:k + part])
             self._observe(files[k:k + part], from_tier[k:k + part], got)
