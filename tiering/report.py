@@ -13,7 +13,7 @@ from typing import Any
 from .observe.epochs import epoch_records
 from .observe.view import pct
 from .placement.daemon import DaemonStats
-from .units import human_bytes
+from .units import human_bytes, plain_number
 
 MANY_FALLBACKS = 0.01     # of the opens served from tiers: worth a warning
 
@@ -264,7 +264,7 @@ def stats_path_problem(path: Path) -> str | None:
 def write_stats(path: Path, stats: dict[str, Any]) -> str | None:
     """Writes the JSON; returns what went wrong instead of raising (a full
     device, a vanished directory: the job's exit status stays COMMAND's)."""
-    text = json.dumps(stats, indent=2) + "\n"
+    text = json.dumps(stats, indent=2, default=plain_number) + "\n"
     try:
         with open(path, "w") as f:
             f.write(text)

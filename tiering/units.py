@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import re
+from typing import Any
 
 __all__ = ["human_bytes", "parse_size", "some_of"]
 
@@ -92,3 +93,11 @@ def some_of(names: list[str], shown: int = 5) -> str:
     if len(names) <= shown:
         return ", ".join(names)
     return f"{', '.join(names[:shown])} and {len(names) - shown} more"
+
+
+def plain_number(value: Any) -> Any:
+    """json's default= for the numpy numbers of a record (sizes and counts
+    kept in arrays): the Python number."""
+    if hasattr(value, "item"):
+        return value.item()
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")

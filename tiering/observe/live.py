@@ -33,7 +33,7 @@ import numpy as np
 from ..catalog import ScanProgress
 from ..console import Stderr, say, stderr_is_terminal
 from ..placement.daemon import DaemonSnapshot
-from ..units import human_bytes
+from ..units import human_bytes, plain_number
 from .series import RECENT, Sample, Series, hit_ratio, rate
 from .view import clock, count, pct, status_line
 
@@ -144,7 +144,7 @@ def write_status(run_dir: Path, status: dict[str, Any]) -> None:
     tmp = run_dir / f".{STATUS_FILE}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as f:
-        json.dump(status, f)
+        json.dump(status, f, default=plain_number)
     os.replace(tmp, run_dir / STATUS_FILE)
 
 
