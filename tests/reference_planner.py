@@ -1,36 +1,8 @@
-"""The planner as it was before it kept its state in arrays, unchanged: the
-reference the array planner is tested against, decision for decision
-(tests/test_planner_equivalence.py).
-
-The clairvoyant planner: from the access stream, the file sizes and the tier
-capacities, decide which file lives in which tier and when.
-
-The stream is the sequence of catalog file ids the job will open, epoch after
-epoch, as far as it is known.  The planner is used in two ways:
-
-- offline (`simulate`, `tiering plan`): it runs the whole stream with a
-  reader that never waits, and predicts hits per tier and PFS bytes;
-- online (the daemon's clairvoyant policy): `extend` appends each epoch's
-  order as it becomes known, `consume` reports what the reader has used and
-  `advance` returns the fetches to issue now.
-
-Rules (Belady's rule with prefetching):
-
-- Fetch ahead in stream order: into free room as far as the tiers hold,
-  and, within `window` positions of the reader, also by evicting.  A file is
-  put in the fastest tier with free room.
-- When no tier has room, make room by evicting the resident files whose next
-  use is farthest in the future, across all tiers (the tier whose farthest
-  file is farthest goes first), but only files needed later than the one
-  being fetched; if that is not possible, prefetching pauses until the
-  reader moves on.  A prefetched file that has not been read yet is never
-  evicted for a later one.
-- A file with no further known use is the first to go; among those, the one
-  this node reads least often over the known stream (HDMLP's frequency rule)
-  goes first.  Such files are evicted lazily, when room is needed, so a data
-  set that fits stays in place from one epoch to the next even when the next
-  epoch's order is only published when it starts.
-- Nothing is ever scheduled beyond a tier's capacity.
+"""The planner as it was before it kept its state in arrays (dicts, lists and
+heaps, one position at a time), unchanged: the reference the array planner
+and its C core are tested against, decision for decision
+(tests/test_planner_equivalence.py, tests/test_planner_core.py).  Its rules
+are those of the docstring of tiering/clairvoyant/planner.py.
 """
 from __future__ import annotations
 
