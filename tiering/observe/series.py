@@ -14,9 +14,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from .view import MIB
+
 CAP = 2048          # samples kept (1 s each for the first 34 minutes, then 2 s, 4 s, ...)
 RECENT = 60         # one-second samples kept for windows ("hit ratio over the last N s")
-MIB = 1 << 20
 
 
 @dataclass(frozen=True)
