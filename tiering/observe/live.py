@@ -32,7 +32,7 @@ from ..catalog import ScanProgress
 from ..console import Stderr, say, stderr_is_terminal
 from ..placement.daemon import DaemonSnapshot
 from ..units import human_bytes
-from .series import RECENT, Sample, Series, hit_ratio, rate
+from .series import Sample, Series, hit_ratio, rate
 from .view import clock, count, pct, status_line
 
 log = logging.getLogger("tiering")
@@ -321,7 +321,7 @@ class JobWatch:
             eta = max(0.0, info.fits_bytes - placed_bytes) / copy_rate
         in_flight = snap.in_flight if snap else 0
         reading = snap.reading if snap else 0
-        recent = list(self.series.recent)[-RECENT:]
+        recent = self.series.recent       # a deque of RECENT samples at most
         return {
             "version": STATUS_VERSION,
             "job": info.job, "pid": info.pid, "command_pid": info.command_pid, "user": info.user,
