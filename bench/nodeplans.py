@@ -103,8 +103,9 @@ def markdown(rows: list[dict[str, object]]) -> str:
         assert isinstance(pe, list)
         pfs = ", ".join(f"{p['pfs_bytes'] / 1e9:.2f}" for p in pe)
         peer = ", ".join(f"{p['peer_bytes'] / 1e9:.2f}" for p in pe)
+        peak = float(str(r["node_plans_peak_bytes"])) / 1e6
         out.append(f"| {r['nodes']} | {r['files']:,} | {r['own_planner_seconds']} | {r['node_plans_seconds']} | "
-                   f"{int(r['node_plans_peak_bytes']) / 1e6:.0f} ({r['node_plans_bytes_per_file_per_other_node']}) "
+                   f"{peak:.0f} ({r['node_plans_bytes_per_file_per_other_node']}) "
                    f"| {pfs} | {peer} |")
     return "\n".join(out) + "\n"
 

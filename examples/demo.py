@@ -27,6 +27,8 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
+from tiering.observe.view import pct
+
 REPO = Path(__file__).resolve().parent.parent
 TRAIN = REPO / "examples" / "train_tiny_cnn.py"
 EPOCH_LINE = re.compile(r"^epoch (\d+)/(\d+)\s+([\d.]+) s")
@@ -126,8 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     r = subprocess.run([sys.executable, "-m", "tiering", "report", str(stats), "-o", str(picture)],
                        capture_output=True, text=True)
     s = json.loads(stats.read_text())
-    print(f"\ntier-run's statistics: {stats} (policy {s['policy']}, hit ratio "
-          f"{100 * (s['hit_ratio'] or 0):.0f}%); " +
+    print(f"\ntier-run's statistics: {stats} (policy {s['policy']}, hit ratio {pct(s['hit_ratio'])}); " +
           (f"picture: {picture}" if r.returncode == 0 else f"no picture: {r.stderr.strip()}"))
     print(f"demo: {time.monotonic() - t_start:.0f} s in all")
     return 0

@@ -1,43 +1,18 @@
-"""The planner as it was before it kept its state in arrays, unchanged: the
-reference the array planner is tested against, decision for decision
-(tests/test_planner_equivalence.py).
-
-The clairvoyant planner: from the access stream, the file sizes and the tier
-capacities, decide which file lives in which tier and when.
-
-The stream is the sequence of catalog file ids the job will open, epoch after
-epoch, as far as it is known.  The planner is used in two ways:
-
-- offline (`simulate`, `tiering plan`): it runs the whole stream with a
-  reader that never waits, and predicts hits per tier and PFS bytes;
-- online (the daemon's clairvoyant policy): `extend` appends each epoch's
-  order as it becomes known, `consume` reports what the reader has used and
-  `advance` returns the fetches to issue now.
-
-Rules (Belady's rule with prefetching):
-
-- Fetch ahead in stream order: into free room as far as the tiers hold,
-  and, within `window` positions of the reader, also by evicting.  A file is
-  put in the fastest tier with free room.
-- When no tier has room, make room by evicting the resident files whose next
-  use is farthest in the future, across all tiers (the tier whose farthest
-  file is farthest goes first), but only files needed later than the one
-  being fetched; if that is not possible, prefetching pauses until the
-  reader moves on.  A prefetched file that has not been read yet is never
-  evicted for a later one.
-- A file with no further known use is the first to go; among those, the one
-  this node reads least often over the known stream (HDMLP's frequency rule)
-  goes first.  Such files are evicted lazily, when room is needed, so a data
-  set that fits stays in place from one epoch to the next even when the next
-  epoch's order is only published when it starts.
-- Nothing is ever scheduled beyond a tier's capacity.
+"""The planner as it was before it kept its state in arrays (dicts, lists and
+heaps, one position at a time): the reference the array planner and its C core
+are tested against, decision for decision (tests/test_planner_equivalence.py,
+tests/test_planner_core.py).  Its rules are those of the docstring of
+tiering/clairvoyant/planner.py; its code is kept as it was, apart from the
+epoch walk and accounting of simulate() (`reads`, `Tally`), which the driver
+of tests/test_planner.py shares.
 """
 from __future__ import annotations
 
 import bisect
 import heapq
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from tiering.placement.api import BLOCK, allocation
 
@@ -267,6 +242,54 @@ class EpochReport:
                 "pfs_bytes": self.pfs_bytes, "fetches": self.fetches, "evictions": self.evictions}
 
 
+def reads(p: Any, epochs: Sequence[Sequence[int]], known_ahead: int) -> Iterator[tuple[int, int]]:
+    """(epoch, stream position) of each read of simulate(), in order; before
+    the reads of an epoch, the planner p is given the epochs simulate() knows
+    then (known_ahead beyond it)."""
+    known, start = 0, 0
+    for e, order in enumerate(epochs):
+        while known < min(len(epochs), e + 1 + known_ahead):
+            p.extend(epochs[known])
+            known += 1
+        for pos in range(start, start + len(order)):
+            yield e, pos
+        start += len(order)
+
+
+class Tally:
+    """simulate()'s accounting, one report per epoch (of the class given):
+    the actions in the epoch of the reader's position when they are taken,
+    the reads in their own."""
+
+    def __init__(self, epochs: Sequence[Sequence[int]], sizes: Sequence[int], tiers: int,
+                 report: Callable[..., Any] = EpochReport):
+        self.sizes = sizes
+        self.reports = [report(hits=[0] * tiers) for _ in epochs]
+        self._starts: list[int] = []
+        total = 0
+        for ep in epochs:
+            self._starts.append(total)
+            total += len(ep)
+
+    def action(self, a: Any) -> None:
+        r = self.reports[bisect.bisect_right(self._starts, a.position) - 1]
+        if a.kind == "fetch":
+            r.fetches += 1
+            r.pfs_bytes += self.sizes[a.file]
+        else:
+            r.evictions += 1
+
+    def read(self, epoch: int, f: int, tier: int | None) -> None:
+        """File f read in this epoch, from this tier (None: the PFS)."""
+        r = self.reports[epoch]
+        r.accesses += 1
+        if tier is None:
+            r.pfs_reads += 1
+            r.pfs_bytes += self.sizes[f]
+        else:
+            r.hits[tier] += 1
+
+
 def simulate(epochs: Sequence[Sequence[int]], sizes: Sequence[int], capacities: Sequence[int], *,
              window: int | None = 64, known_ahead: int = 1) -> tuple[list[EpochReport], list[Action]]:
     """Runs the planner over the epochs with a reader that never waits for a
@@ -274,39 +297,13 @@ def simulate(epochs: Sequence[Sequence[int]], sizes: Sequence[int], capacities: 
     current one are known (1: the next epoch's order is known while the
     current one runs; 0: each epoch's order arrives when it starts)."""
     p = Planner(sizes, capacities, window=window)
-    reports = [EpochReport(hits=[0] * len(capacities)) for _ in epochs]
+    tally = Tally(epochs, sizes, len(capacities))
     schedule: list[Action] = []
-    bounds: list[int] = []
-    total = 0
-    for ep in epochs:
-        bounds.append(total)
-        total += len(ep)
-    known = 0
-
-    def epoch_of(pos: int) -> int:
-        return bisect.bisect_right(bounds, pos) - 1
-
-    for e, order in enumerate(epochs):
-        while known < min(len(epochs), e + 1 + known_ahead):
-            p.extend(epochs[known])
-            known += 1
-        for pos in range(bounds[e], bounds[e] + len(order)):
-            for a in p.advance():
-                schedule.append(a)
-                r = reports[epoch_of(a.position)]
-                if a.kind == "fetch":
-                    r.fetches += 1
-                    r.pfs_bytes += sizes[a.file]
-                else:
-                    r.evictions += 1
-            f = p.file_at(pos)
-            r = reports[e]
-            r.accesses += 1
-            tier = p.resident.get(f)
-            if tier is None:
-                r.pfs_reads += 1
-                r.pfs_bytes += sizes[f]
-            else:
-                r.hits[tier] += 1
-            p.consume(pos)
-    return reports, schedule
+    for e, pos in reads(p, epochs, known_ahead):
+        for a in p.advance():
+            schedule.append(a)
+            tally.action(a)
+        f = p.file_at(pos)
+        tally.read(e, f, p.resident.get(f))
+        p.consume(pos)
+    return tally.reports, schedule

@@ -76,6 +76,24 @@ def test_opens_before_the_first_order_belong_to_the_first_epoch_and_none_after_d
     assert log.unattributed == 1
 
 
+def test_a_batch_of_opens_of_no_epoch_counts_as_the_same_opens_one_by_one():
+    import numpy as np
+    from_tier = np.array([True, False, False, True, False])
+    sizes = np.array([10, 20, 30, 40, 50], np.int64)
+    one, many = EpochLog(clock=lambda: 5.0), EpochLog(clock=lambda: 5.0)
+    for log_, batch in ((one, False), (many, True)):
+        for epochs in (None, np.array([0, 0, 1, 1, 1]), None):   # before the order, with it, after divergence
+            if batch:
+                log_.opened_many(epochs, from_tier, sizes, lead=3)
+            else:
+                for k in range(len(sizes)):
+                    log_.opened(None if epochs is None else int(epochs[k]), bool(from_tier[k]), int(sizes[k]), 3)
+    assert many.records() == one.records()
+    assert [(r["epoch"], r["opens"], r["from_tiers"], r["pfs_bytes"]) for r in many.records()] == \
+        [(0, 7, 3, 120), (1, 3, 1, 80)]
+    assert many.unattributed == one.unattributed == 5
+
+
 def test_epoch_records_split_the_daemons_traffic_at_the_epochs_first_opens():
     t0 = 1000.0
     per_epoch = [{"epoch": 0, "opens": 100, "from_tiers": 40, "pfs_bytes": 600, "first": t0 + 2, "last": t0 + 9,

@@ -3,7 +3,6 @@ larger random cases (checked after every step), the PFS bound D - C on large
 cases, lazy eviction, the frequency rule, tier order and speed."""
 from __future__ import annotations
 
-import bisect
 import math
 import random
 import time
@@ -11,6 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import pytest
+from reference_planner import Tally, reads
 
 from tiering.clairvoyant.planner import INF, Action, EpochReport, Planner, allocation, simulate
 
@@ -37,23 +37,14 @@ def drive(epochs: Sequence[Sequence[int]], sizes: Sequence[int], capacities: Seq
           window: int | None = None, known_ahead: int = 1,
           alloc: Callable[[int], int] = allocation, check: bool = True) -> Run:
     p = Planner(sizes, capacities, window=window, alloc=alloc)
-    reports = [EpochReport(hits=[0] * len(capacities)) for _ in epochs]
+    tally = Tally(epochs, sizes, len(capacities), EpochReport)
     schedule: list[Action] = []
-    bounds: list[int] = []
-    total = 0
-    for ep in epochs:
-        bounds.append(total)
-        total += len(ep)
-    known = 0
-    run = Run(p, reports, schedule)
+    run = Run(p, tally.reports, schedule)
     # shadow state, rebuilt from the actions alone
     where: dict[int, int] = {}
     used = [0] * len(capacities)
     unread: dict[int, int] = {}   # prefetched file -> the stream position it was fetched for
     group: list[Action] = []      # evictions since the last fetch (they make room for the next)
-
-    def epoch_of(pos: int) -> int:
-        return bisect.bisect_right(bounds, pos) - 1
 
     def check_state() -> None:
         assert where == p.resident
@@ -62,61 +53,48 @@ def drive(epochs: Sequence[Sequence[int]], sizes: Sequence[int], capacities: Seq
             assert p.used[k] <= cap
             assert p.used[k] == sum(alloc(sizes[f]) for f, t in p.resident.items() if t == k)
 
-    for e, order in enumerate(epochs):
-        while known < min(len(epochs), e + 1 + known_ahead):
-            p.extend(epochs[known])
-            known += 1
-        for pos in range(bounds[e], bounds[e] + len(order)):
-            for a in p.advance():
-                schedule.append(a)
-                r = reports[epoch_of(a.position)]
-                if a.kind == "fetch":
-                    r.fetches += 1
-                    r.pfs_bytes += sizes[a.file]
-                    if check:
-                        assert a.file not in where, f"fetch of resident file {a.file}"
-                        assert 0 <= a.tier < len(capacities)
-                        assert a.position == p.reader == pos
-                        assert pos <= a.need < p.end and p.file_at(a.need) == a.file
-                        if window is not None and a.need >= pos + window:
-                            assert not group, "evicted for a fetch beyond the window"
-                        group.clear()
-                        need = alloc(sizes[a.file])
-                        assert all(capacities[j] - used[j] < need for j in range(a.tier)), \
-                            f"file {a.file} put in tier {a.tier} while a faster tier has room"
-                        where[a.file] = a.tier
-                        used[a.tier] += need
-                        assert used[a.tier] <= capacities[a.tier], "scheduled beyond capacity"
-                        unread[a.file] = a.need
-                else:
-                    assert a.kind == "evict"
-                    r.evictions += 1
-                    if check:
-                        group.append(a)
-                        assert where.get(a.file) == a.tier, f"evict of non-resident file {a.file}"
-                        assert a.file not in unread, \
-                            f"file {a.file} prefetched for {unread.get(a.file)} evicted unread at {pos}"
-                        del where[a.file]
-                        used[a.tier] -= alloc(sizes[a.file])
-            if check:
-                check_state()
-            f = p.file_at(pos)
-            r = reports[e]
-            r.accesses += 1
-            tier = p.resident.get(f)
-            if check:
-                assert where.get(f) == tier
-                if unread.get(f) == pos:
-                    assert tier is not None
-                    del unread[f]
-            if tier is None:
-                r.pfs_reads += 1
-                r.pfs_bytes += sizes[f]
+    for e, pos in reads(p, epochs, known_ahead):
+        for a in p.advance():
+            schedule.append(a)
+            tally.action(a)
+            if a.kind == "fetch":
+                if check:
+                    assert a.file not in where, f"fetch of resident file {a.file}"
+                    assert 0 <= a.tier < len(capacities)
+                    assert a.position == p.reader == pos
+                    assert pos <= a.need < p.end and p.file_at(a.need) == a.file
+                    if window is not None and a.need >= pos + window:
+                        assert not group, "evicted for a fetch beyond the window"
+                    group.clear()
+                    need = alloc(sizes[a.file])
+                    assert all(capacities[j] - used[j] < need for j in range(a.tier)), \
+                        f"file {a.file} put in tier {a.tier} while a faster tier has room"
+                    where[a.file] = a.tier
+                    used[a.tier] += need
+                    assert used[a.tier] <= capacities[a.tier], "scheduled beyond capacity"
+                    unread[a.file] = a.need
             else:
-                r.hits[tier] += 1
-            p.consume(pos)
-            if check:
-                check_state()
+                assert a.kind == "evict"
+                if check:
+                    group.append(a)
+                    assert where.get(a.file) == a.tier, f"evict of non-resident file {a.file}"
+                    assert a.file not in unread, \
+                        f"file {a.file} prefetched for {unread.get(a.file)} evicted unread at {pos}"
+                    del where[a.file]
+                    used[a.tier] -= alloc(sizes[a.file])
+        if check:
+            check_state()
+        f = p.file_at(pos)
+        tier = p.resident.get(f)
+        if check:
+            assert where.get(f) == tier
+            if unread.get(f) == pos:
+                assert tier is not None
+                del unread[f]
+        tally.read(e, f, tier)
+        p.consume(pos)
+        if check:
+            check_state()
     if check:
         assert not unread
     return run

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import OTHER_UID, as_other_user, dataset, sweep_with_boot_time_off, tier_run
+from helpers import OTHER_UID, as_other_user, dataset, sweep_with_boot_time_off, tier_run, wait_for
 from tiering import rundirs
 from tiering.rundirs import (
     UnsafeParent,
@@ -21,6 +21,7 @@ from tiering.rundirs import (
     parent_problem,
     remove_in_background,
     start_ticks,
+    still_runs,
     sweep_leftovers,
 )
 
@@ -113,6 +114,19 @@ def test_owner_record_has_the_exact_start_time(base):
     assert owner["pid"] == os.getpid() and owner["start"] == start_ticks(os.getpid()) is not None
     assert owner["host"] == socket.gethostname()
     assert sorted(p.name for p in d.iterdir()) == ["owner.json"]
+
+
+def test_still_runs_knows_a_reused_pid_and_a_zombie():
+    me = os.getpid()
+    assert still_runs(me, start_ticks(me)) and not still_runs(me, start_ticks(me) - 1)
+    assert not still_runs(me, None)
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    start = start_ticks(child.pid)
+    assert start is not None
+    wait_for(lambda: rundirs._proc_stat(child.pid)[0] == "Z", "the child to exit")   # a zombie until waited for
+    assert start_ticks(child.pid) == start and not still_runs(child.pid, start)
+    child.wait()
+    assert not still_runs(child.pid, start)
 
 
 def test_a_live_job_survives_a_sweep_that_sees_boot_time_one_second_off(base):

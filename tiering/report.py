@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from .observe.epochs import epoch_records
-from .observe.view import pct
+from .observe.view import change, pct
 from .placement.daemon import DaemonStats
 from .units import human_bytes, plain_number
 
@@ -158,16 +158,12 @@ def warnings(s: dict[str, Any]) -> list[str]:
     return out
 
 
-def _change(now: int, before: int) -> str:
-    return f"{100 * (now - before) / before:+.0f}%" if before else "n/a"
-
-
 def pfs_line(s: dict[str, Any]) -> str:
     """The net effect on the PFS, in one line."""
     p = s["pfs"]
     return (f"PFS traffic: {human_bytes(p['bytes'])} instead of {human_bytes(p['bytes_without_tiering'])} "
-            f"({_change(p['bytes'], p['bytes_without_tiering'])}), {p['opens']:,} opens instead of "
-            f"{p['opens_without_tiering']:,} ({_change(p['opens'], p['opens_without_tiering'])})")
+            f"({change(p['bytes'], p['bytes_without_tiering'])}), {p['opens']:,} opens instead of "
+            f"{p['opens_without_tiering']:,} ({change(p['opens'], p['opens_without_tiering'])})")
 
 
 def _seconds(v: float | None) -> str:

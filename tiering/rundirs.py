@@ -117,14 +117,29 @@ def _read(path: str) -> str | None:
         return None
 
 
-def start_ticks(pid: int) -> int | None:
-    """When process pid started, in clock ticks after boot (/proc/PID/stat
-    field 22): exact, unlike a wall-clock time derived from it."""
+def _proc_stat(pid: int) -> tuple[str, int] | None:
+    """(state, start) of process pid from /proc/PID/stat (fields 3 and 22;
+    start in clock ticks after boot), None when it is gone."""
     text = _read(f"/proc/{pid}/stat")
     try:
-        return int(text.rpartition(")")[2].split()[19]) if text else None
+        fields = text.rpartition(")")[2].split() if text else []
+        return (fields[0], int(fields[19])) if fields else None
     except (IndexError, ValueError):
         return None
+
+
+def start_ticks(pid: int) -> int | None:
+    """When process pid started, in clock ticks after boot: exact, unlike a
+    wall-clock time derived from it."""
+    st = _proc_stat(pid)
+    return st[1] if st else None
+
+
+def still_runs(pid: int, start: object) -> bool:
+    """Process pid is the one that started at `start` (start_ticks: not a
+    reused pid) and has not exited (a zombie nobody reaped yet has)."""
+    st = _proc_stat(pid)
+    return st is not None and st[0] not in ("Z", "X") and st[1] == start
 
 
 def _where() -> dict[str, object]:

@@ -117,7 +117,7 @@ void tp_free(tp_plan *p)
     p->log_n = p->log_cap = p->victims_cap = 0;
 }
 
-/* ---- the victim sets: _hold, _unhold, _enter, _leave, _victim ---- */
+/* ---- the victim sets: _mark (hold, unhold), _enter, _leave, _victim ---- */
 
 static tp_bits *idle_set(tp_plan *p, int64_t f, int tier)
 {

@@ -669,29 +669,26 @@ class Planner:
             self._sets_changed = True
         return s
 
-    def _hold(self, f: int, tier: int, need: int) -> None:
+    def _mark(self, f: int, tier: int, need: int, add: bool) -> None:
+        """Puts file f of this tier into the victim set its need gives it
+        (add), or takes it out: _move for one file."""
         if self._stale:
             return
         if need != INF:
-            self._by_need[tier].add(need - self._pos0)
+            s, member = self._by_need[tier], need - self._pos0
         else:
-            self._idle_set(tier, self._uses_mv[f]).add(f)
-            self._idle_n[tier] += 1
-
-    def _unhold(self, f: int, tier: int, need: int) -> None:
-        if self._stale:
-            return
-        if need != INF:
-            self._by_need[tier].discard(need - self._pos0)
+            s, member = self._idle_set(tier, self._uses_mv[f]), f
+            self._idle_n[tier] += 1 if add else -1
+        if add:
+            s.add(member)
         else:
-            self._idle_set(tier, self._uses_mv[f]).discard(f)
-            self._idle_n[tier] -= 1
+            s.discard(member)
 
     def _set_need(self, f: int, old: int, new: int) -> None:
         t = self._tier_mv[f]
         if t >= 0:
-            self._unhold(f, t, old)
-            self._hold(f, t, new)
+            self._mark(f, t, old, False)
+            self._mark(f, t, new, True)
         self._need_mv[f] = new
 
     def _set_needs(self, files: np.ndarray, old: np.ndarray, new: np.ndarray) -> None:
@@ -758,11 +755,11 @@ class Planner:
         self._tier_mv[f] = tier
         self.used[tier] += self._alloc_mv[f]
         self.n_resident += 1
-        self._hold(f, tier, self._need_mv[f])
+        self._mark(f, tier, self._need_mv[f], True)
 
     def _leave(self, f: int) -> int:
         tier = self._tier_mv[f]
-        self._unhold(f, tier, self._need_mv[f])
+        self._mark(f, tier, self._need_mv[f], False)
         self._tier_mv[f] = -1
         self.used[tier] -= self._alloc_mv[f]
         self.n_resident -= 1

@@ -13,8 +13,9 @@ early, the first one too, changes nothing for the others.
 
 Files in the node directory (0700, owned by the user, under /dev/shm):
 ``elect.lock``, ``members.lock``, ``starting.json`` (the service process a
-member started, until it is ready), ``service.json`` ({"pid", "create_time",
-"ready", "info"}: who serves and what members need to attach), ``service.log``.
+member started, until it is ready), ``service.json`` ({"pid", "start",
+"ready", "info"}: who serves and what members need to attach; start as
+rundirs.start_ticks), ``service.log``.
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ from typing import Any
 
 import psutil
 
-from ..rundirs import index_parent
+from ..rundirs import index_parent, start_ticks, still_runs
 from .files import NotPrivate, ensure_private_dir, write_private
 
 POLL = 0.05
@@ -147,14 +148,13 @@ def _alive(rec: dict[str, Any] | None) -> bool:
     if not rec:
         return False
     try:
-        proc = psutil.Process(int(rec["pid"]))
-        return abs(proc.create_time() - float(rec["create_time"])) < 0.5 and proc.status() != psutil.STATUS_ZOMBIE
-    except (psutil.Error, KeyError, TypeError, ValueError):
+        return still_runs(int(rec["pid"]), rec["start"])
+    except (KeyError, TypeError, ValueError):
         return False
 
 
 def _record(pid: int, ready: bool, info: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {"pid": pid, "create_time": psutil.Process(pid).create_time(), "ready": ready, "info": info or {}}
+    return {"pid": pid, "start": start_ticks(pid), "ready": ready, "info": info or {}}
 
 
 # -- members ----------------------------------------------------------------------
@@ -238,11 +238,9 @@ def join(key: NodeKey, start: Starter, timeout: float | None = None, parent: str
             starting = _read_record(directory, STARTING_FILE)
             if not _alive(starting):
                 started = start(directory)
-                try:
-                    starting = _record(started, False)
-                except psutil.Error:
-                    raise NodeLockError("the node's tiering service exited at once: "
-                                        + _log_tail(directory)) from None
+                starting = _record(started, False)
+                if starting["start"] is None:
+                    raise NodeLockError("the node's tiering service exited at once: " + _log_tail(directory))
                 _write_record(directory, starting, STARTING_FILE)
             assert starting is not None
             rec = _wait_ready(directory, starting, started, deadline)

@@ -44,50 +44,52 @@ class EpochLog:
     def opened(self, epoch: int | None, from_tier: bool, size: int, lead: int | None = None) -> None:
         now = self._clock()
         with self._lock:
-            if epoch is None:
-                if self._epochs:
-                    self.unattributed += 1
-                    return
-                rec = self._pending
+            rec = self._before_order() if epoch is None else self._epoch(epoch)
+            if rec is None:
+                self.unattributed += 1
             else:
-                rec = self._epochs.get(epoch) or self._new(epoch)
-            if not rec.opens:
-                rec.first = now
-            rec.last = now
-            rec.opens += 1
-            if from_tier:
-                rec.from_tiers += 1
-            else:
-                rec.pfs_bytes += size
-            if lead is not None:
-                rec.lead_sum += lead
-                rec.lead_n += 1
+                self._count(rec, now, 1, int(from_tier), 0 if from_tier else size, lead)
 
     def opened_many(self, epochs: np.ndarray | None, from_tier: np.ndarray, sizes: np.ndarray,
                     lead: int | None = None) -> None:
-        """opened() for a batch of opens (the policy's batches), one update per epoch in it."""
+        """opened() for a batch of opens (the policy's batches, from_tier a
+        bool array), one update per epoch in it."""
         if not len(from_tier):
-            return
-        if epochs is None:
-            for ft, size in zip(from_tier.tolist(), sizes.tolist()):
-                self.opened(None, bool(ft), int(size), lead)
             return
         now = self._clock()
         with self._lock:
+            if epochs is None:
+                rec = self._before_order()
+                if rec is None:
+                    self.unattributed += len(from_tier)
+                else:
+                    self._count(rec, now, len(from_tier), int(from_tier.sum()), int(sizes[~from_tier].sum()), lead)
+                return
             for e in np.unique(epochs).tolist():
                 sel = epochs == e
-                rec = self._epochs.get(e) or self._new(e)
-                n = int(sel.sum())
-                if not rec.opens:
-                    rec.first = now
-                rec.last = now
-                rec.opens += n
                 tier = from_tier[sel]
-                rec.from_tiers += int(tier.sum())
-                rec.pfs_bytes += int(sizes[sel][~tier].sum())
-                if lead is not None:
-                    rec.lead_sum += lead * n
-                    rec.lead_n += n
+                self._count(self._epoch(e), now, int(sel.sum()), int(tier.sum()),
+                            int(sizes[sel][~tier].sum()), lead)
+
+    def _epoch(self, epoch: int) -> EpochCount:
+        return self._epochs.get(epoch) or self._new(epoch)
+
+    def _before_order(self) -> EpochCount | None:
+        """Where an open of no epoch counts: with the opens before the first
+        order, or nowhere (None) once an epoch is known."""
+        return None if self._epochs else self._pending
+
+    @staticmethod
+    def _count(rec: EpochCount, now: float, n: int, from_tiers: int, pfs_bytes: int, lead: int | None) -> None:
+        if not rec.opens:
+            rec.first = now
+        rec.last = now
+        rec.opens += n
+        rec.from_tiers += from_tiers
+        rec.pfs_bytes += pfs_bytes
+        if lead is not None:
+            rec.lead_sum += lead * n
+            rec.lead_n += n
 
     def _new(self, epoch: int) -> EpochCount:
         rec = self._epochs[epoch] = EpochCount(epoch)

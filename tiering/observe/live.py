@@ -376,7 +376,7 @@ class JobWatch:
             eta = max(0.0, info.fits_bytes - placed_bytes) / copy_rate
         in_flight = snap.in_flight if snap else 0
         reading = snap.reading if snap else 0
-        recent = list(self.series.recent)[-RECENT:]
+        recent = self.series.recent       # a deque of RECENT samples at most
         return {
             "version": STATUS_VERSION,
             "job": info.job, "pid": info.pid, "command_pid": info.command_pid, "user": info.user,

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..units import human_bytes
-from .view import pct
+from .view import change, pct
 
 PICTURE_SUFFIXES = (".png", ".svg", ".pdf")
 COLORS = ["tab:blue", "tab:orange", "tab:green", "tab:purple"]
@@ -118,8 +118,8 @@ def _pfs_panel(ax: Any, s: dict[str, Any]) -> None:
     p = s["pfs"]
     if "bytes_without_tiering" in p:
         before = p["bytes_without_tiering"]
-        change = f" ({100 * (p['bytes'] - before) / before:+.0f}%)" if before else ""
-        ax.set_title(f"PFS traffic: {human_bytes(p['bytes'])} instead of {human_bytes(before)}{change} "
+        diff = f" ({change(p['bytes'], before)})" if before else ""
+        ax.set_title(f"PFS traffic: {human_bytes(p['bytes'])} instead of {human_bytes(before)}{diff} "
                      "(file sizes: upper bounds)")
     ax.set_xlabel("seconds since COMMAND started")
     ax.set_ylabel("PFS MiB/s")

@@ -14,9 +14,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from .view import MIB
+
 CAP = 2048          # samples kept (1 s each for the first 34 minutes, then 2 s, 4 s, ...)
 RECENT = 60         # one-second samples kept for windows ("hit ratio over the last N s")
-MIB = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -64,18 +65,17 @@ class Series:
         with fewer than two."""
         if len(self.recent) < 2:
             return None
-        end = self.recent[-1]
-        start = self.recent[0]
-        for s in self.recent:
-            if end.t - s.t <= seconds:
-                start = s
-                break
-        if start is end:
-            start = self.recent[-2]
-        return start, end
+        return self.recent[window_start([s.t for s in self.recent], seconds)], self.recent[-1]
 
     def to_json(self, tier_names: list[str]) -> dict[str, Any]:
         return series_json(self.samples, tier_names, self.stride)
+
+
+def window_start(t: list[float], seconds: float) -> int:
+    """The index in t (times, ascending, at least two) of the first within
+    `seconds` of the last, and at least one before the last."""
+    k = next((i for i, x in enumerate(t) if t[-1] - x <= seconds), len(t) - 2)
+    return min(k, len(t) - 2)
 
 
 def rate(a: Sample, b: Sample, what: str) -> float:

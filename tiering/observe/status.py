@@ -21,6 +21,7 @@ from typing import Any
 
 from ..rundirs import OWNER_FILE, start_ticks
 from .live import STATUS_FILE, STATUS_VERSION
+from .series import window_start
 
 STALE = 5.0     # seconds without an update before the view says so
 
@@ -164,8 +165,7 @@ def fresh(d: JobDir, st: dict[str, Any], window: float, now: float | None = None
     rec = st.get("recent") or {}
     t = rec.get("t", [])
     if len(t) >= 2:
-        k = next((i for i, x in enumerate(t) if t[-1] - x <= window), len(t) - 2)
-        k = min(k, len(t) - 2)
+        k = window_start(t, window)
         dt = t[-1] - t[k]
         opens = rec["opens"][-1] - rec["opens"][k]
         served_w = rec["from_tiers"][-1] - rec["from_tiers"][k]

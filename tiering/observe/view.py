@@ -29,6 +29,11 @@ def pct(x: float | None) -> str:
     return f"{v:.1f}%" if 0 < v < 10 or 99.5 <= v < 100 else f"{v:.0f}%"
 
 
+def change(now: float, before: float) -> str:
+    """now against before, in percent: "-33%", "+5%"; "n/a" without a before."""
+    return f"{100 * (now - before) / before:+.0f}%" if before else "n/a"
+
+
 def count(n: int) -> str:
     return f"{n:,}"
 

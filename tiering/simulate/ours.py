@@ -56,13 +56,12 @@ class Copier:
         cfg = self.ctx.cfg
         self.where = [{} for _ in range(cfg.nodes)]
         t0 = -cfg.head_start_s
-        if cfg.copy_threads:
+        self.rr = [[0] * len(cfg.storage) for _ in range(cfg.nodes)]
+        if cfg.copy_threads:   # every class of a node shares one list: the pool
             pool = [[t0] * cfg.copy_threads for _ in range(cfg.nodes)]
             self.threads = [[pool[i]] * len(cfg.storage) for i in range(cfg.nodes)]
-            self.rr = [[0] * len(cfg.storage) for _ in range(cfg.nodes)]
         else:
             self.threads = [[[t0] * c.threads for c in cfg.storage] for _ in range(cfg.nodes)]
-            self.rr = [[0] * len(cfg.storage) for _ in range(cfg.nodes)]
 
     def _thread(self, node: int, cls: int) -> tuple[list[float], int]:
         """The thread list a copy into cls uses and the index of the one that takes it:
