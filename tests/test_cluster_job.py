@@ -28,6 +28,7 @@ from tiering.cluster import nodelock
 from tiering.cluster.identity import NodeIdentity
 from tiering.cluster.rendezvous import JobDirectory
 from tiering.profile import ProfileError, check_profile, format_profile
+from tiering.rundirs import start_ticks
 
 NODE = Path(__file__).resolve().parent / "cluster_node.py"
 N = 40
@@ -203,7 +204,7 @@ def _node_dir(parent: Path, name: str, service_pid: int | None) -> Path:
     for f in ("elect.lock", "members.lock", "job.json", "service.log"):
         (d / f).write_text("")
     if service_pid is not None:
-        rec = {"pid": service_pid, "create_time": psutil.Process(service_pid).create_time(), "ready": True}
+        rec = {"pid": service_pid, "start": start_ticks(service_pid), "ready": True}
         (d / "service.json").write_text(json.dumps(rec))
     return d
 
@@ -212,7 +213,7 @@ def test_node_directories_of_dead_services_are_swept(tmp_path: Path):
     dead = subprocess.Popen(["true"])
     dead.wait()
     gone = _node_dir(tmp_path, "gone", None)
-    (gone / "service.json").write_text(json.dumps({"pid": dead.pid, "create_time": 1.0, "ready": True}))
+    (gone / "service.json").write_text(json.dumps({"pid": dead.pid, "start": 1, "ready": True}))
     alive = _node_dir(tmp_path, "alive", os.getpid())
     members = _node_dir(tmp_path, "members", None)
     held = os.open(members / "members.lock", os.O_RDWR)

@@ -29,6 +29,7 @@ from ..console import say, setup_logging
 from ..job import Job, JobError, JobOptions, cleanup, job_stats, setup, start_service, stop_service
 from ..observe.live import Display
 from ..profile import ProfileError, load_profile
+from ..units import plain_number
 from . import nodelock
 from .files import NotPrivate, read_private, write_private
 from .identity import NodeIdentity
@@ -90,7 +91,7 @@ class StatsWriter:
         try:
             self.seq += 1
             stats = stats if stats is not None else job_stats(self.job, -1, final=False)
-            write_private(self.path, json.dumps({"seq": self.seq, "stats": stats}).encode())
+            write_private(self.path, json.dumps({"seq": self.seq, "stats": stats}, default=plain_number).encode())
         except Exception as e:   # never the end of the service
             say(f"tiering service: the statistics cannot be written ({e!r})")
 

@@ -20,7 +20,7 @@ NOT_PLACED = -1
 def allocation(size: int) -> int:
     """Bytes a file of this size is expected to take on a tier (whole 4 KiB
     blocks, at least one): the one block rule of the daemon and the planner."""
-    return max(BLOCK, (size + BLOCK - 1) // BLOCK * BLOCK)
+    return max(BLOCK, int(size + BLOCK - 1) // BLOCK * BLOCK)
 
 
 class Placement(Protocol):

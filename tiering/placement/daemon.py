@@ -511,7 +511,7 @@ class Daemon:
         if published and allocated is not None:
             self._where[i] = tier
             t.files += 1
-            t.placed_bytes += self._sizes[i]
+            t.placed_bytes += int(self._sizes[i])
             t.used += allocated - reserved
             self._allocated[i] = allocated
             self.stats.copies += 1
