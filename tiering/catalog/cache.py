@@ -55,7 +55,7 @@ import time
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 import numpy as np
 
@@ -99,7 +99,8 @@ def _encode(root: str, p: RootScan) -> dict[str, np.ndarray]:
         "skipped": p.skipped,
     }
     # ensure_ascii keeps undecodable names (surrogate escapes) round-tripping
-    out = {"meta": np.frombuffer(json.dumps(meta, separators=(",", ":")).encode("ascii"), np.uint8)}
+    text = json.dumps(meta, separators=(",", ":")).encode("ascii")
+    out: dict[str, np.ndarray] = {"meta": np.frombuffer(text, np.uint8)}
     t = p.files
     out.update(paths=t.paths, offsets=t.offsets, dir=t.dir, **t.columns)
     return out
@@ -372,7 +373,7 @@ def save_cache(cache_dir: Path, root: str, p: RootScan) -> None:
         _remove_old_format(cache_dir, root)
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=SUFFIX, dir=cache_dir)
         with os.fdopen(fd, "wb") as f:
-            np.savez(f, **_encode(root, p))     # not compressed: loading is the point
+            np.savez(f, **cast(dict[str, Any], _encode(root, p)))     # not compressed: loading is the point
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

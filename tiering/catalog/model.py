@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, overload
+from typing import Any, TypeAlias, overload
 
 import numpy as np
 
@@ -63,6 +63,8 @@ FILE_COLUMNS: dict[str, str] = {
     "size": "<i8", "mtime_ns": "<i8", "dev": "<u8", "ino": "<u8", "link": "?",
     "mode": "<u4", "uid": "<u4", "gid": "<u4", "nlink": "<u8", "atime_ns": "<i8", "ctime_ns": "<i8",
     "blocks": "<i8", "blksize": "<i8"}
+# A per-file column as callers give it: a list, or an array of the catalog.
+IntColumn: TypeAlias = Sequence[int] | np.ndarray
 STAT_FIELDS = ("mode", "uid", "gid", "nlink", "atime_ns", "ctime_ns", "blocks", "blksize")
 TERMINATE_BLOCK = 1 << 16     # files per block of FileTable.terminated
 

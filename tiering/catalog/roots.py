@@ -67,7 +67,8 @@ class PathIndex:
         where = self.roots.split(path)
         if where is None:
             return -1
-        hashes, ids = (self._hashes, self._ids) if self._ids is not None else self._build()
+        hashes, ids = (self._hashes, self._ids) if self._hashes is not None and self._ids is not None \
+            else self._build()
         root, rel = where[0], encode_rel(where[1])
         h = hash((root, rel))
         t = self.catalog.files

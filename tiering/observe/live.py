@@ -23,7 +23,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -31,10 +31,11 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..catalog import ScanProgress
+from ..catalog.model import IntColumn
 from ..console import Stderr, say, stderr_is_terminal
 from ..placement.daemon import DaemonSnapshot
 from ..units import human_bytes, plain_number
-from .series import RECENT, Sample, Series, hit_ratio, rate
+from .series import Sample, Series, hit_ratio, rate
 from .view import clock, count, pct, status_line
 
 log = logging.getLogger("tiering")
@@ -103,7 +104,7 @@ def warm_line(p: Any) -> str:
             f"ETA {eta}")
 
 
-def fits_bytes(sizes: Sequence[int], capacity: int, alloc: Callable[[int], int]) -> int:
+def fits_bytes(sizes: IntColumn, capacity: int, alloc: Callable[[int], int]) -> int:
     """Bytes of the data set the tiers can hold: all of it, or the capacity
     scaled by the data set's bytes per allocated byte (whole blocks; alloc
     is asked once per distinct size)."""

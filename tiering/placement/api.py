@@ -13,6 +13,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ..catalog.model import IntColumn
+
 BLOCK = 4096
 NOT_PLACED = -1
 
@@ -27,7 +29,7 @@ class Placement(Protocol):
     """What a policy may ask of the daemon and tell it to do."""
 
     @property
-    def sizes(self) -> Sequence[int]:
+    def sizes(self) -> IntColumn:
         """Catalogued size of every file, by catalog id."""
         ...
 

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..catalog import Catalog, CatalogFile
+from ..catalog.model import IntColumn
 from .api import NOT_PLACED, Policy, allocation
 from .index import Event, SharedIndex, events_array, lib
 from .tiers import SourceChanged, TierState, copy_file
@@ -97,7 +98,7 @@ class DaemonSnapshot:
 class Daemon:
     """Implements the Placement contract (placement/api.py) for its policy."""
 
-    def __init__(self, index: SharedIndex, catalog: Catalog, slots: Sequence[int],
+    def __init__(self, index: SharedIndex, catalog: Catalog, slots: IntColumn,
                  tiers: list[TierState], pfs_threads: int, policy_factory: Callable[[Daemon], Policy],
                  peers: PeerLinks | None = None):
         self.index = index
@@ -138,7 +139,7 @@ class Daemon:
 
     # -- the Placement contract ----------------------------------------------
     @property
-    def sizes(self) -> Sequence[int]:
+    def sizes(self) -> IntColumn:
         return self._sizes
 
     @property

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import cffi
 import numpy as np
 
-from ..catalog.model import FileTable
+from ..catalog.model import FileTable, IntColumn
 
 if TYPE_CHECKING:
     from ..catalog import Catalog
@@ -101,15 +101,15 @@ class FileStats:
     `exact[i]` says whether stat of path i may be answered from the index
     (the record is this job's own scan: NOTE [stat from the index])."""
 
-    mode: Sequence[int]
-    uid: Sequence[int]
-    gid: Sequence[int]
-    nlink: Sequence[int]
-    atime_ns: Sequence[int]
-    ctime_ns: Sequence[int]
-    blocks: Sequence[int]
-    blksize: Sequence[int]
-    exact: Sequence[bool]
+    mode: IntColumn
+    uid: IntColumn
+    gid: IntColumn
+    nlink: IntColumn
+    atime_ns: IntColumn
+    ctime_ns: IntColumn
+    blocks: IntColumn
+    blksize: IntColumn
+    exact: Sequence[bool] | np.ndarray
 
     @classmethod
     def of(cls, stats: Sequence[os.stat_result], exact: Sequence[bool]) -> FileStats:
@@ -190,12 +190,12 @@ def numpy_dtype(struct: str) -> np.dtype:
 U32 = 1 << 32
 
 
-def _column(values: Sequence[int] | None, n: int, dtype: str) -> np.ndarray:
+def _column(values: IntColumn | None, n: int, dtype: str) -> np.ndarray:
     return np.zeros(n, dtype) if values is None else np.asarray(values, dtype)
 
 
-def _write_records(recs: np.ndarray, devs: Sequence[int] | None, inos: Sequence[int] | None,
-                   mtimes: Sequence[int], links: Sequence[bool] | None, stats: FileStats | None) -> None:
+def _write_records(recs: np.ndarray, devs: IntColumn | None, inos: IntColumn | None,
+                   mtimes: IntColumn, links: Sequence[bool] | np.ndarray | None, stats: FileStats | None) -> None:
     """The file records, but for next_alias (tiering_index_fill links the
     rings): identity, mtime, the scan's stat and the flags."""
     n = len(recs)
@@ -283,9 +283,9 @@ class SharedIndex:
     # -- creation ---------------------------------------------------------
     @classmethod
     def create(cls, path: Path, roots: Sequence[Root], tiers: Sequence[str],
-               rels: Sequence[str] | FileTable, root_ids: Sequence[int], sizes: Sequence[int],
-               mtimes: Sequence[int], devs: Sequence[int] | None = None,
-               inos: Sequence[int] | None = None, links: Sequence[bool] | None = None,
+               rels: Sequence[str] | FileTable, root_ids: IntColumn, sizes: IntColumn,
+               mtimes: IntColumn, devs: IntColumn | None = None,
+               inos: IntColumn | None = None, links: Sequence[bool] | np.ndarray | None = None,
                stats: FileStats | None = None, scanner: Credentials | None = None,
                ring_size: int | None = None) -> tuple[SharedIndex, np.ndarray]:
         """Writes a new index at path (mode 0600) and returns it with the slot (int64 array)
