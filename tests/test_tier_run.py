@@ -731,12 +731,12 @@ def test_tiers_are_removed_in_the_background_and_nothing_is_left(tmp_path):
               "for d, _, names in os.walk(sys.argv[1]):\n"
               "    for n in names: open(os.path.join(d, n), 'rb').read()\n")
     p = subprocess.Popen([PYTHON, "-m", "tiering", "run", "--profile", str(profile(tmp_path, second="1GiB")),
-                          "--data", str(data), "--policy", "stage", "--stats-json", str(stats), "--",
+                          "--data", str(data), "--policy", "stage", "--warm", "--stats-json", str(stats), "--",
                           PYTHON, "-c", reader, str(data)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     out, err = p.communicate(timeout=300)
     assert p.returncode == 0, err
     s = json.loads(stats.read_text())
-    assert s["placement"]["copies"] > 0
+    assert s["placement"]["copies"] == 60      # --warm: every file copied before COMMAND started
     ssd = tmp_path / "ssd"
     wait_for(lambda: not list(ssd.iterdir()), "the ssd tier's directory to be removed")
     wait_job_dirs_removed(p.pid)
