@@ -114,11 +114,9 @@ class Clairvoyant(Policy):
 
     def poll(self) -> None:
         if isinstance(self.feed, HookFeed):
-            first = self.planner is None
             for key, eo in self.feed.poll():
                 self._take(key, eo)
-            if first and self.planner is not None:
-                self._match_early()
+            self._end_early()
         self._issue()
 
     def _keep_early(self, files: np.ndarray, pids: np.ndarray) -> None:
@@ -132,16 +130,21 @@ class Clairvoyant(Policy):
         while self._early_n - len(self._early[0][0]) >= self.early:
             self._early_n -= len(self._early.popleft()[0])
 
-    def _match_early(self) -> None:
-        """Matches the opens kept before the first order against its start:
-        only files the new stream reads near its beginning, so opens of
-        something else (a validation pass before training) are left alone."""
+    def _end_early(self) -> None:
+        """Once the first order is in, the opens kept before it are matched
+        against its start: only files the new stream reads near its
+        beginning, so opens of something else (a validation pass before
+        training) are left alone.  A mapping learnt from the opens drops
+        them: they were the learning epoch's, not the order's."""
         if not self._early or self.planner is None:
             return
         files = np.concatenate([f for f, _ in self._early])
         pids = np.concatenate([p for _, p in self._early])
         self._early.clear()
         self._early_n = 0
+        assert isinstance(self.feed, HookFeed)
+        if self.feed.learnt(self.feed.main):
+            return
         near = self.planner.need_of(files) < self.planner.reader + 2 * len(files) + self.window
         if near.any():
             self._follow(files[near], pids[near])
@@ -176,9 +179,7 @@ class Clairvoyant(Policy):
         if isinstance(self.feed, HookFeed):
             for key, eo in self.feed.learn(files, tags):
                 self._take(key, eo)
-            if self.planner is not None:   # a learnt order: the early opens were epoch 1's, learnt from
-                self._early.clear()
-                self._early_n = 0
+            self._end_early()
 
     @property
     def following(self) -> bool:
