@@ -184,6 +184,24 @@ def test_the_watch_says_what_changes_and_a_status_line_at_its_rate(tmp_path, mon
     assert finished["warm_after"] == 10.0 and finished["series"]["t"][-1] == 30.0
 
 
+def test_tiers_that_got_warm_after_the_last_tick_are_warm_in_the_summary(tmp_path, monkeypatch):
+    """A short COMMAND (1.5 s) ticked once while half was placed; the rest
+    landed before the last sample: the summary says when, not "never"."""
+    lines: list[str] = []
+    w, probe, now = make_watch(tmp_path, lines, monkeypatch)
+    now[0] = 1.0
+    probe.tier_bytes, probe.tier_files = 50 * MIB, 50
+    w.tick()
+    assert w.warm_after is None
+    now[0] = 1.6
+    probe.tier_bytes, probe.tier_files = 100 * MIB, 100
+    finished = w.finish()
+    assert finished["warm_after"] == 1.6
+    assert not any("tiers warm" in ln for ln in lines)      # COMMAND has ended: the summary says it
+    text = summary_text(to_json(record(observed=finished, seconds={"scan": 0.1, "command": 1.5, "total": 2.0})))
+    assert "tiers warm after 1.6 s" in text and "never" not in text
+
+
 def fresh_from(tmp: Path, st: dict) -> dict:
     from tiering.observe.status import JobDir
     return fresh(JobDir(tmp / "run", os.getuid(), 1), st, 10.0, now=st["updated"])
