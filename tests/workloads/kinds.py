@@ -9,6 +9,7 @@ KIND:
   dict-ids   string ids and a dict id -> path, not index-aligned (learnt)
   from-id    integer ids; the path is built in __getitem__ (learnt)
   subset     a Subset (every third index left out) of a `dicts` data set
+  subset-ids the same Subset of a `from-id` data set (learnt)
   pairs      integer ids; __getitem__ opens img/ID.bin then mask/ID.bin (learnt)
   arrow      one big file memory-mapped by the main process at start, records
              sliced out of it in __getitem__ (HF datasets' Arrow files)
@@ -124,8 +125,8 @@ class Arrow(Dataset):
 
 
 def make(kind: str, root: str) -> Dataset:
-    if kind == "subset":
-        ds = Dicts(root)
+    if kind in ("subset", "subset-ids"):
+        ds = Dicts(root) if kind == "subset" else FromId(root)
         return Subset(ds, [i for i in range(len(ds)) if i % 3 != 1])
     return {"dicts": Dicts, "frame": Frame, "dict-ids": DictIds, "from-id": FromId, "pairs": Pairs,
             "arrow": Arrow}[kind](root)

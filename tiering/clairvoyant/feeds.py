@@ -242,6 +242,12 @@ class HookFeed:
             streams.append(m.order(np.asarray(msgs[rank][field_name], dtype=np.int64)))
         return interleave(streams)
 
+    def learnt(self) -> bool:
+        """Whether the main loader's indices map to files through what the
+        tagged opens taught (not through an attribute)."""
+        loader = self.loaders.get(self.main) if self.main is not None else None
+        return loader is not None and self._learner(loader) is not None
+
     def mapping(self) -> dict[str, Any]:
         """How the main loader's indices were mapped to files, for the
         summary: source is "attribute NAME", "learnt in epoch N" or "none: why"."""

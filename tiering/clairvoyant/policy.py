@@ -118,7 +118,10 @@ class Clairvoyant(Policy):
             for key, eo in self.feed.poll():
                 self._take(key, eo)
             if first and self.planner is not None:
-                self._match_early()
+                if self.feed.learnt():
+                    self._drop_early()   # they taught the mapping (a learning epoch, a pass before training)
+                else:
+                    self._match_early()
         self._issue()
 
     def _keep_early(self, files: np.ndarray, pids: np.ndarray) -> None:
@@ -140,8 +143,7 @@ class Clairvoyant(Policy):
             return
         files = np.concatenate([f for f, _ in self._early])
         pids = np.concatenate([p for _, p in self._early])
-        self._early.clear()
-        self._early_n = 0
+        self._drop_early()
         near = self.planner.need_of(files) < self.planner.reader + 2 * len(files) + self.window
         if near.any():
             self._follow(files[near], pids[near])
@@ -177,8 +179,11 @@ class Clairvoyant(Policy):
             for key, eo in self.feed.learn(files, tags):
                 self._take(key, eo)
             if self.planner is not None:   # a learnt order: the early opens were epoch 1's, learnt from
-                self._early.clear()
-                self._early_n = 0
+                self._drop_early()
+
+    def _drop_early(self) -> None:
+        self._early.clear()
+        self._early_n = 0
 
     @property
     def following(self) -> bool:
