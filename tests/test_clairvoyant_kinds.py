@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import PYTHON, USER, profile, read_line, tier_run
+from helpers import PYTHON, USER, profile, read_line, tier_run, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("no_leftovers")]
 
@@ -137,7 +137,8 @@ def test_ctrl_c_during_the_warm_up_stops_before_command_and_cleans_up(tmp_path):
               "import sys\n"
               "from tiering.placement.daemon import Daemon\n"
               "def slow_copy(self, src, f, t):\n"
-              "    print('copying', flush=True)\n"
+              "    sys.stdout.write('copying\\n')   # one write: the copy threads' lines do not mix\n"
+              "    sys.stdout.flush()\n"
               "    self._stop.wait(600)\n"
               "    return None\n"
               "Daemon._copy = slow_copy\n"
@@ -157,4 +158,6 @@ def test_ctrl_c_during_the_warm_up_stops_before_command_and_cleans_up(tmp_path):
     assert p.returncode == 130, err
     assert b"tier-run: interrupted by SIGINT before COMMAND started" in err and b"Traceback" not in err
     assert not marker.exists()
-    assert not [d for d in os.listdir("/dev/shm") if d.startswith(f"tiering-{USER}-{p.pid}-")]
+    # the tiers are removed in the background after tier-run exits
+    wait_for(lambda: not [d for d in os.listdir("/dev/shm") if d.startswith(f"tiering-{USER}-{p.pid}-")],
+             "the removal of the job's directories")
