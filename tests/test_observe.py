@@ -202,6 +202,23 @@ def test_tiers_that_got_warm_after_the_last_tick_are_warm_in_the_summary(tmp_pat
     assert "tiers warm after 1.6 s" in text and "never" not in text
 
 
+def test_the_warm_up_in_a_log_is_a_line_every_5_s_with_rate_and_eta_then_what_was_warmed(monkeypatch):
+    from tiering.clairvoyant.warm import WarmProgress, WarmResult
+    lines: list[str] = []
+    monkeypatch.setattr("tiering.observe.live.say", lines.append)
+    now = [0.0]
+    w = JobWatch(Display("plain", 10.0), clock=lambda: now[0])
+    for t in (1.0, 4.0, 5.0, 7.0, 10.0):
+        now[0] = t
+        done = int(t * 10)
+        w.warming(WarmProgress(files=100, bytes=100 * MIB, done_files=done, done_bytes=done * MIB, seconds=t))
+    assert lines == ["tiering: warm-up: 50 of 100 files, 10 MiB/s, ETA 0:05",
+                     "tiering: warm-up: 100 of 100 files, 10 MiB/s, ETA 0:00"]
+    w.warm_done(WarmResult(100, "known order", 98, 98 * MIB, 100, 100 * MIB, 2, 10.0))
+    assert lines[-1] == ("tiering: warm-up: 98 files (98 MiB) in the tiers, known order, 10.0 s, 9.8 MiB/s; "
+                         "2 not copied")
+
+
 def fresh_from(tmp: Path, st: dict) -> dict:
     from tiering.observe.status import JobDir
     return fresh(JobDir(tmp / "run", os.getuid(), 1), st, 10.0, now=st["updated"])
