@@ -252,6 +252,25 @@ def test_choose_display(progress, quiet, verbose, terminal, every, want):
     assert choose_display(progress, quiet, verbose, every, terminal=terminal) == want
 
 
+@pytest.mark.parametrize("policy, report, no_order, want", [
+    ("clairvoyant", {"epochs_known": 0}, None, ("waiting", "waiting for the order (first touch meanwhile)")),
+    ("clairvoyant", {"epochs_known": 0, "mapping": {"source": "learnt in epoch 1"}}, None,
+     ("learning", "learning which files each index reads (first touch meanwhile)")),
+    ("clairvoyant", {"epochs_known": 2, "prefetch_lead": 40}, None, ("prefetching", "prefetching ahead of the reader")),
+    ("clairvoyant", {"epochs_known": 2, "prefetch_lead": 0}, None,
+     ("following", "following the reader, no copy ahead of it")),
+    ("clairvoyant", {"epochs_known": 2, "diverged": True}, None,
+     ("fallback", "fell back to first-touch: the reads stopped following the order")),
+    ("clairvoyant", {"epochs_known": 0}, "the order hook did not start in COMMAND",
+     ("fallback", "fell back to first-touch: no order (the order hook did not start in COMMAND)")),
+    ("first-touch", {}, None, ("first-touch", "copying what COMMAND opens (first touch)")),
+    ("stage", {}, None, ("staging", "staging the data set in catalog order")),
+])
+def test_the_phase_says_what_placement_does_and_why_it_fell_back(policy, report, no_order, want):
+    from tiering.observe.live import phase
+    assert phase(policy, report, no_order) == want
+
+
 def test_what_fits_counts_whole_blocks():
     sizes = [1000] * 100                       # 100 KB in 100 blocks of 4 KiB
     assert fits_bytes(sizes, 10 ** 9, allocation) == 100_000
