@@ -184,6 +184,19 @@ def test_the_watch_says_what_changes_and_a_status_line_at_its_rate(tmp_path, mon
     assert finished["warm_after"] == 10.0 and finished["series"]["t"][-1] == 30.0
 
 
+def test_while_copies_go_on_the_status_line_has_their_rate_and_the_eta(tmp_path, monkeypatch):
+    lines: list[str] = []
+    w, probe, now = make_watch(tmp_path, lines, monkeypatch, every=1.0)
+    for k in range(1, 6):        # 10 files (10 MiB) copied a second; COMMAND opens 20 a second from the PFS
+        now[0] = float(k)
+        probe.tier_bytes, probe.tier_files, probe.copies = 10 * k * MIB, 10 * k, 10 * k
+        probe.c = {"opens": 20 * k, "opens_pfs": 20 * k, "events_dropped": 0}
+        w.tick()
+    assert lines[-1] == ("tiering 0:05 waiting for the order (first touch meanwhile) | 50% of the data set in tiers | "
+                         "copying 10 MiB/s, 10 files/s, ETA 0:05 | 20 opens/s, 0% from tiers (last 4 s; 0% in all) | "
+                         "PFS 10 MiB/s")
+
+
 def test_tiers_that_got_warm_after_the_last_tick_are_warm_in_the_summary(tmp_path, monkeypatch):
     """A short COMMAND (1.5 s) ticked once while half was placed; the rest
     landed before the last sample: the summary says when, not "never"."""
