@@ -257,6 +257,13 @@ class HookFeed:
         loader = self.loaders.get(self.main) if self.main is not None else None
         return loader is not None and self._learner(loader) is not None
 
+    def still_learning(self) -> bool:
+        """Whether the main loader's mapping is learnt and some of its
+        indices have not been seen opening a file yet."""
+        loader = self.loaders.get(self.main) if self.main is not None else None
+        learner = self._learner(loader) if loader is not None else None
+        return learner is not None and learner.learnt < learner.length
+
     def mapping(self) -> dict[str, Any]:
         """How the main loader's indices were mapped to files, for the
         summary: source is "attribute NAME", "learnt in epoch N" or "none: why"."""

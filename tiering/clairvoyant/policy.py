@@ -54,6 +54,7 @@ class Clairvoyant(Policy):
         self._sizes = np.asarray(placement.sizes, dtype=np.int64)
         self._early: deque[tuple[np.ndarray, np.ndarray]] = deque()   # (files, pids) before the first order
         self._early_n = 0
+        self._partial: set[int] = set()     # epochs planned from a partly learnt mapping
 
     # -- the stream ----------------------------------------------------------
     def start(self) -> None:
@@ -156,6 +157,7 @@ class Clairvoyant(Policy):
         if key != self._loader:           # a new main loader (e.g. after a validation pass)
             self._loader = key
             self.predicted.clear()
+            self._partial.clear()
             self._reset(eo.epoch, [eo.order] + ([eo.next] if eo.next is not None else []))
         elif eo.epoch in self.predicted:
             if not np.array_equal(self.predicted.pop(eo.epoch), eo.order):
@@ -171,6 +173,10 @@ class Clairvoyant(Policy):
                 self._add(eo.epoch + 1, eo.next)
         if eo.next is not None:
             self.predicted[eo.epoch + 1] = eo.next
+        if feed.still_learning():
+            self._partial.update((eo.epoch, eo.epoch + 1))
+        else:
+            self._partial.difference_update((eo.epoch, eo.epoch + 1))
         self._pump()
 
     # -- events ------------------------------------------------------------------
@@ -206,6 +212,12 @@ class Clairvoyant(Policy):
                 return
             got = self._follow(files[k:k + part], pids[k:k + part])
             self._observe(files[k:k + part], from_tier[k:k + part], got)
+            if self._partial and self.epochs and self.epochs[self._reader_epoch()] in self._partial:
+                # opens outside an epoch planned from a partly learnt mapping are
+                # most likely of the indices not learnt then: copied on first touch
+                off = got < 0
+                self.first_touch.on_opens(files[k:k + part][off], from_tier[k:k + part][off],
+                                          pids[k:k + part][off])
 
     def _follow(self, files: np.ndarray, pids: np.ndarray) -> np.ndarray:
         """The stream position each open matched (-1: none)."""
