@@ -461,3 +461,53 @@ def test_the_watch_says_while_a_mapping_is_learnt_and_how_the_order_came(tmp_pat
     now[0] = 2.0
     w.tick()
     assert "tiering: order received (indices to files: learnt in epoch 1): prefetching ahead of the reader" in lines
+
+
+# -- --warm PERCENT: what is copied ----------------------------------------------------------
+
+class WarmDaemon:
+    """Copies that land at once, for warm_up."""
+
+    def __init__(self, sizes: list[int], capacity: int):
+        self.sizes, self.capacities = sizes, [capacity]
+        self.placed: list[int] = []
+        self.pools = "new"
+
+    def snapshot(self) -> DaemonSnapshot:
+        b = sum(self.sizes[i] for i in self.placed)
+        return DaemonSnapshot([TierFill("ram", self.capacities[0], b, len(self.placed), b)], len(self.placed),
+                              0, 0, 0, 0, len(self.placed), b, 0, 0, 0, 0)
+
+    def start_pools(self) -> None:
+        self.pools = "started"
+
+    def close_pools(self) -> None:
+        self.pools = "closed"
+
+    def copies_in_flight(self) -> int:
+        return 0
+
+    def fastest_with_room(self, i: int) -> int:
+        return 0
+
+    def place(self, i: int, tier: int) -> bool:
+        self.placed.append(i)
+        return True
+
+
+def test_warm_copies_the_first_percent_of_what_fits_in_the_known_order_each_file_once() -> None:
+    import numpy as np
+
+    from tiering.clairvoyant.warm import warm_up
+    block = allocation(1)
+    sizes = [block] * 8 + [3 * block] * 2          # files 8 and 9 take three blocks each
+    d = WarmDaemon(sizes, 20 * block)
+    seen: list = []
+    order = np.array([9, 3, 9, 0, 8, 5, 1, 2, 4, 6, 7])
+    r = warm_up(d, order, 50, seen.append)          # 50% of 98% of 20 blocks: 9.8 blocks
+    assert d.placed == [9, 3, 0, 8, 5] and d.pools == "closed"   # 3 + 1 + 1 + 3 + 1 = 9 blocks; the next would be 10
+    assert (r.percent, r.order, r.files, r.bytes, r.planned_files, r.failed) == (50, "known order", 5, 9 * block, 5, 0)
+    assert seen[-1].done_files == 5 and seen[-1].done_bytes == 9 * block
+    d = WarmDaemon(sizes, 12 * block)
+    r = warm_up(d, None, 100, seen.append)          # catalog order, 11.76 blocks: all but file 9
+    assert d.placed == list(range(9)) and r.order == "catalog order" and r.bytes == 11 * block
