@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import PYTHON, profile, read_line, tier_run, wait_job_dirs_removed
+from helpers import PYTHON, USER, profile, read_line, tier_run, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("no_leftovers")]
 
@@ -32,11 +32,14 @@ def make_images(root: Path, masks: bool = False) -> None:
             (root / d / f"{ident:08d}.bin").write_bytes(rng.randbytes(rng.randrange(500, 6000)))
 
 
-def train(tmp: Path, data: Path, kind: str, *opts: str, workers: int = 2) -> tuple[dict, dict | None, str]:
-    """The workload under tier-run (with opts) and on its own: (its result under
-    tier-run, the JSON stats, tier-run's stderr); asserts the two trainings agree."""
+def train(tmp: Path, data: Path, kind: str, *opts: str, workers: int = 2,
+          extra: tuple[str, ...] = ()) -> tuple[dict, dict | None, str]:
+    """The workload (with the workload's options extra) under tier-run (with
+    opts) and on its own: (its result under tier-run, the JSON stats,
+    tier-run's stderr); asserts the two trainings agree."""
     plain_out, out, stats = tmp / f"{kind}-plain.json", tmp / f"{kind}.json", tmp / f"{kind}-stats.json"
-    args = [str(KINDS), "--kind", kind, "--data", str(data), "--workers", str(workers), "--epoch-pause", "0.5"]
+    args = [str(KINDS), "--kind", kind, "--data", str(data), "--workers", str(workers), "--epoch-pause", "0.5",
+            *extra]
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TIERING_ORDER_DIR", "LD_PRELOAD")}
     r = subprocess.run([PYTHON, *args, "--out", str(plain_out)], env=env, capture_output=True, text=True,
                        timeout=300)
@@ -46,7 +49,7 @@ def train(tmp: Path, data: Path, kind: str, *opts: str, workers: int = 2) -> tup
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     got, plain = json.loads(out.read_text()), json.loads(plain_out.read_text())
     # the same bytes per index, the same weights and the same global RNG state
-    for key in ("digest", "weights", "rng"):
+    for key in ("digest", "weights", "rng", "stats"):
         assert got[key] == plain[key], key
     return got, json.loads(stats.read_text()), r.stderr
 
@@ -84,16 +87,37 @@ def test_a_mapping_read_from_an_attribute_is_followed_from_epoch_1(tmp_path, kin
     assert_served_from_epoch_2(got, n)
 
 
-@pytest.mark.parametrize("kind,workers", [("from-id", 2), ("dict-ids", 2), ("from-id", 0)])
+@pytest.mark.parametrize("kind,workers", [("from-id", 2), ("dict-ids", 2), ("from-id", 0), ("subset-ids", 2)])
 def test_a_path_built_in_getitem_is_learnt_in_epoch_1_and_followed_after(tmp_path, kind, workers):
     data = tmp_path / "pfs"
     make_images(data)
     got, stats, err = train(tmp_path, data, kind, workers=workers)
+    n = len([i for i in range(N) if i % 3 != 1]) if kind == "subset-ids" else N
     m = stats["order"]["mapping"]
-    assert m["indices"] == N and m["mapped"] == N
-    assert m["tagged_opens"] >= 3 * N      # every fetch of every epoch was tagged
-    assert_followed(stats, "learnt in epoch 1", 2, N, err)
-    assert_served_from_epoch_2(got, N)
+    assert m["indices"] == n and m["mapped"] == n
+    assert m["tagged_opens"] >= 3 * n      # every fetch of every epoch was tagged
+    assert_followed(stats, "learnt in epoch 1", 2, n, err)
+    assert_served_from_epoch_2(got, n)
+
+
+def test_a_mapping_learnt_by_a_pass_before_training_is_followed_from_the_first_training_epoch(tmp_path):
+    """A sequential pass over the data set (its statistics) learns the
+    mapping; the training's DataLoader over the same data set is then
+    followed from its first epoch."""
+    data = tmp_path / "pfs"
+    make_images(data)
+    got, stats, err = train(tmp_path, data, "from-id", extra=("--stats-pass",))
+    assert got["stats"] is not None
+    order = stats["order"]
+    assert order["mapping"]["source"] == "learnt in epoch 1" and order["mapping"]["mapped"] == N, err
+    assert stats["policy"] == "clairvoyant" and order["following"] and not order["diverged"], err
+    # the three training epochs and the one predicted after them; the pass itself was not known
+    assert order["epochs_known"] == 4, order
+    # every training epoch's opens were followed, the first one's too
+    assert order["matched_opens"] >= 0.9 * 3 * N, json.dumps([order, stats["epochs"]])
+    assert order["unmatched_opens"] <= 0.05 * N, order
+    assert sum(e["opens"] for e in stats["epochs"]) == 4 * N     # the pass's opens count in the first epoch
+    assert f"  mapping  indices to files: learnt in epoch 1 ({N} of {N} indices)" in err
 
 
 def test_an_index_reading_an_image_and_a_mask_maps_to_both(tmp_path):
@@ -133,10 +157,11 @@ def test_ctrl_c_during_the_warm_up_stops_before_command_and_cleans_up(tmp_path):
     data = tmp_path / "pfs"
     make_images(data)
     driver = ("from tiering.command import block_signals; block_signals()  # as the tier-run script does\n"
-              "import os, sys\n"
+              "import sys\n"
               "from tiering.placement.daemon import Daemon\n"
               "def slow_copy(self, src, f, t):\n"
-              "    os.write(1, b'copying\\n')   # one write: several copy workers run at once\n"
+              "    sys.stdout.write('copying\\n')   # one write: the copy threads' lines do not mix\n"
+              "    sys.stdout.flush()\n"
               "    self._stop.wait(600)\n"
               "    return None\n"
               "Daemon._copy = slow_copy\n"
@@ -156,4 +181,6 @@ def test_ctrl_c_during_the_warm_up_stops_before_command_and_cleans_up(tmp_path):
     assert p.returncode == 130, err
     assert b"tier-run: interrupted by SIGINT before COMMAND started" in err and b"Traceback" not in err
     assert not marker.exists()
-    wait_job_dirs_removed(p.pid)       # the tiers are removed in the background after tier-run exits
+    # the tiers are removed in the background after tier-run exits
+    wait_for(lambda: not [d for d in os.listdir("/dev/shm") if d.startswith(f"tiering-{USER}-{p.pid}-")],
+             "the removal of the job's directories")

@@ -72,12 +72,16 @@ def message(d: Path, name: str, msg: dict) -> None:
     (d / f"{name}.json").write_text(json.dumps(msg))
 
 
+def feed_of(tmp: Path, cat) -> tuple[HookFeed, Path, dict[str, int]]:
+    """A feed over an empty order directory: (it, the directory, catalog id by relative path)."""
+    d = tmp / "orders"
+    d.mkdir()
+    return HookFeed(d, cat), d, {f.rel: k for k, f in enumerate(cat.files)}
+
+
 def test_feed_learns_the_mapping_in_epoch_1_and_orders_the_next_epochs(tmp_path, catalog):
     root, cat = catalog
-    ids = {f.rel: k for k, f in enumerate(cat.files)}
-    d = tmp_path / "orders"
-    d.mkdir()
-    feed = HookFeed(d, cat)
+    feed, d, ids = feed_of(tmp_path, cat)
     space = 9
     message(d, "0", {"kind": "dataset", "loader": 0, "paths": None, "how": None,
                      "why": "no attribute of X lists one file per index", "learn": {"space": space, "length": 3}})
@@ -97,6 +101,98 @@ def test_feed_learns_the_mapping_in_epoch_1_and_orders_the_next_epochs(tmp_path,
     assert [cat.files[i].rel for i in eo.next] == [f"f{i}.bin" for i in range(6)]
     assert feed.main == 0
     assert feed.mapping() == {"source": "learnt in epoch 1", "indices": 3, "mapped": 3, "tagged_opens": 6}
+
+
+def test_a_mapping_learnt_by_an_earlier_pass_orders_the_next_loaders_first_epoch(tmp_path, catalog):
+    """A pass over the data set before training (its mean and std, a sanity
+    check) learns the mapping; the training's own DataLoader over the same
+    data set then announces its first epoch: known as soon as it is
+    announced, and that loader, the one reading now, is followed."""
+    root, cat = catalog
+    feed, d, ids = feed_of(tmp_path, cat)
+    space = 9
+    learn = {"space": space, "length": 6}
+    message(d, "0", {"kind": "dataset", "loader": 0, "paths": None, "how": None, "why": "no attribute",
+                     "learn": learn})
+    message(d, "1", {"kind": "epoch", "loader": 0, "epoch": 0, "indices": list(range(6)), "next": list(range(6))})
+    assert feed.poll() == []                      # the statistics pass: nothing learnt yet
+    files = np.array([ids[f"f{i}.bin"] for i in range(6)])
+    feed.learn(files, np.array([(space << TAG_BITS) | (i + 1) for i in range(6)]))
+    message(d, "2", {"kind": "dataset", "loader": 1, "paths": None, "how": None, "why": "no attribute",
+                     "learn": learn})
+    message(d, "3", {"kind": "epoch", "loader": 1, "epoch": 0, "indices": [5, 3, 1, 0, 2, 4], "next": None})
+    got = feed.poll() + feed.learn(np.zeros(0, np.int64), np.zeros(0, np.int64))
+    assert [(key, eo.epoch) for key, eo in got] == [(1, 0)]
+    assert [cat.files[i].rel for i in got[0][1].order] == [f"f{i}.bin" for i in (5, 3, 1, 0, 2, 4)]
+    assert feed.main == 1
+    # the statistics pass again (an evaluation on the training set): it is the one read now
+    message(d, "4", {"kind": "epoch", "loader": 0, "epoch": 1, "indices": list(range(6)), "next": None})
+    got = feed.poll() + feed.learn(np.zeros(0, np.int64), np.zeros(0, np.int64))
+    assert [(key, eo.epoch) for key, eo in got] == [(0, 1)] and feed.main == 0
+
+
+class Tiers:
+    """The daemon's side of placement, for a policy under test: copies land when told."""
+
+    def __init__(self, files: int):
+        self.sizes = [4096] * files
+        self.capacities = [1 << 30]
+        self.stopping = False
+        self.pending: list[int] = []
+
+    def where(self, i: int) -> int:
+        return -1
+
+    def placeable(self, i: int) -> bool:
+        return i not in self.pending
+
+    def free(self, tier: int) -> int:
+        return 1 << 30
+
+    def fastest_with_room(self, i: int) -> int | None:
+        return 0
+
+    def place(self, i: int, tier: int) -> bool:
+        self.pending.append(i)
+        return True
+
+    def evict(self, i: int) -> bool:
+        return False
+
+    def placements(self):
+        return iter([(i, 0) for i in self.pending])
+
+    def copies_in_flight(self) -> int:
+        return len(self.pending)
+
+
+def test_an_epoch_planned_from_a_partly_learnt_mapping_copies_the_other_files_on_first_touch(tmp_path, catalog):
+    """A short pass before training (a few batches) learnt indices 0 and 1:
+    the training's epoch 1 prefetches their files, and the files of the
+    indices nobody has read yet are still copied when first opened."""
+    from tiering.clairvoyant.policy import Clairvoyant
+    root, cat = catalog
+    feed, d, ids = feed_of(tmp_path, cat)
+    space, learn = 9, {"space": 9, "length": 6}
+    tiers = Tiers(6)
+    policy = Clairvoyant(tiers, feed)  # type: ignore[arg-type]
+    message(d, "0", {"kind": "dataset", "loader": 0, "paths": None, "how": None, "why": "-", "learn": learn})
+    message(d, "1", {"kind": "epoch", "loader": 0, "epoch": 0, "indices": list(range(6)), "next": None})
+    policy.poll()
+    f = [ids[f"f{i}.bin"] for i in range(6)]
+    tag = [(space << TAG_BITS) | (i + 1) for i in range(6)]
+    policy.on_tagged(np.array(f[:2]), np.array(tag[:2]))       # the pass reads indices 0 and 1
+    policy.on_opens(np.array(f[:2]), np.zeros(2, bool), np.array([7, 7]))
+    assert tiers.pending == f[:2]                               # first touch: no order yet
+    message(d, "2", {"kind": "dataset", "loader": 1, "paths": None, "how": None, "why": "-", "learn": learn})
+    message(d, "3", {"kind": "epoch", "loader": 1, "epoch": 0, "indices": [5, 3, 1, 0, 2, 4], "next": None})
+    policy.poll()
+    assert policy.following and policy.report()["epochs_known"] == 1
+    for i in (5, 3, 1, 0, 2, 4):                                # the training's epoch 1
+        policy.on_tagged(np.array([f[i]]), np.array([tag[i]]))
+        policy.on_opens(np.array([f[i]]), np.array([False]), np.array([8]))
+    assert sorted(tiers.pending) == sorted(f)                   # every file copied, none twice
+    assert len(tiers.pending) == 6
 
 
 def test_feed_learns_when_the_attribute_names_other_files(tmp_path, catalog):

@@ -184,6 +184,54 @@ def test_the_watch_says_what_changes_and_a_status_line_at_its_rate(tmp_path, mon
     assert finished["warm_after"] == 10.0 and finished["series"]["t"][-1] == 30.0
 
 
+def test_while_copies_go_on_the_status_line_has_their_rate_and_the_eta(tmp_path, monkeypatch):
+    lines: list[str] = []
+    w, probe, now = make_watch(tmp_path, lines, monkeypatch, every=1.0)
+    for k in range(1, 6):        # 10 files (10 MiB) copied a second; COMMAND opens 20 a second from the PFS
+        now[0] = float(k)
+        probe.tier_bytes, probe.tier_files, probe.copies = 10 * k * MIB, 10 * k, 10 * k
+        probe.c = {"opens": 20 * k, "opens_pfs": 20 * k, "events_dropped": 0}
+        w.tick()
+    assert lines[-1] == ("tiering 0:05 waiting for the order (first touch meanwhile) | 50% of the data set in tiers | "
+                         "copying 10 MiB/s, 10 files/s, ETA 0:05 | 20 opens/s, 0% from tiers (last 4 s; 0% in all) | "
+                         "PFS 10 MiB/s")
+
+
+def test_tiers_that_got_warm_after_the_last_tick_are_warm_in_the_summary(tmp_path, monkeypatch):
+    """A short COMMAND (1.5 s) ticked once while half was placed; the rest
+    landed before the last sample: the summary says when, not "never"."""
+    lines: list[str] = []
+    w, probe, now = make_watch(tmp_path, lines, monkeypatch)
+    now[0] = 1.0
+    probe.tier_bytes, probe.tier_files = 50 * MIB, 50
+    w.tick()
+    assert w.warm_after is None
+    now[0] = 1.6
+    probe.tier_bytes, probe.tier_files = 100 * MIB, 100
+    finished = w.finish()
+    assert finished["warm_after"] == 1.6
+    assert not any("tiers warm" in ln for ln in lines)      # COMMAND has ended: the summary says it
+    text = summary_text(to_json(record(observed=finished, seconds={"scan": 0.1, "command": 1.5, "total": 2.0})))
+    assert "tiers warm after 1.6 s" in text and "never" not in text
+
+
+def test_the_warm_up_in_a_log_is_a_line_every_5_s_with_rate_and_eta_then_what_was_warmed(monkeypatch):
+    from tiering.clairvoyant.warm import WarmProgress, WarmResult
+    lines: list[str] = []
+    monkeypatch.setattr("tiering.observe.live.say", lines.append)
+    now = [0.0]
+    w = JobWatch(Display("plain", 10.0), clock=lambda: now[0])
+    for t in (1.0, 4.0, 5.0, 7.0, 10.0):
+        now[0] = t
+        done = int(t * 10)
+        w.warming(WarmProgress(files=100, bytes=100 * MIB, done_files=done, done_bytes=done * MIB, seconds=t))
+    assert lines == ["tiering: warm-up: 50 of 100 files, 10 MiB/s, ETA 0:05",
+                     "tiering: warm-up: 100 of 100 files, 10 MiB/s, ETA 0:00"]
+    w.warm_done(WarmResult(100, "known order", 98, 98 * MIB, 100, 100 * MIB, 2, 10.0))
+    assert lines[-1] == ("tiering: warm-up: 98 files (98 MiB) in the tiers, known order, 10.0 s, 9.8 MiB/s; "
+                         "2 not copied")
+
+
 def fresh_from(tmp: Path, st: dict) -> dict:
     from tiering.observe.status import JobDir
     return fresh(JobDir(tmp / "run", os.getuid(), 1), st, 10.0, now=st["updated"])
@@ -215,6 +263,25 @@ def test_quiet_and_off_say_nothing_but_still_write_the_status_file(tmp_path, mon
 ])
 def test_choose_display(progress, quiet, verbose, terminal, every, want):
     assert choose_display(progress, quiet, verbose, every, terminal=terminal) == want
+
+
+@pytest.mark.parametrize("policy, report, no_order, want", [
+    ("clairvoyant", {"epochs_known": 0}, None, ("waiting", "waiting for the order (first touch meanwhile)")),
+    ("clairvoyant", {"epochs_known": 0, "mapping": {"source": "learnt in epoch 1"}}, None,
+     ("learning", "learning which files each index reads (first touch meanwhile)")),
+    ("clairvoyant", {"epochs_known": 2, "prefetch_lead": 40}, None, ("prefetching", "prefetching ahead of the reader")),
+    ("clairvoyant", {"epochs_known": 2, "prefetch_lead": 0}, None,
+     ("following", "following the reader, no copy ahead of it")),
+    ("clairvoyant", {"epochs_known": 2, "diverged": True}, None,
+     ("fallback", "fell back to first-touch: the reads stopped following the order")),
+    ("clairvoyant", {"epochs_known": 0}, "the order hook did not start in COMMAND",
+     ("fallback", "fell back to first-touch: no order (the order hook did not start in COMMAND)")),
+    ("first-touch", {}, None, ("first-touch", "copying what COMMAND opens (first touch)")),
+    ("stage", {}, None, ("staging", "staging the data set in catalog order")),
+])
+def test_the_phase_says_what_placement_does_and_why_it_fell_back(policy, report, no_order, want):
+    from tiering.observe.live import phase
+    assert phase(policy, report, no_order) == want
 
 
 def test_what_fits_counts_whole_blocks():
@@ -394,3 +461,53 @@ def test_the_watch_says_while_a_mapping_is_learnt_and_how_the_order_came(tmp_pat
     now[0] = 2.0
     w.tick()
     assert "tiering: order received (indices to files: learnt in epoch 1): prefetching ahead of the reader" in lines
+
+
+# -- --warm PERCENT: what is copied ----------------------------------------------------------
+
+class WarmDaemon:
+    """Copies that land at once, for warm_up."""
+
+    def __init__(self, sizes: list[int], capacity: int):
+        self.sizes, self.capacities = sizes, [capacity]
+        self.placed: list[int] = []
+        self.pools = "new"
+
+    def snapshot(self) -> DaemonSnapshot:
+        b = sum(self.sizes[i] for i in self.placed)
+        return DaemonSnapshot([TierFill("ram", self.capacities[0], b, len(self.placed), b)], len(self.placed),
+                              0, 0, 0, 0, len(self.placed), b, 0, 0, 0, 0)
+
+    def start_pools(self) -> None:
+        self.pools = "started"
+
+    def close_pools(self) -> None:
+        self.pools = "closed"
+
+    def copies_in_flight(self) -> int:
+        return 0
+
+    def fastest_with_room(self, i: int) -> int:
+        return 0
+
+    def place(self, i: int, tier: int) -> bool:
+        self.placed.append(i)
+        return True
+
+
+def test_warm_copies_the_first_percent_of_what_fits_in_the_known_order_each_file_once() -> None:
+    import numpy as np
+
+    from tiering.clairvoyant.warm import warm_up
+    block = allocation(1)
+    sizes = [block] * 8 + [3 * block] * 2          # files 8 and 9 take three blocks each
+    d = WarmDaemon(sizes, 20 * block)
+    seen: list = []
+    order = np.array([9, 3, 9, 0, 8, 5, 1, 2, 4, 6, 7])
+    r = warm_up(d, order, 50, seen.append)          # 50% of 98% of 20 blocks: 9.8 blocks
+    assert d.placed == [9, 3, 0, 8, 5] and d.pools == "closed"   # 3 + 1 + 1 + 3 + 1 = 9 blocks; the next would be 10
+    assert (r.percent, r.order, r.files, r.bytes, r.planned_files, r.failed) == (50, "known order", 5, 9 * block, 5, 0)
+    assert seen[-1].done_files == 5 and seen[-1].done_bytes == 9 * block
+    d = WarmDaemon(sizes, 12 * block)
+    r = warm_up(d, None, 100, seen.append)          # catalog order, 11.76 blocks: all but file 9
+    assert d.placed == list(range(9)) and r.order == "catalog order" and r.bytes == 11 * block

@@ -108,6 +108,19 @@ def test_a_terminal_gets_a_bar_while_scanning_and_whole_lines_once_command_runs(
     assert "tiering: policy first-touch, 2,000 files" in after
 
 
+def test_a_terminal_gets_a_bar_while_warming_up_and_the_tiers_are_full_when_command_starts(tmp_path):
+    data = tmp_path / "pfs"
+    dataset(data, n=500)
+    code, out = run_in_pty([PYTHON, "-m", "tiering", "run", "--profile", str(profile(tmp_path)), "--data", str(data),
+                            "--policy", "first-touch", "--warm", "--", "true"])
+    assert code == 0, out
+    start = out.index("tiering: starting COMMAND")
+    before, after = out[:start], out[start:]
+    assert "\rtiering: warm-up: 500 files" in before, before     # the bar, redrawn in place
+    assert re.search(r"tiering: warm-up: 500 files \([\d.]+ [KM]iB\) in the tiers, catalog order, ", before), before
+    assert "tiering: policy first-touch, 500 files" in after
+
+
 def test_quiet_prints_nothing_but_the_json_has_everything(tmp_path):
     data = tmp_path / "pfs"
     dataset(data)
@@ -300,6 +313,29 @@ def test_report_says_what_is_wrong_with_its_input(tmp_path):
 
 
 # -- make demo ----------------------------------------------------------------------------------------
+
+def test_the_demo_falls_back_to_the_local_copy_where_slowfs_cannot_mount(tmp_path, monkeypatch):
+    """Where FUSE is missing, SlowFs raises on mounting: the demo gets the
+    local copy and the first line of why (then printed, as --local's is)."""
+    import importlib.util
+    from contextlib import ExitStack
+
+    import bench.slowfs
+    spec = importlib.util.spec_from_file_location("demo_under_test", REPO / "examples" / "demo.py")
+    assert spec is not None and spec.loader is not None
+    demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo)
+
+    def no_fuse(*args, **kwargs):
+        raise RuntimeError("fusermount3: /dev/fuse: No such file or directory\nsecond line")
+
+    monkeypatch.setattr(bench.slowfs, "SlowFs", no_fuse)
+    src = tmp_path / "data"
+    src.mkdir()
+    with ExitStack() as stack:
+        got = demo.mount(stack, src, tmp_path / "pfs", demo.parse_args(["--dir", str(tmp_path)]))
+    assert got == (src, "fusermount3: /dev/fuse: No such file or directory")
+
 
 @pytest.mark.slow
 @pytest.mark.parametrize("local", [pytest.param(False, marks=pytest.mark.fuse), True], ids=["slowfs", "local"])

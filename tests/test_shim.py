@@ -387,12 +387,13 @@ def test_stale_descriptor_numbers_post_one_close(shimenv, tmp_path):
 
 def test_flags_that_change_semantics_go_to_the_pfs_without_invalidating(shimenv, tmp_path):
     """O_DIRECT could behave differently on the copy, O_NOATIME fails on a file
-    of another user: both read the PFS (O_DIRECTORY fails there)."""
+    of another user, O_PATH names the file itself (fstat, fchdir, *at calls):
+    all reach the PFS (O_DIRECTORY fails there)."""
     rel = "a/one.bin"
     shimenv.place(rel)
     r = shimenv.run([PYTHON, "-c", textwrap.dedent(f"""
         import os
-        for fl in (os.O_DIRECT, os.O_NOATIME, os.O_DIRECTORY):
+        for fl in (os.O_DIRECT, os.O_NOATIME, os.O_PATH, os.O_DIRECTORY):
             try:
                 fd = os.open({str(shimenv.root / rel)!r}, os.O_RDONLY | fl)
             except OSError as e:
@@ -402,7 +403,7 @@ def test_flags_that_change_semantics_go_to_the_pfs_without_invalidating(shimenv,
             os.close(fd)
     """)])
     assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == [str(shimenv.root / rel)] * 2 + ["errno", str(errno.ENOTDIR)]
+    assert r.stdout.split() == [str(shimenv.root / rel)] * 3 + ["errno", str(errno.ENOTDIR)]
     assert shimenv.state(rel) == 1
     assert shimenv.index.counters()["opens_tier"] == [0]
 

@@ -1,7 +1,7 @@
 """Training scripts as people write them, one Dataset kind each, none of which
 tiering knows: the order hook must find or learn which files each index reads.
 
-    kinds.py --kind KIND --data DIR --out FILE.json [--epochs 3] [--workers 2] [--epoch-pause S]
+    kinds.py --kind KIND --data DIR --out FILE.json [--epochs 3] [--workers 2] [--epoch-pause S] [--stats-pass]
 
 KIND:
   dicts      a list of dicts {"image": path, "label": k} (attribute `items`)
@@ -9,6 +9,7 @@ KIND:
   dict-ids   string ids and a dict id -> path, not index-aligned (learnt)
   from-id    integer ids; the path is built in __getitem__ (learnt)
   subset     a Subset (every third index left out) of a `dicts` data set
+  subset-ids the same Subset of a `from-id` data set (learnt)
   pairs      integer ids; __getitem__ opens img/ID.bin then mask/ID.bin (learnt)
   arrow      one big file memory-mapped by the main process at start, records
              sliced out of it in __getitem__ (HF datasets' Arrow files)
@@ -16,7 +17,9 @@ KIND:
 Data layout (made by the test): DIR/img/ID.bin for ids 1000 + 7 k, DIR/mask/ID.bin,
 or DIR/table.arrow. Writes {"epochs": [{"opens", "local"}], "digest": sha256 of
 what each index read, "weights": sha256 of the model, "rng": sha256 of the global
-RNG state, "arrow_local": whether the big file's descriptor is a tier copy}."""
+RNG state, "arrow_local": whether the big file's descriptor is a tier copy}.
+--stats-pass: before training, one pass of a sequential DataLoader over the same
+data set (as for its mean and standard deviation)."""
 from __future__ import annotations
 
 import argparse
@@ -124,8 +127,8 @@ class Arrow(Dataset):
 
 
 def make(kind: str, root: str) -> Dataset:
-    if kind == "subset":
-        ds = Dicts(root)
+    if kind in ("subset", "subset-ids"):
+        ds = Dicts(root) if kind == "subset" else FromId(root)
         return Subset(ds, [i for i in range(len(ds)) if i % 3 != 1])
     return {"dicts": Dicts, "frame": Frame, "dict-ids": DictIds, "from-id": FromId, "pairs": Pairs,
             "arrow": Arrow}[kind](root)
@@ -144,10 +147,16 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--epoch-pause", type=float, default=0.0, help="seconds after each epoch (a validation)")
+    p.add_argument("--stats-pass", action="store_true", help="a sequential pass over the data set first")
     a = p.parse_args()
     REAL_ROOT = os.path.realpath(a.data)
     torch.manual_seed(1234)
     ds = make(a.kind, os.path.abspath(a.data))
+    stats = None
+    if a.stats_pass:
+        xs = [x for _, x in DataLoader(ds, batch_size=8, num_workers=a.workers, collate_fn=collate)]
+        stats = torch.cat(xs).mean(0).tolist()
+        time.sleep(a.epoch_pause)
     loader = DataLoader(ds, batch_size=8, shuffle=True, num_workers=a.workers, collate_fn=collate,
                         generator=torch.Generator().manual_seed(11))
     model = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 1))
@@ -175,7 +184,7 @@ def main() -> None:
         w.update(t.numpy().tobytes())
     out = {"epochs": epochs, "digest": h.hexdigest(), "weights": w.hexdigest(),
            "rng": hashlib.sha256(torch.get_rng_state().numpy().tobytes()).hexdigest(),
-           "arrow_local": getattr(ds, "local", None)}
+           "arrow_local": getattr(ds, "local", None), "stats": stats}
     with open(a.out, "w") as f:
         json.dump(out, f)
 

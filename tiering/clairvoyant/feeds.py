@@ -77,6 +77,7 @@ class _Loader:
     first_seen: dict[int, float] = field(default_factory=dict)
     polled: dict[int, int] = field(default_factory=dict)              # epoch -> poll it came in
     ranks: set[int] = field(default_factory=set)                       # ranks that announced the data set
+    announced: int = -1                 # when its latest epoch was announced (the feed's count of them)
 
 
 class HookFeed:
@@ -94,6 +95,7 @@ class HookFeed:
         self.main: int | None = None          # key of the loader whose stream is planned
         self._done: set[str] = set()
         self._polls = 0
+        self._epochs_announced = 0
 
     def poll(self, now: float | None = None) -> list[tuple[int, EpochOrder]]:
         """New complete epochs, as (loader key, order), oldest first."""
@@ -147,6 +149,8 @@ class HookFeed:
             loader.pending.setdefault(epoch, {})[rank] = msg
             loader.first_seen.setdefault(epoch, now)
             loader.polled.setdefault(epoch, self._polls)
+            loader.announced = self._epochs_announced
+            self._epochs_announced += 1
             learner = self._learner(loader)
             if learner is not None and learner.epoch is None:
                 learner.epoch = epoch   # the epoch that learns: what is learnt before it starts is planned
@@ -190,8 +194,13 @@ class HookFeed:
         return learner.learnt if learner is not None else 0
 
     def _choose_main(self) -> None:
+        """The loader whose stream is planned: the one with the most indices
+        mapped (the training set, not a smaller validation set); among equals
+        (DataLoaders over one data set: a pass for its statistics before
+        training, an evaluation on it) the one that announced an epoch last,
+        the one being read now."""
         if self.loaders:
-            best = max(self.loaders.values(), key=self._mapped)
+            best = max(self.loaders.values(), key=lambda ld: (self._mapped(ld), ld.announced))
             if self._mapped(best) > 0:
                 self.main = best.key
 
@@ -242,11 +251,18 @@ class HookFeed:
             streams.append(m.order(np.asarray(msgs[rank][field_name], dtype=np.int64)))
         return interleave(streams)
 
-    def learnt(self, key: int | None) -> bool:
-        """The orders of this loader map indices to files through a mapping
-        learnt from the opens (NOTE [learnt mapping])."""
-        loader = self.loaders.get(key) if key is not None else None
+    def learnt(self) -> bool:
+        """Whether the main loader's indices map to files through what the
+        tagged opens taught (not through an attribute)."""
+        loader = self.loaders.get(self.main) if self.main is not None else None
         return loader is not None and self._learner(loader) is not None
+
+    def still_learning(self) -> bool:
+        """Whether the main loader's mapping is learnt and some of its
+        indices have not been seen opening a file yet."""
+        loader = self.loaders.get(self.main) if self.main is not None else None
+        learner = self._learner(loader) if loader is not None else None
+        return learner is not None and learner.learnt < learner.length
 
     def mapping(self) -> dict[str, Any]:
         """How the main loader's indices were mapped to files, for the

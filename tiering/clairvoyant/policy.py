@@ -54,6 +54,7 @@ class Clairvoyant(Policy):
         self._sizes = np.asarray(placement.sizes, dtype=np.int64)
         self._early: deque[tuple[np.ndarray, np.ndarray]] = deque()   # (files, pids) before the first order
         self._early_n = 0
+        self._partial: set[int] = set()     # epochs planned from a partly learnt mapping
 
     # -- the stream ----------------------------------------------------------
     def start(self) -> None:
@@ -114,9 +115,14 @@ class Clairvoyant(Policy):
 
     def poll(self) -> None:
         if isinstance(self.feed, HookFeed):
+            first = self.planner is None
             for key, eo in self.feed.poll():
                 self._take(key, eo)
-            self._end_early()
+            if first and self.planner is not None:
+                if self.feed.learnt():
+                    self._drop_early()   # they taught the mapping (a learning epoch, a pass before training)
+                else:
+                    self._match_early()
         self._issue()
 
     def _keep_early(self, files: np.ndarray, pids: np.ndarray) -> None:
@@ -130,21 +136,15 @@ class Clairvoyant(Policy):
         while self._early_n - len(self._early[0][0]) >= self.early:
             self._early_n -= len(self._early.popleft()[0])
 
-    def _end_early(self) -> None:
-        """Once the first order is in, the opens kept before it are matched
-        against its start: only files the new stream reads near its
-        beginning, so opens of something else (a validation pass before
-        training) are left alone.  A mapping learnt from the opens drops
-        them: they were the learning epoch's, not the order's."""
+    def _match_early(self) -> None:
+        """Matches the opens kept before the first order against its start:
+        only files the new stream reads near its beginning, so opens of
+        something else (a validation pass before training) are left alone."""
         if not self._early or self.planner is None:
             return
         files = np.concatenate([f for f, _ in self._early])
         pids = np.concatenate([p for _, p in self._early])
-        self._early.clear()
-        self._early_n = 0
-        assert isinstance(self.feed, HookFeed)
-        if self.feed.learnt(self.feed.main):
-            return
+        self._drop_early()
         near = self.planner.need_of(files) < self.planner.reader + 2 * len(files) + self.window
         if near.any():
             self._follow(files[near], pids[near])
@@ -157,6 +157,7 @@ class Clairvoyant(Policy):
         if key != self._loader:           # a new main loader (e.g. after a validation pass)
             self._loader = key
             self.predicted.clear()
+            self._partial.clear()
             self._reset(eo.epoch, [eo.order] + ([eo.next] if eo.next is not None else []))
         elif eo.epoch in self.predicted:
             if not np.array_equal(self.predicted.pop(eo.epoch), eo.order):
@@ -172,6 +173,10 @@ class Clairvoyant(Policy):
                 self._add(eo.epoch + 1, eo.next)
         if eo.next is not None:
             self.predicted[eo.epoch + 1] = eo.next
+        if feed.still_learning():
+            self._partial.update((eo.epoch, eo.epoch + 1))
+        else:
+            self._partial.difference_update((eo.epoch, eo.epoch + 1))
         self._pump()
 
     # -- events ------------------------------------------------------------------
@@ -179,7 +184,12 @@ class Clairvoyant(Policy):
         if isinstance(self.feed, HookFeed):
             for key, eo in self.feed.learn(files, tags):
                 self._take(key, eo)
-            self._end_early()
+            if self.planner is not None:   # a learnt order: the early opens were epoch 1's, learnt from
+                self._drop_early()
+
+    def _drop_early(self) -> None:
+        self._early.clear()
+        self._early_n = 0
 
     @property
     def following(self) -> bool:
@@ -202,6 +212,12 @@ class Clairvoyant(Policy):
                 return
             got = self._follow(files[k:k + part], pids[k:k + part])
             self._observe(files[k:k + part], from_tier[k:k + part], got)
+            if self._partial and self.epochs and self.epochs[self._reader_epoch()] in self._partial:
+                # opens outside an epoch planned from a partly learnt mapping are
+                # most likely of the indices not learnt then: copied on first touch
+                off = got < 0
+                self.first_touch.on_opens(files[k:k + part][off], from_tier[k:k + part][off],
+                                          pids[k:k + part][off])
 
     def _follow(self, files: np.ndarray, pids: np.ndarray) -> np.ndarray:
         """The stream position each open matched (-1: none)."""

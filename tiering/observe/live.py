@@ -327,7 +327,9 @@ class JobWatch:
         else:
             self.series.add(s)
         st = self.status(s, snap, rep, c)
-        if not final:
+        if final:
+            self._check_warm(st)   # copies that landed after the last tick (a short COMMAND): said in the summary
+        else:
             self._say_changes(st)
         if self.info.run_dir is not None:
             try:
@@ -341,8 +343,6 @@ class JobWatch:
         return st
 
     def _say_changes(self, st: dict[str, Any]) -> None:
-        info = self.info
-        assert info is not None
         kind = st["phase_kind"]
         if kind != self._phase:
             before, self._phase = self._phase, kind
@@ -351,13 +351,21 @@ class JobWatch:
                     and before not in ("prefetching", "following"):
                 how = f" (indices to files: {st['mapping']})" if st.get("mapping") else ""
                 say(f"tiering: order received{how}: prefetching ahead of the reader")
-        if self.warm_after is None and st["placed"]["share_of_fit"] >= WARM_SHARE and info.files:
-            self.warm_after = st["elapsed"]
-            st["warm_after"] = self.warm_after
+        if self._check_warm(st) and self.display.mode != "off":
             p = st["placed"]
-            if self.display.mode != "off":
-                say(f"tiering: tiers warm after {self.warm_after:.1f} s: {count(p['files'])} files "
-                    f"({human_bytes(p['bytes'])}), {pct(p['share_of_fit'])} of what fits")
+            say(f"tiering: tiers warm after {self.warm_after:.1f} s: {count(p['files'])} files "
+                f"({human_bytes(p['bytes'])}), {pct(p['share_of_fit'])} of what fits")
+
+    def _check_warm(self, st: dict[str, Any]) -> bool:
+        """Whether the tiers became warm at this sample (WARM_SHARE of what
+        fits placed); warm_after is then the sample's time, at most one tick
+        late."""
+        assert self.info is not None
+        if self.warm_after is not None or st["placed"]["share_of_fit"] < WARM_SHARE or not self.info.files:
+            return False
+        self.warm_after = st["elapsed"]
+        st["warm_after"] = self.warm_after
+        return True
 
     def status(self, s: Sample, snap: DaemonSnapshot | None, rep: dict[str, Any],
                c: dict[str, Any]) -> dict[str, Any]:
