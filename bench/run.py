@@ -342,11 +342,14 @@ def prediction_notes(result: dict[str, Any]) -> list[str]:
     pr, cfg = pred["probe"], pred["config"]
     out = [c["name"] for c in result["configurations"] if "predicted" in c
            and not all(within(r) for r in c["predicted"]["ratio"])]
+    def mi(mb: float) -> float:   # the model's MB (10^6 bytes) in the summary's MiB
+        return mb * 1e6 / 2 ** 20
+
     return ["", f"Predicted by `tiering simulate`'s model (bench/predict.py) from this run's settings: compute "
-                f"{cfg['compute_mb_s']:.1f} MB/s (the lower bound's epochs; {cfg['settings_compute_mb_s']:.1f} MB/s "
-                f"from the compute time alone), tiers "
-                + ", ".join(f"{k} {v:.0f} MB/s" for k, v in cfg["tier_mb_s"].items())
-                + f" (probed copy writes), loader read-ahead {cfg['staging_mb']:.1f} MB by "
+                f"{mi(cfg['compute_mb_s']):.1f} MiB/s (the lower bound's epochs; "
+                f"{mi(cfg['settings_compute_mb_s']):.1f} MiB/s from the compute time alone), tiers "
+                + ", ".join(f"{k} {mi(v):.0f} MiB/s" for k, v in cfg["tier_mb_s"].items())
+                + f" (probed copy writes), loader read-ahead {mi(cfg['staging_mb']):.1f} MiB by "
                 f"{cfg['staging_threads']} thread(s), PFS {cfg['pfs_latency_ms']:.2f} ms per file read by the "
                 f"reader and {cfg['copy_latency_ms']:.2f} ms per copy (calibrated on the pfs configuration's mean "
                 f"epoch; the probe before the configurations: median {pr['read_ms']:.2f} ms per file "
@@ -388,6 +391,12 @@ def bounds(result: dict[str, Any]) -> dict[str, float]:
 
 
 def plot(results: list[dict[str, Any]], path: Path) -> None:
+    figure(results).savefig(path, dpi=90)
+
+
+def figure(results: list[dict[str, Any]]) -> Any:
+    """One panel per scenario: seconds per epoch of every configuration, the
+    lower bound's line, the data set and the tiers' sizes in the title."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -417,7 +426,7 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
     key = "; ".join(f"{n}: {t}" for n, t in CONFIG_TEXT.items())
     fig.text(0.01, 0.01, key, fontsize=7, wrap=True)
     fig.tight_layout(rect=(0, 0.06, 1, 1))
-    fig.savefig(path, dpi=90)
+    return fig
 
 
 def header(results: list[dict[str, Any]], command: str) -> str:
