@@ -124,6 +124,12 @@ class FileTable(Sequence[CatalogFile]):
         and its directory ids shifted by dir_bases[k]."""
         if not parts:
             return cls.empty()
+        if len(parts) == 1 and dir_bases[0] == 0:
+            # one root (the usual case): its arrays as they are, not a copy of
+            # the whole table at the peak of the scan's memory
+            p = parts[0]
+            root = p.root if not p.root.any() and roots[0] == 0 else np.full(len(p), roots[0], np.int32)
+            return cls(p.paths, p.offsets, root, p.dir, p.columns)
         sizes = np.cumsum([0] + [len(p.paths) for p in parts[:-1]])
         offsets = np.concatenate([parts[0].offsets[:1]] + [p.offsets[1:] + s for p, s in zip(parts, sizes)])
         root = np.concatenate([np.full(len(p), r, np.int32) for p, r in zip(parts, roots)])
