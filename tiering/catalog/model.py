@@ -146,6 +146,18 @@ class FileTable(Sequence[CatalogFile]):
         return FileTable(self.paths[spans(starts, lengths)], offsets, self.root[ids], self.dir[ids],
                          {k: c[ids] for k, c in self.columns.items()})
 
+    def release_stats(self) -> int:
+        """Lets go of the STAT_FIELDS columns (their values read 0 from now
+        on) once the shared index holds them (NOTE [catalog arrays]); returns
+        the bytes released."""
+        freed = 0
+        for k in STAT_FIELDS:
+            c = self.columns[k]
+            if c.strides != (0,):
+                freed += c.nbytes
+                self.columns[k] = np.broadcast_to(np.zeros(1, c.dtype), c.shape)
+        return freed
+
     # -- columns ------------------------------------------------------------
     def __getattr__(self, name: str) -> np.ndarray:
         columns = self.__dict__.get("columns")
@@ -159,7 +171,7 @@ class FileTable(Sequence[CatalogFile]):
     @property
     def nbytes(self) -> int:
         return int(self.paths.nbytes + self.offsets.nbytes + self.root.nbytes + self.dir.nbytes
-                   + sum(c.nbytes for c in self.columns.values()))
+                   + sum(c.nbytes for c in self.columns.values() if c.strides != (0,)))
 
     def blob(self) -> bytes:
         """The paths as one bytes object (a copy: for slicing many at once)."""

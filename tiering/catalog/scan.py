@@ -61,7 +61,8 @@ from .roots import join
 
 log = logging.getLogger("tiering")
 
-STAT_BATCH = 256          # entries stat'ed by one task
+STAT_BATCH = 64           # entries stat'ed by one task through os.scandir
+C_STAT_BATCH = 2048       # ... and in C (a task costs more than an entry there)
 FORMAT_BITS = 0o170000    # of st_mode: the file type (stat.S_IFMT's mask)
 
 
@@ -211,10 +212,11 @@ def _list_dir(path: str, rel: str) -> tuple[_Batch | None, str, list[_Listing]]:
     returns them in parts for the caller to stat in parallel batches."""
     listing = _listing(path)
     n = len(listing.types)
-    if n <= STAT_BATCH:
+    batch = STAT_BATCH if listing.entries is not None else C_STAT_BATCH
+    if n <= batch:
         return _stat_batch(path, rel, listing), rel, []
     ends = listing.bounds()
-    return None, rel, [listing.part(a, min(n, a + STAT_BATCH), ends) for a in range(0, n, STAT_BATCH)]
+    return None, rel, [listing.part(a, min(n, a + batch), ends) for a in range(0, n, batch)]
 
 
 class _Tasks:
