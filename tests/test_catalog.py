@@ -1000,3 +1000,27 @@ def test_a_table_lets_go_of_its_stat_columns() -> None:
     assert (f.rel, f.size, f.mtime_ns, f.dev, f.ino) == ("b", 9, 9, 9, 9)     # what the daemon reads stays
     assert (f.mode, f.uid, f.nlink, f.blocks, f.blksize) == (0, 0, 0, 0, 0)
     assert t.take(np.array([1, 0])).rels() == ["b", "a"]
+
+
+def test_a_tree_of_leaf_directories_is_ordered_as_its_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Files only in directories without subdirectories (ImageNet's shape):
+    the order comes from directories and names, without the whole paths."""
+    root = tmp_path / "d"
+    for rel in ["a/b/x", "a/b/x-1", "a/b/x.1", "a/b-/y", "a/b.c/z", "a-/f", "a.b/g", "ab/h", "é/i", "z/0", "z/00",
+                "z/0-", "z/1", "a/b!/k"]:
+        touch(root / rel)
+    for k in range(3000):                    # a directory of several stat batches
+        touch(root / "big" / f"{k * 7919 % 3001}.jpg", b"")
+    scan_mod = importlib.import_module("tiering.catalog.scan")
+    calls: list[Any] = []
+    real = scan_mod._leaf_order
+    monkeypatch.setattr(scan_mod, "_leaf_order", lambda *a: calls.append(real(*a)) or calls[-1])
+    leaf = scan([str(root)], threads=4)
+    assert calls and calls[0] is not None               # the shortcut was taken
+    monkeypatch.setattr(scan_mod, "_leaf_order", lambda *a: None)
+    general = scan([str(root)], threads=4)
+    rels = leaf.files.rels()
+    assert rels == sorted(rels) and len(rels) == 14 + 3000
+    assert leaf.files == general.files and np.array_equal(leaf.files.dir, general.files.dir)
+    assert rels[:6] == ["a-/f", "a.b/g", "a/b!/k", "a/b-/y", "a/b.c/z", "a/b/x"]   # "-" and "." sort before "/"
+    assert [leaf.dirs[d].rel for d in leaf.files.dir[:3]] == ["a-", "a.b", "a/b!"]

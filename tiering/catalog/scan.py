@@ -353,11 +353,18 @@ class _Columns:
         per_file = np.repeat(np.arange(len(batches)), [len(b[3]) for b in batches])
         starts, lengths = starts[files], (ends - starts)[files]
         del ends, files
+        rels = [b[0] for b in batches]
+        parent = np.array([dir_id.get(rel, -1) for rel in rels], np.int32)[per_file]
+        order = _leaf_order(rels, dirs, names, per_file, starts, lengths)
+        if order is not None:         # the paths made in their order
+            per_file, starts, lengths, parent = per_file[order], starts[order], lengths[order], parent[order]
         paths, offsets = _join_paths(prefixes, per_file, names, starts, lengths)
-        del names, starts, lengths
-        parent = np.array([dir_id.get(rel, -1) for rel, *_ in batches], np.int32)[per_file]
-        del per_file
-        order = _path_order(paths, offsets)
+        del names, starts, lengths, per_file
+        if order is None:
+            order = _path_order(paths, offsets)
+            if order is not None:
+                paths, offsets = _gather(paths, offsets, order)
+                parent = parent[order]
         recs_all = [b[3] for b in batches]
         del batches
         cols = {}
@@ -365,10 +372,43 @@ class _Columns:
             col = np.concatenate([r[k] for r in recs_all]).astype(dt, copy=False)
             cols[k] = col[order] if order is not None else col
         del recs_all
-        if order is not None:
-            paths, offsets = _gather(paths, offsets, order)
-            parent = parent[order]
         return FileTable(paths, offsets, np.zeros(len(offsets) - 1, np.int32), parent, cols)
+
+
+def _leaf_order(rels: list[str], dirs: list[tuple[str, int, int, int]], names: np.ndarray, per_file: np.ndarray,
+                starts: np.ndarray, lengths: np.ndarray) -> np.ndarray | None:
+    """The order of the paths without making them first, when no directory
+    that holds files holds a directory too (ImageNet's classes): then path
+    order is the order of the directories (each as "rel/") and, within one,
+    of the names.  None when that does not hold or a name is not UTF-8."""
+    holding = set(rels)
+    if any(rel.rpartition("/")[0] in holding for rel, *_ in dirs if rel):
+        return None
+    if len(starts) * int(lengths.max()) > 8 * int(lengths.sum()) + (64 << 20):
+        return None               # a long name among short ones: no fixed-width array
+    try:
+        names.tobytes().decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    place = {rel: k for k, rel in enumerate(sorted(holding, key=lambda r: encode_rel(r) + b"/"))}
+    rank = np.array([place[rel] for rel in rels], np.int64)     # per batch (a directory may have several)
+    fixed = _fixed_width(names, starts, lengths)
+    return np.lexsort((fixed, rank[per_file]))
+
+
+def _fixed_width(blob: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Byte strings blob[starts[k]:starts[k] + lengths[k]] as one numpy "S"
+    array (padded with NULs, which no path holds: a shorter string sorts
+    first, as in str order); in blocks of strings."""
+    n = len(starts)
+    width = max(1, int(lengths.max()) if n else 1)
+    fixed = np.zeros((n, width), np.uint8)
+    flat = fixed.reshape(-1)
+    for a in range(0, n, JOIN_BLOCK):
+        b = min(n, a + JOIN_BLOCK)
+        ln = lengths[a:b]
+        flat[spans(np.arange(a, b, dtype=np.int64) * width, ln)] = blob[spans(starts[a:b], ln)]
+    return fixed.view(f"S{width}").reshape(n)
 
 
 def _gather(paths: np.ndarray, offsets: np.ndarray, order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -425,14 +465,7 @@ def _path_order(paths: np.ndarray, offsets: np.ndarray) -> np.ndarray | None:
         key = (lambda k: decode_rel(blob[o[k]:o[k + 1]])) if escaped else (lambda k: blob[o[k]:o[k + 1]])
         order = np.fromiter(sorted(range(n), key=key), np.int64, n)
     else:
-        fixed = np.zeros((n, width), np.uint8)
-        flat = fixed.reshape(-1)
-        for a in range(0, n, JOIN_BLOCK):
-            b = min(n, a + JOIN_BLOCK)
-            ln = lengths[a:b]
-            flat[spans(np.arange(a, b, dtype=np.int64) * width, ln)] = paths[offsets[a]:offsets[b]]
-        order = np.argsort(fixed.view(f"S{width}").reshape(n), kind="stable")
-        del fixed, flat
+        order = np.argsort(_fixed_width(paths, offsets[:-1], lengths), kind="stable")
     if np.all(order[1:] > order[:-1]):
         return None
     return order
