@@ -990,15 +990,15 @@ def test_one_root_keeps_its_arrays_in_the_catalog() -> None:
     assert moved.root.tolist() == [3, 3] and moved.paths is t.paths
 
 
-def test_a_table_lets_go_of_its_stat_columns() -> None:
+def test_a_table_lets_go_of_the_columns_only_the_index_needs() -> None:
     t = FileTable.from_rows(["a", "b"], [0, 0], [-1, -1], {k: [7, 9] for k in FILE_COLUMNS})
     before = t.nbytes
-    freed = t.release_stats()
-    assert freed == sum(np.dtype(FILE_COLUMNS[k]).itemsize * 2 for k in catalog_mod.model.STAT_FIELDS)
-    assert t.nbytes == before - freed and t.release_stats() == 0
+    freed = t.release_indexed()
+    assert freed == sum(np.dtype(FILE_COLUMNS[k]).itemsize * 2 for k in catalog_mod.model.INDEXED_ONLY)
+    assert t.nbytes == before - freed and t.release_indexed() == 0
     f = t[1]
-    assert (f.rel, f.size, f.mtime_ns, f.dev, f.ino) == ("b", 9, 9, 9, 9)     # what the daemon reads stays
-    assert (f.mode, f.uid, f.nlink, f.blocks, f.blksize) == (0, 0, 0, 0, 0)
+    assert (f.rel, f.size, f.mtime_ns, f.link) == ("b", 9, 9, True)       # what the daemon reads stays
+    assert (f.dev, f.ino, f.mode, f.uid, f.nlink, f.blocks, f.blksize) == (0, 0, 0, 0, 0, 0, 0)   # 0: unknown
     assert t.take(np.array([1, 0])).rels() == ["b", "a"]
 
 

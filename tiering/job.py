@@ -198,7 +198,7 @@ def setup(job: Job) -> None:
     # a symlinked root is matched by its real path too (same id)
     roots = [Root(prefix, i, cat.dir_links[i]) for prefix, i in catalog_mod.RootMap(cat.roots).prefixes]
     job.index, slots = SharedIndex.for_catalog(job.run_dir / "index", roots, [str(t.data) for t in job.tiers], cat)
-    cat.files.release_stats()     # the index holds the stat the shim answers from (NOTE [catalog arrays])
+    cat.files.release_indexed()   # the index holds the identities and stat (NOTE [catalog arrays])
     if job.hooked:
         (job.run_dir / "orders").mkdir(mode=0o700)
         feed = HookFeed(job.run_dir / "orders", cat)

@@ -66,6 +66,7 @@ FILE_COLUMNS: dict[str, str] = {
 # A per-file column as callers give it: a list, or an array of the catalog.
 IntColumn: TypeAlias = Sequence[int] | np.ndarray
 STAT_FIELDS = ("mode", "uid", "gid", "nlink", "atime_ns", "ctime_ns", "blocks", "blksize")
+INDEXED_ONLY = ("dev", "ino", *STAT_FIELDS)    # columns nothing reads once the index is written
 TERMINATE_BLOCK = 1 << 16     # files per block of FileTable.terminated
 
 
@@ -146,12 +147,13 @@ class FileTable(Sequence[CatalogFile]):
         return FileTable(self.paths[spans(starts, lengths)], offsets, self.root[ids], self.dir[ids],
                          {k: c[ids] for k, c in self.columns.items()})
 
-    def release_stats(self) -> int:
-        """Lets go of the STAT_FIELDS columns (their values read 0 from now
-        on) once the shared index holds them (NOTE [catalog arrays]); returns
-        the bytes released."""
+    def release_indexed(self) -> int:
+        """Lets go of the columns only the shared index needs, the identity
+        and the STAT_FIELDS (their values read 0, "unknown", from now on),
+        once the index holds them (NOTE [catalog arrays]); returns the bytes
+        released."""
         freed = 0
-        for k in STAT_FIELDS:
+        for k in INDEXED_ONLY:
             c = self.columns[k]
             if c.strides != (0,):
                 freed += c.nbytes
