@@ -393,7 +393,14 @@ def _leaf_order(rels: list[str], dirs: list[tuple[str, int, int, int]], names: n
     place = {rel: k for k, rel in enumerate(sorted(holding, key=lambda r: encode_rel(r) + b"/"))}
     rank = np.array([place[rel] for rel in rels], np.int64)     # per batch (a directory may have several)
     fixed = _fixed_width(names, starts, lengths)
-    return np.lexsort((fixed, rank[per_file]))
+    n, width = len(fixed), fixed.dtype.itemsize
+    # one key per file, its directory's rank (4 bytes, big-endian) then its
+    # name: unique (no name twice in a directory), so the fast unstable sort
+    key = np.empty((n, 4 + width), np.uint8)
+    key[:, :4] = rank[per_file].astype(">u4").view(np.uint8).reshape(n, 4)
+    key[:, 4:] = fixed.view(np.uint8).reshape(n, width)
+    del fixed
+    return np.argsort(key.view(f"S{4 + width}").reshape(n))
 
 
 def _fixed_width(blob: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
