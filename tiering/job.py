@@ -185,9 +185,9 @@ def setup(job: Job) -> None:
     if not cat.files:
         log.warning("the data set is empty: no regular file under %s; nothing will be placed (check --data)",
                     ", ".join(cat.roots))
-    feed = _choose_policy(job)
-    if isinstance(feed, ListFeed):
-        job.warm_order = feed.first
+    # the index first, then the order: the catalog's columns only the index
+    # needs are let go before torch and the first epoch take their memory
+    # (NOTE [catalog arrays])
     for t in opts.profile.tiers:
         try:
             job.tiers.append(TierState(t.name, t.kind, make_private_dir(t.path, job.user), t.capacity, t.threads,
@@ -198,7 +198,10 @@ def setup(job: Job) -> None:
     # a symlinked root is matched by its real path too (same id)
     roots = [Root(prefix, i, cat.dir_links[i]) for prefix, i in catalog_mod.RootMap(cat.roots).prefixes]
     job.index, slots = SharedIndex.for_catalog(job.run_dir / "index", roots, [str(t.data) for t in job.tiers], cat)
-    cat.files.release_indexed()   # the index holds the identities and stat (NOTE [catalog arrays])
+    cat.files.release_indexed()   # the index holds the identities and stat
+    feed = _choose_policy(job)
+    if isinstance(feed, ListFeed):
+        job.warm_order = feed.first
     if job.hooked:
         (job.run_dir / "orders").mkdir(mode=0o700)
         feed = HookFeed(job.run_dir / "orders", cat)
