@@ -30,7 +30,7 @@ setup(
     # every subpackage of tiering, and the shipped profiles as tiering.profiles
     packages=find_packages(include=["tiering", "tiering.*"]) + ["tiering.profiles"],
     package_dir={"tiering.profiles": "profiles"},
-    ext_modules=[Extension("tiering.libtiershim", sources=["shim/tiershim.c", "shim/tiercopy.c"],
+    ext_modules=[Extension("tiering.libtiershim", sources=["shim/tiershim.c", "shim/tiercopy.c", "shim/tierscan.c"],
                            depends=["shim/tiering.h"], extra_compile_args=SHIM_CFLAGS,
                            libraries=["dl"]),
                  # the planner's core (tiering/clairvoyant/plancore.c), reached through cffi

@@ -198,6 +198,40 @@ int64_t tiering_copy_range(int in, int out, uint64_t off, uint64_t len,
 int tiering_copy_file(const char *src, int staging_fd, const char *name, int dst_fd,
                       const char *leaf, struct tiering_copy *c, tiering_progress_fn progress,
                       void *arg);
+/* The catalog scan (shim/tierscan.c, NOTE [scan in C]): the entries of one
+ * directory but "." and "..", their names NUL-terminated one after another
+ * and their d_type; freed with tiering_scan_list_free. */
+struct tiering_scan_list {
+    char *names;
+    uint64_t bytes;      /* of names, NULs included */
+    uint8_t *types;      /* d_type per entry (DT_UNKNOWN: the file system does not say) */
+    uint64_t count;
+};
+/* The stat of one entry, symlinks followed (ok = 0: it cannot be stat'ed). */
+struct tiering_scan_stat {
+    int64_t size;
+    int64_t mtime_ns;
+    int64_t atime_ns;
+    int64_t ctime_ns;
+    int64_t blocks;
+    int64_t blksize;
+    uint64_t dev;
+    uint64_t ino;
+    uint64_t nlink;
+    uint32_t mode;
+    uint32_t uid;
+    uint32_t gid;
+    uint8_t ok;
+    uint8_t link;        /* the entry itself is a symlink */
+    uint16_t pad;
+};
+/* 0 or the errno of opening or reading the directory. */
+int tiering_scan_list(const char *dir, struct tiering_scan_list *out);
+void tiering_scan_list_free(struct tiering_scan_list *l);
+/* count entries of a list (names, types) stat'ed from dir into out; 0, or the
+ * errno of opening dir (then every entry has ok = 0). */
+int tiering_scan_stat(const char *dir, const char *names, const uint8_t *types, uint64_t count,
+                      struct tiering_scan_stat *out);
 /* The calling thread's tag, posted with each of its events (NOTE [open tags]). */
 void tiering_set_tag(uint32_t tag);
 uint32_t tiering_get_tag(void);

@@ -6,6 +6,7 @@ same trees): the sample paths must agree element for element, and the catalog
 file each sample maps to must hold the bytes ImageFolder would read."""
 from __future__ import annotations
 
+import importlib
 import io
 import json
 import logging
@@ -883,3 +884,143 @@ def test_terminated_paths_are_the_same_in_any_block_size(block: int, monkeypatch
     assert Catalog(["/r0", "/r1"], files, [False, False]).files.terminated() == \
         b"".join(f.rel.encode("utf-8", "surrogateescape") + b"\0" for f in files)
     assert FileTable.empty().terminated() == b""
+
+
+# ------------------------------------------------------------ the scan in C
+
+def odd_tree(root: Path) -> None:
+    """Every kind of entry the scan sorts out, and names that sort oddly."""
+    for rel in ["a/b/y", "a/b-c/x", "a/b.txt", "a/b0", "a-/z", "é/ü", "z/deep/er/f", ".hidden"]:
+        touch(root / rel)
+    big = root / "big"                    # more entries than one stat batch
+    for k in range(700):
+        touch(big / f"{k:04d}.jpg", b"x" * (k % 7))
+    (big / "sub").mkdir()
+    touch(big / "sub" / "in.jpg")
+    os.symlink("0001.jpg", big / "link.jpg")                  # a symlinked file
+    os.link(big / "0002.jpg", big / "hard.jpg")               # a hard link
+    os.symlink("nowhere", root / "dangling")                  # skipped
+    os.mkfifo(root / "a" / "fifo")                            # skipped
+    link_dir(root / "zlink", "a")                             # a symlinked directory: catalogued once
+    link_dir(root / "a" / "up", "..")                         # a link to an ancestor: an alias
+    (root / "empty").mkdir()
+    touch(root / os.fsdecode(b"bad-\xff-name"))               # not UTF-8
+
+
+def scan_via_scandir(roots: list[str], monkeypatch: pytest.MonkeyPatch) -> Catalog:
+    """scan through os.scandir and os.stat (a replaced os.scandir is used as given)."""
+    real = os.scandir
+    with monkeypatch.context() as m:
+        m.setattr(os, "scandir", lambda p: real(p))
+        return scan(roots, threads=4)
+
+
+def test_the_scan_in_c_gives_the_catalog_of_os_scandir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = tmp_path / "d"
+    odd_tree(root)
+    from tiering.catalog.scan import _c_scanner
+    assert _c_scanner() is not None          # the library is built: scan() goes through C
+    fast = scan([str(root)], threads=4)
+    slow = scan_via_scandir([str(root)], monkeypatch)
+    assert len(fast.files) == 700 + 1 + 2 + 8 + 1     # big/, big/sub, link and hard link, the names, the undecodable one
+    assert fast.files == slow.files                           # paths, order, every column
+    assert np.array_equal(fast.files.dir, slow.files.dir)
+    assert fast.dirs == slow.dirs and fast.aliases == slow.aliases and fast.skipped == slow.skipped
+    assert fast.dir_links == slow.dir_links == [True]
+    rels = fast.files.rels()
+    assert rels == sorted(rels)                               # as str, the undecodable name too
+    assert "a/b-c/x" in rels and "zlink/b0" not in rels       # zlink is a's second place: an alias
+    assert (0, "zlink", "a") in [(x.root, x.rel, x.target) for x in fast.aliases]
+    assert (0, "dangling") in fast.skipped and (0, "a/fifo") in fast.skipped
+    f = fast.files[rels.index("big/link.jpg")]
+    assert f.link and f.size == 1 and f.ino == os.stat(root / "big" / "0001.jpg").st_ino
+    h = fast.files[rels.index("big/hard.jpg")]
+    assert not h.link and h.nlink == 2 and h.ino == os.stat(root / "big" / "0002.jpg").st_ino
+    s = os.stat(root / "é" / "ü")
+    u = fast.files[rels.index("é/ü")]
+    assert (u.size, u.mtime_ns, u.dev, u.ino, u.mode, u.ctime_ns, u.blocks) == (
+        s.st_size, s.st_mtime_ns, s.st_dev, s.st_ino, s.st_mode, s.st_ctime_ns, s.st_blocks)
+
+
+def test_the_scan_in_c_reports_an_unreadable_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = tmp_path / "d"
+    touch(root / "ok" / "f.bin")
+    touch(root / "closed" / "g.bin")
+    scan_mod = importlib.import_module("tiering.catalog.scan")
+    real = scan_mod._listing
+
+    def listing(path: str):  # type: ignore[no-untyped-def]
+        if path.endswith("closed"):     # as root, a mode does not make it unreadable
+            raise OSError(13, os.strerror(13), path)
+        return real(path)
+
+    monkeypatch.setattr(scan_mod, "_listing", listing)
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(2) as pool:
+        part = scan_mod._walk_root(str(root), pool)
+    assert part.files.rels() == ["ok/f.bin"] and len(part.errors) == 1 and "closed" in part.errors[0]
+
+
+def test_the_scan_in_c_lists_and_stats_through_the_library(tmp_path: Path) -> None:
+    from tiering.catalog.scan import _listing, _stat_names
+    root = tmp_path / "d"
+    touch(root / "f.bin", b"12345")
+    os.symlink("f.bin", root / "l")
+    os.symlink("none", root / "gone")
+    (root / "sub").mkdir()
+    lst = _listing(str(root))
+    names = lst.names.split(b"\0")[:-1]
+    assert sorted(names) == [b"f.bin", b"gone", b"l", b"sub"] and lst.entries is None
+    recs = _stat_names(str(root), lst)
+    by = {n: r for n, r in zip(names, recs)}
+    assert by[b"f.bin"]["ok"] == 1 and by[b"f.bin"]["size"] == 5 and by[b"f.bin"]["link"] == 0
+    assert by[b"l"]["ok"] == 1 and by[b"l"]["link"] == 1 and by[b"l"]["ino"] == os.stat(root / "f.bin").st_ino
+    assert by[b"gone"]["ok"] == 0
+    assert stat.S_ISDIR(int(by[b"sub"]["mode"]))
+    with pytest.raises(OSError) as e:
+        _listing(str(root / "missing"))
+    assert e.value.errno == 2 and str(root / "missing") in str(e.value)
+
+
+def test_one_root_keeps_its_arrays_in_the_catalog() -> None:
+    t = FileTable.from_rows(["a", "b"], [0, 0], [-1, -1], {k: [1, 2] for k in FILE_COLUMNS})
+    one = FileTable.concat([t], [0], [0])
+    assert one.paths is t.paths and one.columns["size"] is t.columns["size"] and one == t
+    moved = FileTable.concat([t], [3], [0])
+    assert moved.root.tolist() == [3, 3] and moved.paths is t.paths
+
+
+def test_a_table_lets_go_of_the_columns_only_the_index_needs() -> None:
+    t = FileTable.from_rows(["a", "b"], [0, 0], [-1, -1], {k: [7, 9] for k in FILE_COLUMNS})
+    before = t.nbytes
+    freed = t.release_indexed()
+    assert freed == sum(np.dtype(FILE_COLUMNS[k]).itemsize * 2 for k in catalog_mod.model.INDEXED_ONLY)
+    assert t.nbytes == before - freed and t.release_indexed() == 0
+    f = t[1]
+    assert (f.rel, f.size, f.mtime_ns, f.link) == ("b", 9, 9, True)       # what the daemon reads stays
+    assert (f.dev, f.ino, f.mode, f.uid, f.nlink, f.blocks, f.blksize) == (0, 0, 0, 0, 0, 0, 0)   # 0: unknown
+    assert t.take(np.array([1, 0])).rels() == ["b", "a"]
+
+
+def test_a_tree_of_leaf_directories_is_ordered_as_its_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Files only in directories without subdirectories (ImageNet's shape):
+    the order comes from directories and names, without the whole paths."""
+    root = tmp_path / "d"
+    for rel in ["a/b/x", "a/b/x-1", "a/b/x.1", "a/b-/y", "a/b.c/z", "a-/f", "a.b/g", "ab/h", "é/i", "z/0", "z/00",
+                "z/0-", "z/1", "a/b!/k"]:
+        touch(root / rel)
+    for k in range(3000):                    # a directory of several stat batches
+        touch(root / "big" / f"{k * 7919 % 3001}.jpg", b"")
+    scan_mod = importlib.import_module("tiering.catalog.scan")
+    calls: list[Any] = []
+    real = scan_mod._leaf_order
+    monkeypatch.setattr(scan_mod, "_leaf_order", lambda *a: calls.append(real(*a)) or calls[-1])
+    leaf = scan([str(root)], threads=4)
+    assert calls and calls[0] is not None               # the shortcut was taken
+    monkeypatch.setattr(scan_mod, "_leaf_order", lambda *a: None)
+    general = scan([str(root)], threads=4)
+    rels = leaf.files.rels()
+    assert rels == sorted(rels) and len(rels) == 14 + 3000
+    assert leaf.files == general.files and np.array_equal(leaf.files.dir, general.files.dir)
+    assert rels[:6] == ["a-/f", "a.b/g", "a/b!/k", "a/b-/y", "a/b.c/z", "a/b/x"]   # "-" and "." sort before "/"
+    assert [leaf.dirs[d].rel for d in leaf.files.dir[:3]] == ["a-", "a.b", "a/b!"]

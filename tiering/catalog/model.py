@@ -66,6 +66,7 @@ FILE_COLUMNS: dict[str, str] = {
 # A per-file column as callers give it: a list, or an array of the catalog.
 IntColumn: TypeAlias = Sequence[int] | np.ndarray
 STAT_FIELDS = ("mode", "uid", "gid", "nlink", "atime_ns", "ctime_ns", "blocks", "blksize")
+INDEXED_ONLY = ("dev", "ino", *STAT_FIELDS)    # columns nothing reads once the index is written
 TERMINATE_BLOCK = 1 << 16     # files per block of FileTable.terminated
 
 
@@ -124,6 +125,12 @@ class FileTable(Sequence[CatalogFile]):
         and its directory ids shifted by dir_bases[k]."""
         if not parts:
             return cls.empty()
+        if len(parts) == 1 and dir_bases[0] == 0:
+            # one root (the usual case): its arrays as they are, not a copy of
+            # the whole table at the peak of the scan's memory
+            p = parts[0]
+            root = p.root if not p.root.any() and roots[0] == 0 else np.full(len(p), roots[0], np.int32)
+            return cls(p.paths, p.offsets, root, p.dir, p.columns)
         sizes = np.cumsum([0] + [len(p.paths) for p in parts[:-1]])
         offsets = np.concatenate([parts[0].offsets[:1]] + [p.offsets[1:] + s for p, s in zip(parts, sizes)])
         root = np.concatenate([np.full(len(p), r, np.int32) for p, r in zip(parts, roots)])
@@ -140,6 +147,19 @@ class FileTable(Sequence[CatalogFile]):
         return FileTable(self.paths[spans(starts, lengths)], offsets, self.root[ids], self.dir[ids],
                          {k: c[ids] for k, c in self.columns.items()})
 
+    def release_indexed(self) -> int:
+        """Lets go of the columns only the shared index needs, the identity
+        and the STAT_FIELDS (their values read 0, "unknown", from now on),
+        once the index holds them (NOTE [catalog arrays]); returns the bytes
+        released."""
+        freed = 0
+        for k in INDEXED_ONLY:
+            c = self.columns[k]
+            if c.strides != (0,):
+                freed += c.nbytes
+                self.columns[k] = np.broadcast_to(np.zeros(1, c.dtype), c.shape)
+        return freed
+
     # -- columns ------------------------------------------------------------
     def __getattr__(self, name: str) -> np.ndarray:
         columns = self.__dict__.get("columns")
@@ -153,7 +173,7 @@ class FileTable(Sequence[CatalogFile]):
     @property
     def nbytes(self) -> int:
         return int(self.paths.nbytes + self.offsets.nbytes + self.root.nbytes + self.dir.nbytes
-                   + sum(c.nbytes for c in self.columns.values()))
+                   + sum(c.nbytes for c in self.columns.values() if c.strides != (0,)))
 
     def blob(self) -> bytes:
         """The paths as one bytes object (a copy: for slicing many at once)."""

@@ -6,6 +6,9 @@ split into batches run as separate tasks, so a PFS answers many metadata
 requests at once instead of one after another (a flat directory of a million
 files is not a million serial stats either).
 
+Listing and stat'ing are done in C (NOTE [scan in C] in docs/design.md):
+the results are numpy records, not an object per entry.
+
 Symlinked directories are followed, and every directory (by device and inode)
 is catalogued once. Which path is kept is deterministic: first everything
 reachable without a symlinked directory, then the symlinked directories in
@@ -33,7 +36,6 @@ import os
 import queue
 import stat
 import time
-from array import array
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -43,12 +45,25 @@ from typing import Any
 import numpy as np
 
 from .cache import CacheRefused, cache_dir_problem, load_cache, save_cache
-from .model import FILE_COLUMNS, Catalog, CatalogDir, DirAlias, FileTable, RootScan, ScanError, decode_rel, encode_rel
+from .model import (
+    FILE_COLUMNS,
+    Catalog,
+    CatalogDir,
+    DirAlias,
+    FileTable,
+    RootScan,
+    ScanError,
+    decode_rel,
+    encode_rel,
+    spans,
+)
 from .roots import join
 
 log = logging.getLogger("tiering")
 
-STAT_BATCH = 64           # entries stat'ed by one task
+STAT_BATCH = 64           # entries stat'ed by one task through os.scandir
+C_STAT_BATCH = 2048       # ... and in C (a task costs more than an entry there)
+FORMAT_BITS = 0o170000    # of st_mode: the file type (stat.S_IFMT's mask)
 
 
 @dataclass
@@ -85,30 +100,123 @@ def normalise_roots(dirs: list[str]) -> list[str]:
     return sorted(out)
 
 
-_Stat = tuple[str, "os.stat_result | None", bool]     # rel, stat (None: cannot), is a symlink
+def _listing(path: str) -> _Listing:
+    """The entries of a directory (names and d_type), through the C scanner
+    (NOTE [scan in C]) or os.scandir (_c_scanner)."""
+    c = _c_scanner()
+    if c is None:
+        with os.scandir(path) as it:
+            entries = list(it)
+        return _Listing(b"".join(os.fsencode(e.name) + b"\0" for e in entries), np.zeros(len(entries), np.uint8),
+                        entries)
+    ffi, lib = c
+    out = ffi.new("struct tiering_scan_list *")
+    err = lib.tiering_scan_list(os.fsencode(path), out)
+    if err:
+        raise OSError(err, os.strerror(err), path)
+    try:
+        return _Listing(bytes(ffi.buffer(out.names, out.bytes)),
+                        np.frombuffer(ffi.buffer(out.types, out.count), np.uint8).copy())
+    finally:
+        lib.tiering_scan_list_free(out)
 
 
-def _stat_entries(rel: str, entries: list[Any]) -> list[_Stat]:
-    out: list[_Stat] = []
-    for e in entries:
+def _stat_names(path: str, listing: _Listing) -> np.ndarray:
+    """The stat (symlinks followed) of each entry of a listing, and whether
+    the entry itself is a symlink, as STAT_DTYPE records; ok = 0 for an entry
+    that cannot be stat'ed (a dangling link, a file gone since the listing)."""
+    n = len(listing.types)
+    if listing.entries is not None:
+        return _stat_entries(listing.entries)
+    c = _c_scanner()
+    assert c is not None, "a listing without entries comes from the C scanner"
+    ffi, lib = c
+    out = np.zeros(n, _stat_dtype())
+    if n:
+        lib.tiering_scan_stat(os.fsencode(path), listing.names, ffi.from_buffer("uint8_t[]", listing.types), n,
+                              ffi.cast("struct tiering_scan_stat *", ffi.from_buffer(out)))
+    return out
+
+
+def _stat_entries(entries: list[Any]) -> np.ndarray:
+    """_stat_names through os.scandir's entries."""
+    out = np.zeros(len(entries), _stat_dtype())
+    for k, e in enumerate(entries):
         try:
             link = e.is_symlink()
             s = e.stat(follow_symlinks=True)
         except OSError:
-            out.append((join(rel, e.name), None, False))  # dangling link or vanished file
-            continue
-        out.append((join(rel, e.name), s, link))
+            continue                    # dangling link or vanished file
+        for name in _PY_STAT:
+            out[name][k] = getattr(s, "st_" + name)
+        out["ok"][k], out["link"][k] = 1, link
     return out
 
 
-def _list_dir(path: str, rel: str) -> tuple[list[_Stat], str, list[Any]]:
+_PY_STAT = ("size", "mtime_ns", "atime_ns", "ctime_ns", "blocks", "blksize", "dev", "ino", "nlink", "mode", "uid",
+            "gid")
+_C_SCANNER: list[Any] = []
+_SCANDIR = os.scandir
+
+
+def _c_scanner() -> tuple[Any, Any] | None:
+    """cffi's ffi and libtiershim.so when the library is built and os.scandir
+    is the standard one, else None: the scan then goes through os.scandir
+    (a replaced os.scandir, such as an emulated PFS, is used as given)."""
+    if os.scandir is not _SCANDIR:
+        return None
+    if not _C_SCANNER:
+        try:
+            from ..placement.index import ffi, lib
+            _C_SCANNER.append((ffi, lib) if lib.tiering_scan_list else None)   # opens the library
+        except (OSError, AttributeError):   # not built: os.scandir and os.stat
+            _C_SCANNER.append(None)
+    return _C_SCANNER[0]
+
+
+def _stat_dtype() -> np.dtype:
+    from ..placement.index import numpy_dtype
+    return numpy_dtype("struct tiering_scan_stat")
+
+
+@dataclass
+class _Listing:
+    names: bytes            # NUL-terminated, one after another
+    types: np.ndarray       # d_type per entry (0: unknown)
+    entries: list[Any] | None = None    # os.scandir's entries (no C scanner)
+
+    def bounds(self) -> np.ndarray:
+        """Where each name ends (its NUL), so name k is names[ends[k-1]+1:ends[k]]."""
+        return np.flatnonzero(np.frombuffer(self.names, np.uint8) == 0)
+
+    def part(self, a: int, b: int, ends: np.ndarray) -> _Listing:
+        start = int(ends[a - 1]) + 1 if a else 0
+        return _Listing(self.names[start:int(ends[b - 1]) + 1], self.types[a:b],
+                        self.entries[a:b] if self.entries is not None else None)
+
+
+@dataclass
+class _Batch:
+    """Entries of one directory, stat'ed."""
+    rel: str
+    listing: _Listing
+    recs: np.ndarray
+
+
+def _stat_batch(path: str, rel: str, listing: _Listing) -> _Batch:
+    return _Batch(rel, listing, _stat_names(path, listing))
+
+
+def _list_dir(path: str, rel: str) -> tuple[_Batch | None, str, list[_Listing]]:
     """Lists a directory and stats its entries, or, in a large directory,
-    returns them for the caller to stat in parallel batches."""
-    with os.scandir(path) as it:
-        entries = list(it)
-    if len(entries) <= STAT_BATCH:
-        return _stat_entries(rel, entries), rel, []
-    return [], rel, entries
+    returns them in parts for the caller to stat in parallel batches."""
+    listing = _listing(path)
+    n = len(listing.types)
+    batch = STAT_BATCH if listing.entries is not None else C_STAT_BATCH
+    if n <= batch:
+        return _stat_batch(path, rel, listing), rel, []
+    ends = listing.bounds()
+    return None, rel, [listing.part(a, min(n, a + batch), ends) for a in range(0, n, batch)]
 
 
 class _Tasks:
@@ -144,36 +252,42 @@ def _walk_root(root: str, pool: ThreadPoolExecutor, progress: ScanProgress | Non
     st = os.stat(root)
     seen: dict[tuple[int, int], str] = {}
     tasks = _Tasks(pool)
-    later: list[tuple[str, os.stat_result]] = []   # symlinked directories, for the next round
+    later: list[tuple[str, int, int, int]] = []   # symlinked directories (rel, dev, ino, mtime), for the next round
 
-    def add_dir(rel: str, s: os.stat_result) -> None:
-        key = (s.st_dev, s.st_ino)
+    def add_dir(rel: str, dev: int, ino: int, mtime_ns: int) -> None:
+        key = (dev, ino)
         if key in seen:
             res.aliases.append((rel, seen[key]))
             return
         seen[key] = rel
-        res.dirs.append((rel, s.st_ino, s.st_dev, s.st_mtime_ns))
+        res.dirs.append((rel, ino, dev, mtime_ns))
         prog.dirs += 1
         tasks.submit("list", _list_dir, os.path.join(root, rel), rel)
 
-    def take(stats: list[_Stat]) -> None:
-        for rel, s, is_link in stats:
-            if s is None:
-                res.skipped.append(rel)
-            elif stat.S_ISDIR(s.st_mode):
-                if is_link:
-                    res.links = True
-                    later.append((rel, s))
+    def take(batch: _Batch) -> None:
+        recs = batch.recs
+        fmt = recs["mode"] & FORMAT_BITS
+        ok = recs["ok"] != 0
+        reg = ok & (fmt == stat.S_IFREG)
+        if not reg.all():
+            names = batch.listing.names.split(b"\0")
+            for k in np.flatnonzero(~reg).tolist():
+                rel = join(batch.rel, decode_rel(names[k]))
+                r = recs[k]
+                if ok[k] and fmt[k] == stat.S_IFDIR:
+                    d = (rel, int(r["dev"]), int(r["ino"]), int(r["mtime_ns"]))
+                    if r["link"]:
+                        res.links = True
+                        later.append(d)
+                    else:
+                        add_dir(*d)
                 else:
-                    add_dir(rel, s)
-            elif stat.S_ISREG(s.st_mode):
-                rows.add(rel, s, is_link)
-                prog.files += 1
-                prog.bytes += s.st_size
-            else:
-                res.skipped.append(rel)
+                    res.skipped.append(rel)
+        n = rows.add(batch, reg)
+        prog.files += n
+        prog.bytes += int(recs["size"][reg].sum()) if n else 0
 
-    add_dir("", st)
+    add_dir("", st.st_dev, st.st_ino, st.st_mtime_ns)
     while True:
         for kind, out, err in tasks.results():
             if err is not None:
@@ -182,19 +296,20 @@ def _walk_root(root: str, pool: ThreadPoolExecutor, progress: ScanProgress | Non
                 res.errors.append(str(err))
                 continue
             if kind == "list":
-                stats, rel, rest = out
-                for k in range(0, len(rest), STAT_BATCH):
-                    tasks.submit("stat", _stat_entries, rel, rest[k:k + STAT_BATCH])
-                take(stats)
+                batch, rel, rest = out
+                for part in rest:
+                    tasks.submit("stat", _stat_batch, os.path.join(root, rel), rel, part)
+                if batch is not None:
+                    take(batch)
             else:
                 take(out)
             report(prog)
         if not later:
             break
         round_, later = sorted(later, key=lambda x: x[0]), []
-        for rel, s in round_:
-            add_dir(rel, s)
-    if res.errors and not rows.rels:
+        for d in round_:
+            add_dir(*d)
+    if res.errors and not rows.count:
         raise ScanError(f"cannot scan {root}: {res.errors[0]}")
     res.dirs.sort()
     res.files = rows.table(res.dirs)
@@ -204,56 +319,163 @@ def _walk_root(root: str, pool: ThreadPoolExecutor, progress: ScanProgress | Non
 
 
 class _Columns:
-    """The files a scan finds, kept as it goes in C arrays, one per column
-    (the path as UTF-8 bytes is the one object per file), then sorted by path
-    into a FileTable (NOTE [catalog arrays] in docs/design.md)."""
-
-    _CODES = {"<i8": "q", "<u8": "Q", "<u4": "I", "?": "b"}
+    """The files a scan finds, kept as they come: per batch the listing's
+    names, which of them are files, and their stat records (no object per
+    file); then sorted by path into a FileTable (NOTE [catalog arrays] in
+    docs/design.md)."""
 
     def __init__(self) -> None:
-        self.rels: list[bytes] = []
-        self.cols = {k: array(self._CODES[dt]) for k, dt in FILE_COLUMNS.items()}
-        self.escaped = False      # a name that is not UTF-8: sort by the decoded str
+        self.batches: list[tuple[str, bytes, np.ndarray, np.ndarray]] = []   # rel, names, files, their records
+        self.count = 0
 
-    def add(self, rel: str, s: os.stat_result, link: bool) -> None:
-        try:
-            data = rel.encode("utf-8")
-        except UnicodeEncodeError:
-            data = rel.encode("utf-8", "surrogateescape")
-            self.escaped = True
-        self.rels.append(data)
-        c = self.cols
-        c["size"].append(s.st_size)
-        c["mtime_ns"].append(s.st_mtime_ns)
-        c["dev"].append(s.st_dev)
-        c["ino"].append(s.st_ino)
-        c["link"].append(link)
-        c["mode"].append(s.st_mode)
-        c["uid"].append(s.st_uid)
-        c["gid"].append(s.st_gid)
-        c["nlink"].append(s.st_nlink)
-        c["atime_ns"].append(s.st_atime_ns)
-        c["ctime_ns"].append(s.st_ctime_ns)
-        c["blocks"].append(s.st_blocks)
-        c["blksize"].append(s.st_blksize)
+    def add(self, batch: _Batch, files: np.ndarray) -> int:
+        n = int(files.sum())
+        if n:
+            recs = batch.recs if n == len(files) else batch.recs[files]
+            self.batches.append((batch.rel, batch.listing.names, files, recs))
+            self.count += n
+        return n
 
     def table(self, dirs: list[tuple[str, int, int, int]]) -> FileTable:
         """Sorted by path as str (code points: UTF-8's byte order, unless a
         name is not UTF-8), each file with the id of its directory in dirs."""
-        rels = self.rels
-        key = (lambda k: decode_rel(rels[k])) if self.escaped else rels.__getitem__
-        order = np.fromiter(sorted(range(len(rels)), key=key), np.int64, len(rels))
-        dir_id = {encode_rel(d[0]): k for k, d in enumerate(dirs)}
-        ordered = [rels[k] for k in order.tolist()]
-        self.rels = []
-        offsets = np.zeros(len(ordered) + 1, np.int64)
-        np.cumsum(np.fromiter(map(len, ordered), np.int64, len(ordered)), out=offsets[1:])
-        parents = np.fromiter((dir_id.get(r.rpartition(b"/")[0], -1) for r in ordered), np.int32, len(ordered))
-        paths = np.frombuffer(b"".join(ordered), np.uint8)
-        del ordered
-        cols = {k: np.frombuffer(a, FILE_COLUMNS[k])[order] if len(a) else np.zeros(0, FILE_COLUMNS[k])
-                for k, a in self.cols.items()}
-        return FileTable(paths, offsets, np.zeros(len(order), np.int32), parents, cols)
+        batches, self.batches = self.batches, []
+        if not batches:
+            return FileTable.empty()
+        dir_id = {rel: k for k, (rel, *_) in enumerate(dirs)}
+        prefixes = [encode_rel(rel) + b"/" if rel else b"" for rel, *_ in batches]
+        names = np.frombuffer(b"".join(b[1] for b in batches), np.uint8)
+        ends = np.flatnonzero(names == 0)
+        starts = np.empty_like(ends)
+        starts[0] = 0
+        starts[1:] = ends[:-1] + 1
+        files = np.concatenate([b[2] for b in batches])
+        per_file = np.repeat(np.arange(len(batches)), [len(b[3]) for b in batches])
+        starts, lengths = starts[files], (ends - starts)[files]
+        del ends, files
+        rels = [b[0] for b in batches]
+        parent = np.array([dir_id.get(rel, -1) for rel in rels], np.int32)[per_file]
+        order = _leaf_order(rels, dirs, names, per_file, starts, lengths)
+        if order is not None:         # the paths made in their order
+            per_file, starts, lengths, parent = per_file[order], starts[order], lengths[order], parent[order]
+        paths, offsets = _join_paths(prefixes, per_file, names, starts, lengths)
+        del names, starts, lengths, per_file
+        if order is None:
+            order = _path_order(paths, offsets)
+            if order is not None:
+                paths, offsets = _gather(paths, offsets, order)
+                parent = parent[order]
+        recs_all = [b[3] for b in batches]
+        del batches
+        cols = {}
+        for k, dt in FILE_COLUMNS.items():
+            col = np.concatenate([r[k] for r in recs_all]).astype(dt, copy=False)
+            cols[k] = col[order] if order is not None else col
+        del recs_all
+        return FileTable(paths, offsets, np.zeros(len(offsets) - 1, np.int32), parent, cols)
+
+
+def _leaf_order(rels: list[str], dirs: list[tuple[str, int, int, int]], names: np.ndarray, per_file: np.ndarray,
+                starts: np.ndarray, lengths: np.ndarray) -> np.ndarray | None:
+    """The order of the paths without making them first, when no directory
+    that holds files holds a directory too (ImageNet's classes): then path
+    order is the order of the directories (each as "rel/") and, within one,
+    of the names.  None when that does not hold or a name is not UTF-8."""
+    holding = set(rels)
+    if any(rel.rpartition("/")[0] in holding for rel, *_ in dirs if rel):
+        return None
+    if len(starts) * int(lengths.max()) > 8 * int(lengths.sum()) + (64 << 20):
+        return None               # a long name among short ones: no fixed-width array
+    try:
+        names.tobytes().decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    place = {rel: k for k, rel in enumerate(sorted(holding, key=lambda r: encode_rel(r) + b"/"))}
+    rank = np.array([place[rel] for rel in rels], np.int64)     # per batch (a directory may have several)
+    fixed = _fixed_width(names, starts, lengths)
+    n, width = len(fixed), fixed.dtype.itemsize
+    # one key per file, its directory's rank (4 bytes, big-endian) then its
+    # name: unique (no name twice in a directory), so the fast unstable sort
+    key = np.empty((n, 4 + width), np.uint8)
+    key[:, :4] = rank[per_file].astype(">u4").view(np.uint8).reshape(n, 4)
+    key[:, 4:] = fixed.view(np.uint8).reshape(n, width)
+    del fixed
+    return np.argsort(key.view(f"S{4 + width}").reshape(n))
+
+
+def _fixed_width(blob: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Byte strings blob[starts[k]:starts[k] + lengths[k]] as one numpy "S"
+    array (padded with NULs, which no path holds: a shorter string sorts
+    first, as in str order); in blocks of strings."""
+    n = len(starts)
+    width = max(1, int(lengths.max()) if n else 1)
+    fixed = np.zeros((n, width), np.uint8)
+    flat = fixed.reshape(-1)
+    for a in range(0, n, JOIN_BLOCK):
+        b = min(n, a + JOIN_BLOCK)
+        ln = lengths[a:b]
+        flat[spans(np.arange(a, b, dtype=np.int64) * width, ln)] = blob[spans(starts[a:b], ln)]
+    return fixed.view(f"S{width}").reshape(n)
+
+
+def _gather(paths: np.ndarray, offsets: np.ndarray, order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The paths in another order (in blocks of files, as _join_paths)."""
+    lengths = np.diff(offsets)[order]
+    out_offsets = np.zeros(len(order) + 1, np.int64)
+    np.cumsum(lengths, out=out_offsets[1:])
+    out = np.empty(len(paths), np.uint8)
+    for a in range(0, len(order), JOIN_BLOCK):
+        b = min(len(order), a + JOIN_BLOCK)
+        out[out_offsets[a]:out_offsets[b]] = paths[spans(offsets[order[a:b]], lengths[a:b])]
+    return out, out_offsets
+
+
+def _join_paths(prefixes: list[bytes], per_file: np.ndarray, names: np.ndarray, starts: np.ndarray,
+                lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each file's path, its directory's prefix then its name, in one blob
+    cut by offsets (in blocks of files: the index arrays stay small)."""
+    pre_len = np.fromiter(map(len, prefixes), np.int64, len(prefixes))
+    pre_start = np.zeros(len(prefixes), np.int64)
+    np.cumsum(pre_len[:-1], out=pre_start[1:])
+    pre_blob = np.frombuffer(b"".join(prefixes), np.uint8)
+    plen = pre_len[per_file]
+    offsets = np.zeros(len(per_file) + 1, np.int64)
+    np.cumsum(plen + lengths, out=offsets[1:])
+    out = np.empty(int(offsets[-1]), np.uint8)
+    for a in range(0, len(per_file), JOIN_BLOCK):
+        b = min(len(per_file), a + JOIN_BLOCK)
+        o, p, n = offsets[a:b], plen[a:b], lengths[a:b]
+        out[spans(o, p)] = pre_blob[spans(pre_start[per_file[a:b]], p)]
+        out[spans(o + p, n)] = names[spans(starts[a:b], n)]
+    return out, offsets
+
+
+JOIN_BLOCK = 1 << 16      # files per block of _join_paths and _path_order
+
+
+def _path_order(paths: np.ndarray, offsets: np.ndarray) -> np.ndarray | None:
+    """The permutation that sorts the paths as str (None: already sorted).
+    UTF-8 sorts as code points byte by byte: one argsort of fixed-width
+    byte strings; a name that is not UTF-8 (surrogate escapes) sorts by the
+    decoded str, as before the scan kept arrays."""
+    n = len(offsets) - 1
+    lengths = np.diff(offsets)
+    width = int(lengths.max())
+    blob = paths.tobytes()
+    try:
+        blob.decode("utf-8")
+        escaped = False
+    except UnicodeDecodeError:
+        escaped = True
+    if escaped or width * n > 8 * len(paths) + (64 << 20):
+        o = offsets.tolist()
+        key = (lambda k: decode_rel(blob[o[k]:o[k + 1]])) if escaped else (lambda k: blob[o[k]:o[k + 1]])
+        order = np.fromiter(sorted(range(n), key=key), np.int64, n)
+    else:
+        order = np.argsort(_fixed_width(paths, offsets[:-1], lengths), kind="stable")
+    if np.all(order[1:] > order[:-1]):
+        return None
+    return order
 
 
 def _cached(cache_dir: Path, root: str, pool: ThreadPoolExecutor) -> tuple[RootScan | None, bool]:

@@ -176,7 +176,7 @@ def _table_slots(n: int) -> int:
     return slots
 
 
-_NUMPY_OF_C = {"uint64_t": "<u8", "int64_t": "<i8", "uint32_t": "<u4", "uint16_t": "<u2"}
+_NUMPY_OF_C = {"uint64_t": "<u8", "int64_t": "<i8", "uint32_t": "<u4", "uint16_t": "<u2", "uint8_t": "|u1"}
 
 
 def numpy_dtype(struct: str) -> np.dtype:
