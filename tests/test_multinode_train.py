@@ -1,0 +1,91 @@
+"""A real torchrun training (gloo, DistributedDataParallel) across emulated
+nodes under tier-run, with the peer tier: each node a network namespace on
+one bridge with its own tiers, every node reading one slowfs PFS
+(tests/multinode.py).  The same training without tier-run is the reference:
+every rank reads the same samples with the same bytes in every epoch and
+ends with the same weights; the nodes fetch copies from each other; and the
+PFS traffic tier-run reports is what the PFS itself counted."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import multinode
+import pytest
+
+import netns
+from helpers import REPO, make_data, wait_for
+
+sys.path.insert(0, str(REPO))
+from bench.slowfs import SlowFs, SlowFsOptions  # noqa: E402
+
+REASON = netns.unavailable()
+pytestmark = [pytest.mark.slow, pytest.mark.fuse,
+              pytest.mark.skipif(REASON is not None, reason=f"no emulated nodes: {REASON}")]
+
+FILES, SIZE, EPOCHS = 80, 16384, 3
+D = FILES * SIZE
+PFS = SlowFsOptions(meta_latency_ms=0.2, read_latency_ms=0.2, bandwidth_mbps=0, max_inflight=16)
+
+
+@pytest.fixture
+def pfs(tmp_path: Path):
+    """The data set on a slowfs mount: (mount point, source directory)."""
+    src, mnt = tmp_path / "src", tmp_path / "mnt"
+    make_data(src, {f"c{i % 4}/f{i:03d}.bin": SIZE for i in range(FILES)}, seed=9)
+    mnt.mkdir()
+    with SlowFs(src, mnt, PFS) as fs:
+        yield fs
+
+
+def spec(tmp: Path, data: Path, mode: str, tag: str, nodes: int = 2, **kw) -> multinode.JobSpec:
+    # each node's tier holds 3/4 of the data set: the nodes together hold it, one alone does not
+    return multinode.JobSpec(data, tmp / tag, nodes, mode=mode, capacity=3 * D // 4, epochs=EPOCHS, batch=4,
+                             step_ms=150, job_id=f"mn{tag}{os.getpid()}", port=29500, timeout=400, **kw)
+
+
+def run(fs: SlowFs, s: multinode.JobSpec, net: netns.Network) -> tuple[multinode.JobResult, dict[str, int]]:
+    before = fs.stats()
+    result = multinode.run_job(s, net)
+    after = fs.stats()
+    assert result.codes == [0] * len(result.codes), "\n".join(e[-3000:] for e in result.errors)
+    return result, {k: after[k] - before[k] for k in ("opens", "bytes")}
+
+
+def samples(result: multinode.JobResult) -> list[list[tuple[int, str]]]:
+    """Per rank, per epoch: the samples read and the digest of their indexes and bytes."""
+    return [[(e["samples"], e["digest"]) for e in r["epochs"]] for r in result.ranks]
+
+
+def test_torchrun_across_two_nodes_reads_the_same_bytes_and_fetches_from_peers(tmp_path: Path, pfs: SlowFs):
+    with netns.emulated_nodes(2, net=31) as net:
+        ref, ref_pfs = run(pfs, spec(tmp_path, pfs.path, "pfs", "ref"), net)
+        got, got_pfs = run(pfs, spec(tmp_path, pfs.path, "peers", "peers"), net)
+    # the training itself: same samples, same bytes, same weights, on every rank
+    assert samples(got) == samples(ref)
+    assert all(len(r) == EPOCHS and all(n == FILES // 2 for n, _ in r) for r in samples(ref))
+    assert len({r["weights"] for r in ref.ranks + got.ranks}) == 1
+    assert ref_pfs == {"opens": EPOCHS * FILES, "bytes": EPOCHS * D}       # every rank its share, every epoch
+    peers = [s["peer"] for s in got.stats]
+    assert [(p["met"], p["linked"], p["planned"], p["node_rank"]) for p in peers] == [(True, True, True, 0),
+                                                                                      (True, True, True, 1)]
+    # the peer path was used: copies moved between the nodes, what one served the other fetched
+    assert sum(p["bytes"] for p in peers) > 0
+    assert [p["bytes"] for p in peers] == [peers[1]["server"]["bytes"], peers[0]["server"]["bytes"]]
+    assert all(p["fetches"] * SIZE == p["bytes"] and p["server"]["refused"] == 0 for p in peers)
+    # tier-run's PFS traffic is what the PFS counted (whole files are read), and every copy came
+    # from the PFS or a peer
+    pfs_bytes = [s["pfs"]["bytes"] for s in got.stats]
+    assert sum(pfs_bytes) == got_pfs["bytes"]
+    assert sum(s["pfs"]["opens"] for s in got.stats) == got_pfs["opens"]
+    for s in got.stats:
+        assert s["placement"]["copies"] + s["placement"]["copy_failures"] == (
+            s["pfs"]["opens_by_daemon"] + s["peer"]["fetches"])
+    # the plan: the PFS is read far less than without tier-run (epochs x D), less than
+    # once per node per file; each node's epochs 2+ read well below its share from the PFS
+    assert got_pfs["bytes"] < 2 * D
+    for s in got.stats:
+        later = sum(e["pfs_bytes"] for e in s["epochs"][1:])
+        assert later <= (EPOCHS - 1) * (D // 2) // 4, s["epochs"]
+    wait_for(lambda: all(multinode.tier_files(tmp_path / "peers", n) == 0 for n in range(2)), "tiers removed")
