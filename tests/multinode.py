@@ -120,13 +120,23 @@ def launches(spec: JobSpec, net: netns.Network) -> list[tuple[str, list[str], di
                    *train_argv(spec)]
             out.append((f"node{node}", net.node(node).argv(wrap + cmd), env))
             continue
+        ranks = []
         for local in range(k):
             rank = node * k + local
             renv = dict(env, WORLD_SIZE=str(spec.nodes * k), RANK=str(rank), LOCAL_RANK=str(local),
                         LOCAL_WORLD_SIZE=str(k), GROUP_RANK=str(node), GROUP_WORLD_SIZE=str(spec.nodes),
                         MASTER_ADDR=master, MASTER_PORT=str(spec.port), TORCHELASTIC_RUN_ID=spec.job_id)
             wrap = [] if spec.mode == "pfs" else tier_run_argv(spec, node, rank)
-            out.append((f"rank{rank}", net.node(node).argv(wrap + [PYTHON, *train_argv(spec)]), renv))
+            ranks.append({"argv": wrap + [PYTHON, *train_argv(spec)], "env": renv,
+                          "log": str(spec.work / f"rank{rank}.err")})
+        # the node's ranks in one mount namespace with a /dev/shm of the node's own (the node
+        # service's directory is there): one process starts them and records their exit codes
+        plan, shm = spec.work / f"node{node}.json", spec.work / f"shm{node}"
+        shm.mkdir(mode=0o1777, exist_ok=True)
+        plan.write_text(json.dumps(ranks))
+        out.append((f"node{node}", net.node(node).argv(
+            ["sh", "-c", 'mount --bind "$0" /dev/shm && exec "$@"', str(shm), PYTHON, __file__, "spawn",
+             str(plan)]), env))
     return out
 
 
@@ -177,7 +187,12 @@ def run_job(spec: JobSpec, net: netns.Network) -> JobResult:
     ranks = [_load(spec.work / "out" / f"rank-{r}.json") for r in range(world)]
     per = spec.ranks_per_node if spec.form == 1 else 1
     stats = [_load(spec.work / f"stats-{r}.json") for r in range(0, world, per)] if spec.mode != "pfs" else []
-    return JobResult([p.returncode for p in procs], ranks, stats, errors, seconds)
+    codes = [p.returncode for p in procs]
+    if spec.form == 2:   # each rank's, as its node's spawn recorded them (-9: killed with its node)
+        spawned = [_load(spec.work / f"node{n}.json.codes").get("codes") for n in range(spec.nodes)]
+        codes = [c for n, got in enumerate(spawned) for c in (got or [-9] * spec.ranks_per_node)]
+        errors += [Path(spec.work / f"rank{r}.err").read_text() for r in range(world)]
+    return JobResult(codes, ranks, stats, errors, seconds)
 
 
 def _load(path: Path) -> dict[str, Any]:
@@ -190,3 +205,20 @@ def _load(path: Path) -> dict[str, Any]:
 def tier_files(work: Path, node: int) -> int:
     """Files left in node `node`'s tier directory (tier-run removes its own at exit)."""
     return sum(len(files) for _, _, files in os.walk(work / f"tiers{node}"))
+
+
+def spawn(plan: Path) -> int:
+    """Starts the processes of plan ([{argv, env, log}]), waits for all of
+    them, writes {"codes": [...]} to PLAN.codes."""
+    todo = json.loads(plan.read_text())
+    procs = []
+    for p in todo:
+        with open(p["log"], "w") as log:
+            procs.append(subprocess.Popen(p["argv"], env=p["env"], stdout=subprocess.DEVNULL, stderr=log))
+    codes = [p.wait() for p in procs]
+    Path(f"{plan}.codes").write_text(json.dumps({"codes": codes}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(spawn(Path(sys.argv[2])) if sys.argv[1:2] == ["spawn"] else 2)

@@ -89,3 +89,32 @@ def test_torchrun_across_two_nodes_reads_the_same_bytes_and_fetches_from_peers(t
         later = sum(e["pfs_bytes"] for e in s["epochs"][1:])
         assert later <= (EPOCHS - 1) * (D // 2) // 4, s["epochs"]
     wait_for(lambda: all(multinode.tier_files(tmp_path / "peers", n) == 0 for n in range(2)), "tiers removed")
+
+
+def test_one_tier_run_per_rank_two_ranks_on_each_of_two_nodes(tmp_path: Path, pfs: SlowFs):
+    """Launch form 2: no torchrun, each rank started with torchrun's variables
+    under its own tier-run; the two tier-runs of a node share one service
+    (each node has a /dev/shm of its own, as real nodes do)."""
+    kw = dict(form=2, ranks_per_node=2)
+    with netns.emulated_nodes(2, net=32) as net:
+        ref, ref_pfs = run(pfs, spec(tmp_path, pfs.path, "pfs", "ref2", **kw), net)
+        got, got_pfs = run(pfs, spec(tmp_path, pfs.path, "peers", "peers2", **kw), net)
+    assert len(got.codes) == 4
+    assert samples(got) == samples(ref)
+    assert all(len(r) == EPOCHS and all(n == FILES // 4 for n, _ in r) for r in samples(ref))
+    assert len({r["weights"] for r in ref.ranks + got.ranks}) == 1
+    assert ref_pfs == {"opens": EPOCHS * FILES, "bytes": EPOCHS * D}
+    services = [s["node_service"] for s in got.stats]
+    assert services[0]["pid"] == services[1]["pid"] != services[2]["pid"] == services[3]["pid"]
+    assert [s["started_here"] for s in services[:2]].count(True) == 1
+    assert [s["started_here"] for s in services[2:]].count(True) == 1
+    peers = [s["peer"] for s in got.stats]
+    assert [(p["met"], p["linked"], p["planned"], p["node_rank"]) for p in peers] == (
+        [(True, True, True, 0)] * 2 + [(True, True, True, 1)] * 2)
+    # the node's counters (the service's, all ranks'), in the snapshot of the member that ended last
+    node_peer = [max(peers[:2], key=lambda p: p["bytes"]), max(peers[2:], key=lambda p: p["bytes"])]
+    assert sum(p["bytes"] for p in node_peer) > 0
+    assert all(p["fetches"] * SIZE == p["bytes"] == p["client"].get("bytes", 0) for p in node_peer)
+    assert got_pfs["bytes"] < 2 * D
+    wait_for(lambda: all(multinode.tier_files(tmp_path / "peers2", n) == 0 for n in range(2)), "tiers removed")
+    assert [list((tmp_path / "peers2" / f"shm{n}").iterdir()) for n in range(2)] == [[], []]
