@@ -23,7 +23,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -155,9 +157,12 @@ def _stop(procs: list[subprocess.Popen[str]]) -> None:
             pass
 
 
-def run_job(spec: JobSpec, net: netns.Network) -> JobResult:
+def run_job(spec: JobSpec, net: netns.Network,
+            during: Callable[[list[subprocess.Popen[str]]], None] | None = None) -> JobResult:
     """The job on spec.nodes emulated nodes; every process still running
-    after spec.timeout is killed (its code: -9)."""
+    after spec.timeout is killed (its code: -9).  during(), when given, runs
+    in a thread once every process is started, with the processes (a fault
+    to inject)."""
     (spec.work / "out").mkdir(parents=True, exist_ok=True)
     if spec.mode == "peers":
         (spec.work / "rdzv").mkdir(mode=0o700, exist_ok=True)
@@ -169,6 +174,9 @@ def run_job(spec: JobSpec, net: netns.Network) -> JobResult:
         for (_, argv, env), log in zip(todo, logs):
             procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=log, text=True,
                                           start_new_session=True))
+        if during is not None:
+            thread = threading.Thread(target=during, args=(procs,), daemon=True)
+            thread.start()
         deadline = t0 + spec.timeout
         for p in procs:
             try:
@@ -205,6 +213,29 @@ def _load(path: Path) -> dict[str, Any]:
 def tier_files(work: Path, node: int) -> int:
     """Files left in node `node`'s tier directory (tier-run removes its own at exit)."""
     return sum(len(files) for _, _, files in os.walk(work / f"tiers{node}"))
+
+
+def expected_samples(root: Path, world: int, epochs: int, seed: int) -> list[list[tuple[int, str]]]:
+    """What train_ddp.py's ranks must record (samples, digest) per rank per
+    epoch: the DistributedSampler's shares, with the bytes of the files."""
+    import hashlib
+
+    from torch.utils.data import DistributedSampler
+    paths = sorted(os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs)
+    out = []
+    for rank in range(world):
+        sampler = DistributedSampler(range(len(paths)), num_replicas=world, rank=rank, shuffle=True, seed=seed)
+        per_epoch = []
+        for epoch in range(epochs):
+            sampler.set_epoch(epoch)
+            h, n = hashlib.sha256(), 0
+            for i in sampler:
+                data = Path(paths[i]).read_bytes()
+                h.update(f"{i}\0{len(data)}\0".encode() + data)
+                n += 1
+            per_epoch.append((n, h.hexdigest()))
+        out.append(per_epoch)
+    return out
 
 
 def spawn(plan: Path) -> int:

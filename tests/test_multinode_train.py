@@ -7,7 +7,9 @@ ends with the same weights; the nodes fetch copies from each other; and the
 PFS traffic tier-run reports is what the PFS itself counted."""
 from __future__ import annotations
 
+import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -45,9 +47,10 @@ def spec(tmp: Path, data: Path, mode: str, tag: str, nodes: int = 2, **kw) -> mu
                              step_ms=150, job_id=f"mn{tag}{os.getpid()}", port=29500, timeout=400, **kw)
 
 
-def run(fs: SlowFs, s: multinode.JobSpec, net: netns.Network) -> tuple[multinode.JobResult, dict[str, int]]:
+def run(fs: SlowFs, s: multinode.JobSpec, net: netns.Network,
+        during=None) -> tuple[multinode.JobResult, dict[str, int]]:
     before = fs.stats()
-    result = multinode.run_job(s, net)
+    result = multinode.run_job(s, net, during)
     after = fs.stats()
     assert result.codes == [0] * len(result.codes), "\n".join(e[-3000:] for e in result.errors)
     return result, {k: after[k] - before[k] for k in ("opens", "bytes")}
@@ -63,7 +66,7 @@ def test_torchrun_across_two_nodes_reads_the_same_bytes_and_fetches_from_peers(t
         ref, ref_pfs = run(pfs, spec(tmp_path, pfs.path, "pfs", "ref"), net)
         got, got_pfs = run(pfs, spec(tmp_path, pfs.path, "peers", "peers"), net)
     # the training itself: same samples, same bytes, same weights, on every rank
-    assert samples(got) == samples(ref)
+    assert samples(got) == samples(ref) == multinode.expected_samples(pfs.source, 2, EPOCHS, 11)
     assert all(len(r) == EPOCHS and all(n == FILES // 2 for n, _ in r) for r in samples(ref))
     assert len({r["weights"] for r in ref.ranks + got.ranks}) == 1
     assert ref_pfs == {"opens": EPOCHS * FILES, "bytes": EPOCHS * D}       # every rank its share, every epoch
@@ -100,7 +103,7 @@ def test_one_tier_run_per_rank_two_ranks_on_each_of_two_nodes(tmp_path: Path, pf
         ref, ref_pfs = run(pfs, spec(tmp_path, pfs.path, "pfs", "ref2", **kw), net)
         got, got_pfs = run(pfs, spec(tmp_path, pfs.path, "peers", "peers2", **kw), net)
     assert len(got.codes) == 4
-    assert samples(got) == samples(ref)
+    assert samples(got) == samples(ref) == multinode.expected_samples(pfs.source, 4, EPOCHS, 11)
     assert all(len(r) == EPOCHS and all(n == FILES // 4 for n, _ in r) for r in samples(ref))
     assert len({r["weights"] for r in ref.ranks + got.ranks}) == 1
     assert ref_pfs == {"opens": EPOCHS * FILES, "bytes": EPOCHS * D}
@@ -118,3 +121,77 @@ def test_one_tier_run_per_rank_two_ranks_on_each_of_two_nodes(tmp_path: Path, pf
     assert got_pfs["bytes"] < 2 * D
     wait_for(lambda: all(multinode.tier_files(tmp_path / "peers2", n) == 0 for n in range(2)), "tiers removed")
     assert [list((tmp_path / "peers2" / f"shm{n}").iterdir()) for n in range(2)] == [[], []]
+
+
+# -- faults across nodes ------------------------------------------------------------------
+
+def nodes_met(work: Path, nodes: int = 2) -> bool:
+    """Every node's entry, with its proof, is in the job directory."""
+    entries = list((work / "rdzv").glob("tiering-job-*/node-*.json"))
+    try:
+        return len(entries) == nodes and all(json.loads(e.read_text()).get("proof") for e in entries)
+    except (OSError, ValueError):
+        return False
+
+
+def service_pid(work: Path, node: int) -> int | None:
+    """The pid of node `node`'s service (launch form 2), once it is ready."""
+    for rec in (work / f"shm{node}").glob("tiering.node-*/service.json"):
+        try:
+            info = json.loads(rec.read_text())
+        except (OSError, ValueError):
+            continue
+        if info.get("ready"):
+            return int(info["pid"])
+    return None
+
+
+def test_a_node_whose_service_is_killed_leaves_the_others_on_the_pfs(tmp_path: Path, pfs: SlowFs):
+    """Node 1's service is SIGKILLed once the nodes have met: node 0's fetches
+    from it fail at once and are read from the PFS, node 1's ranks read the
+    PFS; every rank reads the same bytes and the job finishes."""
+    s = spec(tmp_path, pfs.path, "peers", "kill", form=2, ranks_per_node=2)
+    killed: list[int] = []
+
+    def fault(procs) -> None:
+        wait_for(lambda: nodes_met(s.work), "the nodes' rendezvous")
+        pid = wait_for(lambda: service_pid(s.work, 1), "node 1's service")
+        os.kill(pid, signal.SIGKILL)
+        killed.append(pid)
+
+    with netns.emulated_nodes(2, net=33) as net:
+        got, got_pfs = run(pfs, s, net, during=fault)
+    assert killed
+    assert samples(got) == multinode.expected_samples(pfs.source, 4, EPOCHS, s.seed)
+    assert len({r["weights"] for r in got.ranks}) == 1
+    node0 = max((st["peer"] for st in got.stats[:2]), key=lambda p: sum(p["fallbacks"].values()))
+    assert node0["bytes"] == 0 and sum(node0["fallbacks"].values()) > 0, node0
+    assert set(node0["fallbacks"]) <= {"error", "absent", "deadline"}, node0
+    assert node0["server"]["refused"] == 0
+
+
+def test_a_stopped_node_costs_the_others_a_deadline_per_file_then_the_pfs(tmp_path: Path, pfs: SlowFs):
+    """Node 1's tier-run (its peer server) is SIGSTOPped once the nodes have
+    met (its COMMAND runs on), and continued when node 0's tier-run has
+    finished: node 0 gives up each fetch from it at the deadline and reads the
+    PFS; the job finishes with the same bytes."""
+    s = spec(tmp_path, pfs.path, "peers", "stop")
+    stopped: list[int] = []
+
+    def fault(procs) -> None:
+        wait_for(lambda: nodes_met(s.work), "the nodes' rendezvous")
+        os.kill(procs[1].pid, signal.SIGSTOP)
+        stopped.append(procs[1].pid)
+        try:
+            wait_for(lambda: (s.work / "stats-0.json").exists(), "node 0's tier-run to finish", timeout=300)
+        finally:
+            os.kill(procs[1].pid, signal.SIGCONT)
+
+    with netns.emulated_nodes(2, net=34) as net:
+        got, got_pfs = run(pfs, s, net, during=fault)
+    assert stopped
+    assert samples(got) == multinode.expected_samples(pfs.source, 2, EPOCHS, s.seed)
+    assert len({r["weights"] for r in got.ranks}) == 1
+    node0 = got.stats[0]["peer"]
+    assert node0["bytes"] == 0 and node0["fallbacks"].get("deadline", 0) > 0, node0
+    assert node0["client"].get("deadline", 0) == node0["fallbacks"]["deadline"]

@@ -5,6 +5,9 @@ model's gradients are averaged across ranks at every step.
     torchrun --nnodes N --node-rank R --nproc-per-node K ... train_ddp.py \
         --data DIR --out-dir DIR [--epochs E] [--batch-size B] [--seed S] [--step-ms MS]
 
+At the start of each epoch a rank makes the empty file OUT_DIR/epoch<e>-rank<r>
+(e from 0): a test can act at that point.
+
 Each rank writes OUT_DIR/rank-<r>.json: {"rank", "world", "epochs": [{"samples",
 "digest" (sha256 of every sample's index and bytes, in the order read),
 "start", "end" (time.time())}], "weights" (sha256 of the final state dict)}.
@@ -64,6 +67,7 @@ def main() -> None:
     for epoch in range(a.epochs):
         sampler.set_epoch(epoch)
         h, n, start = hashlib.sha256(), 0, time.time()
+        open(os.path.join(a.out_dir, f"epoch{epoch}-rank{rank}"), "w").close()
         for batch in loader:
             for i, data in batch:
                 h.update(f"{i}\0{len(data)}\0".encode() + data)
