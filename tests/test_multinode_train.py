@@ -90,7 +90,7 @@ def test_torchrun_across_two_nodes_reads_the_same_bytes_and_fetches_from_peers(t
     assert got_pfs["bytes"] < 2 * D
     for s in got.stats:
         later = sum(e["pfs_bytes"] for e in s["epochs"][1:])
-        assert later <= (EPOCHS - 1) * (D // 2) // 4, s["epochs"]
+        assert later <= (EPOCHS - 1) * (D // 2) // 2, s["epochs"]   # at most half its share per epoch
     wait_for(lambda: all(multinode.tier_files(tmp_path / "peers", n) == 0 for n in range(2)), "tiers removed")
 
 
