@@ -61,21 +61,23 @@ def samples(result: multinode.JobResult) -> list[list[tuple[int, str]]]:
     return [[(e["samples"], e["digest"]) for e in r["epochs"]] for r in result.ranks]
 
 
-def test_torchrun_across_two_nodes_reads_the_same_bytes_and_fetches_from_peers(tmp_path: Path, pfs: SlowFs):
-    with netns.emulated_nodes(2, net=31) as net:
-        ref, ref_pfs = run(pfs, spec(tmp_path, pfs.path, "pfs", "ref"), net)
-        got, got_pfs = run(pfs, spec(tmp_path, pfs.path, "peers", "peers"), net)
+@pytest.mark.parametrize("nodes", [2, 3])
+def test_torchrun_across_nodes_reads_the_same_bytes_and_fetches_from_peers(tmp_path: Path, pfs: SlowFs, nodes: int):
+    with netns.emulated_nodes(nodes, net=35 + nodes) as net:
+        ref, ref_pfs = run(pfs, spec(tmp_path, pfs.path, "pfs", "ref", nodes), net)
+        got, got_pfs = run(pfs, spec(tmp_path, pfs.path, "peers", "peers", nodes), net)
     # the training itself: same samples, same bytes, same weights, on every rank
-    assert samples(got) == samples(ref) == multinode.expected_samples(pfs.source, 2, EPOCHS, 11)
-    assert all(len(r) == EPOCHS and all(n == FILES // 2 for n, _ in r) for r in samples(ref))
+    share = -(-FILES // nodes)      # DistributedSampler pads the last share
+    assert samples(got) == samples(ref) == multinode.expected_samples(pfs.source, nodes, EPOCHS, 11)
+    assert all(len(r) == EPOCHS and all(n == share for n, _ in r) for r in samples(ref))
     assert len({r["weights"] for r in ref.ranks + got.ranks}) == 1
-    assert ref_pfs == {"opens": EPOCHS * FILES, "bytes": EPOCHS * D}       # every rank its share, every epoch
+    assert ref_pfs == {"opens": EPOCHS * nodes * share, "bytes": EPOCHS * nodes * share * SIZE}
     peers = [s["peer"] for s in got.stats]
-    assert [(p["met"], p["linked"], p["planned"], p["node_rank"]) for p in peers] == [(True, True, True, 0),
-                                                                                      (True, True, True, 1)]
-    # the peer path was used: copies moved between the nodes, what one served the other fetched
+    assert [(p["met"], p["linked"], p["planned"], p["node_rank"]) for p in peers] == [
+        (True, True, True, n) for n in range(nodes)]
+    # the peer path was used: copies moved between the nodes, what the nodes served the others fetched
     assert sum(p["bytes"] for p in peers) > 0
-    assert [p["bytes"] for p in peers] == [peers[1]["server"]["bytes"], peers[0]["server"]["bytes"]]
+    assert sum(p["bytes"] for p in peers) == sum(p["server"]["bytes"] for p in peers)
     assert all(p["fetches"] * SIZE == p["bytes"] and p["server"]["refused"] == 0 for p in peers)
     # tier-run's PFS traffic is what the PFS counted (whole files are read), and every copy came
     # from the PFS or a peer
@@ -90,8 +92,8 @@ def test_torchrun_across_two_nodes_reads_the_same_bytes_and_fetches_from_peers(t
     assert got_pfs["bytes"] < 2 * D
     for s in got.stats:
         later = sum(e["pfs_bytes"] for e in s["epochs"][1:])
-        assert later <= (EPOCHS - 1) * (D // 2) // 2, s["epochs"]   # at most half its share per epoch
-    wait_for(lambda: all(multinode.tier_files(tmp_path / "peers", n) == 0 for n in range(2)), "tiers removed")
+        assert later <= (EPOCHS - 1) * share * SIZE // 2, s["epochs"]   # at most half its share per epoch
+    wait_for(lambda: all(multinode.tier_files(tmp_path / "peers", n) == 0 for n in range(nodes)), "tiers removed")
 
 
 def test_one_tier_run_per_rank_two_ranks_on_each_of_two_nodes(tmp_path: Path, pfs: SlowFs):
