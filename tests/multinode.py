@@ -60,7 +60,7 @@ class JobSpec:
 
 @dataclass
 class JobResult:
-    codes: list[int]                 # exit status of each node's process
+    codes: list[int]                 # exit status of each node's process (form 2: of each rank's)
     ranks: list[dict[str, Any]]      # each rank's train_ddp.py record
     stats: list[dict[str, Any]]      # each node's --stats-json (tier-run modes)
     errors: list[str]                # each node's stderr
@@ -83,7 +83,8 @@ def tier_run_argv(spec: JobSpec, node: int, rank: int) -> list[str]:
     prof.write_text(profile_text(spec, node))
     argv = [PYTHON, "-m", "tiering", "run", "--profile", str(prof), "--data", str(spec.data),
             "--policy", "clairvoyant", "--sampler", "distributed", "--seed", str(spec.seed),
-            "--epochs", str(spec.epochs), "--layout", "sorted", "--stats-json", str(spec.work / f"stats-{rank}.json"), *spec.tier_run_args]
+            "--epochs", str(spec.epochs), "--layout", "sorted", "--stats-json", str(spec.work / f"stats-{rank}.json"),
+            *spec.tier_run_args]
     if spec.form == 1:   # outside torchrun: the ranks and the node are given
         argv += ["--world-size", str(spec.nodes * spec.ranks_per_node), "--rank", str(rank),
                  "--local-world-size", str(spec.ranks_per_node)]
@@ -111,6 +112,8 @@ def _base_env(net: netns.Network, node: int) -> dict[str, str]:
 def launches(spec: JobSpec, net: netns.Network) -> list[tuple[str, list[str], dict[str, str]]]:
     """(name, argv, environment) of every process to start: one per node
     (form 1, torchrun) or one per rank (form 2, torchrun's variables)."""
+    if spec.form == 2 and spec.mode == "local":
+        raise ValueError("form 2 takes the nodes from torchrun's variables: there is no tier-run per node alone")
     master, k = net.node(0).address, spec.ranks_per_node
     out = []
     for node in range(spec.nodes):
@@ -134,7 +137,8 @@ def launches(spec: JobSpec, net: netns.Network) -> list[tuple[str, list[str], di
         # the node's ranks in one mount namespace with a /dev/shm of the node's own (the node
         # service's directory is there): one process starts them and records their exit codes
         plan, shm = spec.work / f"node{node}.json", spec.work / f"shm{node}"
-        shm.mkdir(mode=0o1777, exist_ok=True)
+        shm.mkdir(exist_ok=True)
+        shm.chmod(0o1777)
         plan.write_text(json.dumps(ranks))
         out.append((f"node{node}", net.node(node).argv(
             ["sh", "-c", 'mount --bind "$0" /dev/shm && exec "$@"', str(shm), PYTHON, __file__, "spawn",
