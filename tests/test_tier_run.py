@@ -195,8 +195,11 @@ for _ in range(500):                       # wait for the staged copy
     time.sleep(0.02)
 print(json.dumps({{"modes": modes, "served_from_tier": where.startswith(tier)}}))
 """
-    r = tier_run(["--profile", str(profile(tmp_path)), "--data", str(data), "--policy", "stage",
-                  "--", PYTHON, "-c", script], preexec_fn=lambda: os.umask(umask))
+    # the umask set by a shell, not a preexec_fn: that forks pytest itself, and after the peer tests
+    # grpc's fork handlers restart its poller in the child, which aborts when the child closes its fds
+    r = subprocess.run(["sh", "-c", f'umask {umask:03o} && exec "$@"', "sh", PYTHON, "-m", "tiering", "run",
+                        "--profile", str(profile(tmp_path)), "--data", str(data), "--policy", "stage",
+                        "--", PYTHON, "-c", script], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out == {"modes": ["0o700", "0o700"], "served_from_tier": True}
