@@ -7,7 +7,7 @@ DEMO_DIR ?= $(or $(TMPDIR),/tmp)/tiering-demo
 # the tests go, also through a pipe (CI), never minutes of nothing
 PYTEST = $(PY) -u -m pytest -v
 
-.PHONY: all build install test reliability demo clean bench bench-quick bench-micro bench-deps
+.PHONY: all build install test reliability demo clean bench bench-quick bench-micro bench-deps bench-multinode
 
 all: build
 
@@ -75,6 +75,14 @@ bench-scale-quick: build
 # entries) and read throughput; writes bench/results/micro.{json,md}.
 bench-micro: build
 	$(PY) -m bench.micro $(MICRO_ARGS)
+
+# Multi-node benchmark: a torchrun gloo training across 1, 2 and 3 emulated
+# nodes (network namespaces, as root) reading one slowfs PFS, a data set twice
+# one node's tiers; the PFS directly, a clairvoyant tier-run per node without
+# peers, and with the peer tier; writes bench/results/multinode.{json,md,png}.
+# About 3 minutes on 2 cores.
+bench-multinode: install bench-deps
+	$(PY) -m bench.multinode $(MULTINODE_ARGS)
 
 # FUSE 3 for the emulated PFS (bench/slowfs): as root, installs fuse3 and
 # libfuse3-dev with apt-get when missing; otherwise says what to install.

@@ -195,8 +195,11 @@ for _ in range(500):                       # wait for the staged copy
     time.sleep(0.02)
 print(json.dumps({{"modes": modes, "served_from_tier": where.startswith(tier)}}))
 """
-    r = tier_run(["--profile", str(profile(tmp_path)), "--data", str(data), "--policy", "stage",
-                  "--", PYTHON, "-c", script], preexec_fn=lambda: os.umask(umask))
+    # the umask set by a shell, not a preexec_fn: that forks pytest itself, and after the peer tests
+    # grpc's fork handlers restart its poller in the child, which aborts when the child closes its fds
+    r = subprocess.run(["sh", "-c", f'umask {umask:03o} && exec "$@"', "sh", PYTHON, "-m", "tiering", "run",
+                        "--profile", str(profile(tmp_path)), "--data", str(data), "--policy", "stage",
+                        "--", PYTHON, "-c", script], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out == {"modes": ["0o700", "0o700"], "served_from_tier": True}
@@ -236,6 +239,46 @@ def test_signals_reach_the_command_and_everything_is_cleaned_up(tmp_path, sig, r
     assert p.returncode == 42, err
     wait_job_dirs_removed(p.pid)
     reliability.survived(f"{signal.Signals(sig).name} sent to tier-run (forwarded, all cleaned up)")
+
+
+def test_a_stopped_and_continued_tier_run_goes_on(tmp_path, reliability):
+    """SIGSTOP of tier-run for longer than its wait for COMMAND (1 s), then
+    SIGCONT: the interrupted wait is no signal to forward (it once forwarded
+    CPython's garbage siginfo, died of EINVAL and took COMMAND with it)."""
+    import psutil
+    data, flags = tmp_path / "pfs", tmp_path / "flags"
+    dataset(data, n=4)
+    flags.mkdir()
+    script = ("import os, sys, time\n"
+              "f = sys.argv[1]\n"
+              "def wait(name):\n"
+              "    t = time.monotonic() + 300\n"
+              "    while not os.path.exists(os.path.join(f, name)) and time.monotonic() < t: time.sleep(0.02)\n"
+              "open(os.path.join(f, 'ready'), 'w').close()\n"
+              "wait('stopped')\n"
+              "time.sleep(2.5)\n"      # tier-run stays stopped past its 1 s wait
+              "open(os.path.join(f, 'slept'), 'w').close()\n"
+              "wait('continued')\n"
+              "sys.exit(5)\n")
+    p = subprocess.Popen([PYTHON, "-m", "tiering", "run", "--profile", str(profile(tmp_path)), "--data", str(data),
+                          "--", PYTHON, "-c", script, str(flags)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_for(lambda: (flags / "ready").exists(), "COMMAND to start")
+        p.send_signal(signal.SIGSTOP)
+        wait_for(lambda: psutil.Process(p.pid).status() == psutil.STATUS_STOPPED, "tier-run to stop")
+        (flags / "stopped").touch()
+        wait_for(lambda: (flags / "slept").exists(), "COMMAND's 2.5 s while tier-run is stopped")
+        p.send_signal(signal.SIGCONT)
+        (flags / "continued").touch()
+        _, err = p.communicate(timeout=300)
+    finally:
+        p.send_signal(signal.SIGCONT)
+        p.kill()
+        p.wait()
+    assert p.returncode == 5, err
+    assert b"Traceback" not in err, err
+    wait_job_dirs_removed(p.pid)
+    reliability.survived("tier-run stopped (SIGSTOP) past its wait and continued (COMMAND went on)")
 
 
 def test_leftovers_of_dead_jobs_are_swept(tmp_path, reliability):

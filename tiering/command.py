@@ -80,6 +80,16 @@ def ignored_at_start() -> set[int]:
     return {s for s in FORWARDED if signal.getsignal(s) == signal.SIG_IGN}
 
 
+def wait_signal(signals: frozenset[int] | tuple[int, ...], timeout: float) -> signal.struct_siginfo | None:
+    """signal.sigtimedwait, without its garbage: a wait interrupted (EINTR:
+    tier-run stopped with SIGSTOP and continued) after its timeout has passed
+    returns an uninitialised siginfo in CPython (si_signo -1, say), which
+    would be forwarded to COMMAND (os.kill fails with EINVAL: tier-run dies
+    and takes COMMAND with it).  Only a signal of the set counts."""
+    info = signal.sigtimedwait(signals, timeout)
+    return info if info is not None and info.si_signo in signals else None
+
+
 def restore_signals(old_mask: set[int]) -> None:
     """Drops forwarded signals still pending (COMMAND is gone: there is no one
     left to forward them to) and puts the old mask back."""
@@ -130,7 +140,7 @@ class SetupWatch:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            info = signal.sigtimedwait(FORWARDED, 0.05)
+            info = wait_signal(FORWARDED, 0.05)
             if info is not None and info.si_signo not in self.ignored and self.caught is None:
                 self.caught = info.si_signo
                 signal.pthread_kill(self._main, self.WAKE)
@@ -142,7 +152,7 @@ def wait_forwarding(pid: int, ignored: set[int], on_tick: Callable[[], None], ti
     about every `tick` seconds meanwhile."""
     last = time.monotonic()
     while True:
-        info = signal.sigtimedwait(WATCHED, tick)
+        info = wait_signal(WATCHED, tick)
         if info is not None and info.si_signo != signal.SIGCHLD:
             if info.si_pid not in (0, pid) and info.si_signo not in ignored:
                 try:

@@ -486,8 +486,9 @@ def job_stats(job: Job, exit_code: int, final: bool) -> dict[str, Any]:
     if job.watch is not None:
         record.observed = job.watch.finish() if final else job.watch.observed()
     stats = to_json(record)
-    if job.peer is not None:
-        stats["peer"] = job.peer.report()
+    if job.peer is not None:   # the peer tier's report and the daemon's fetches: at its stop, else now
+        mine = stats.get("peer") or (job.daemon.peer_report() if job.daemon is not None else None)
+        stats["peer"] = {**(mine or {}), **job.peer.report()}
     return stats
 
 

@@ -1,0 +1,30 @@
+"""The multi-node benchmark's report: the table and the plot are made again
+from the committed results, and the README shows that same table."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+from helpers import PYTHON, REPO
+
+RESULTS = REPO / "bench" / "results"
+
+
+def test_the_report_is_made_from_the_results_and_is_the_readme_table(tmp_path: Path):
+    shutil.copy(RESULTS / "multinode.json", tmp_path / "multinode.json")
+    r = subprocess.run([PYTHON, "-m", "bench.multinode", "--report-only", "--out", str(tmp_path)], cwd=REPO,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    table = (tmp_path / "multinode.md").read_text()
+    assert table == (RESULTS / "multinode.md").read_text()
+    assert table in (REPO / "README.md").read_text()
+    assert (tmp_path / "multinode.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    res = json.loads((tmp_path / "multinode.json").read_text())
+    rows = {(x["nodes"], x["config"]) for x in res["runs"]}
+    assert rows == {(1, "pfs"), (1, "local"), (2, "pfs"), (2, "local"), (2, "peers"), (3, "pfs"), (3, "local"),
+                    (3, "peers")}
+    # same samples in every configuration of a node count
+    for n in (1, 2, 3):
+        assert len({x["checksum"] for x in res["runs"] if x["nodes"] == n}) == 1
