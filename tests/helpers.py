@@ -319,3 +319,15 @@ def shm_copies(pid: int) -> int:
         if d.startswith(f"tiering-{USER}-{pid}-") and os.path.isdir(f"/dev/shm/{d}/data"):
             n += sum(len(files) for _, _, files in os.walk(f"/dev/shm/{d}/data"))
     return n
+
+
+def patched_tier_run(patch: str) -> str:
+    """The text of a `python -c` program that runs tier-run (its arguments:
+    the program's) after the Python lines of patch (a fault made to order),
+    with the signals blocked as the tier-run script blocks them."""
+    return ("from tiering.command import block_signals; block_signals()  # as the tier-run script does\n"
+            "import sys\n"
+            + patch +
+            "from tiering.entry import tier_run\n"
+            "sys.argv = ['tier-run'] + sys.argv[1:]\n"
+            "tier_run()\n")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import PYTHON, USER, profile, read_line, tier_run, wait_for
+from helpers import PYTHON, USER, patched_tier_run, profile, read_line, tier_run, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("no_leftovers")]
 
@@ -164,18 +164,13 @@ def test_ctrl_c_during_the_warm_up_stops_before_command_and_cleans_up(tmp_path):
     and tier-run, before COMMAND ran."""
     data = tmp_path / "pfs"
     make_images(data)
-    driver = ("from tiering.command import block_signals; block_signals()  # as the tier-run script does\n"
-              "import sys\n"
-              "from tiering.placement.daemon import Daemon\n"
-              "def slow_copy(self, src, f, t):\n"
-              "    sys.stdout.write('copying\\n')   # one write: the copy threads' lines do not mix\n"
-              "    sys.stdout.flush()\n"
-              "    self._stop.wait(600)\n"
-              "    return None\n"
-              "Daemon._copy = slow_copy\n"
-              "from tiering.entry import tier_run\n"
-              "sys.argv = ['tier-run'] + sys.argv[1:]\n"
-              "tier_run()\n")
+    driver = patched_tier_run("from tiering.placement.daemon import Daemon\n"
+                              "def slow_copy(self, src, f, t):\n"
+                              "    sys.stdout.write('copying\\n')   # one write: the copy threads' lines do not mix\n"
+                              "    sys.stdout.flush()\n"
+                              "    self._stop.wait(600)\n"
+                              "    return None\n"
+                              "Daemon._copy = slow_copy\n")
     marker = tmp_path / "ran"
     p = subprocess.Popen([PYTHON, "-c", driver, "--profile", str(profile(tmp_path)), "--data", str(data),
                           "--warm", "50", "--", "touch", str(marker)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)

@@ -20,6 +20,7 @@ from helpers import (
     job_dirs,
     leftovers,
     make_data,
+    patched_tier_run,
     profile,
     read_line,
     run_reader,
@@ -464,15 +465,11 @@ def test_a_hung_pfs_read_does_not_hold_tier_run_after_the_command(tmp_path, reli
     dataset(data, n=6)
     stats = tmp_path / "stats.json"
     hung = tmp_path / "hung"
-    driver = (
-        "from tiering.command import block_signals; block_signals()  # as the tier-run script does\n"
-        "import sys, threading\n"
-        "import tiering.placement.daemon as d, tiering.placement.tiers as t\n"
-        "d.STOP_TIMEOUT = 0.5\n"
-        f"t._transfer = lambda *a: open({str(hung)!r}, 'w').close() or threading.Event().wait() or 0\n"
-        "from tiering.entry import tier_run\n"
-        "sys.argv = ['tier-run'] + sys.argv[1:]\n"
-        "tier_run()\n")
+    driver = patched_tier_run("import threading\n"
+                              "import tiering.placement.daemon as d, tiering.placement.tiers as t\n"
+                              "d.STOP_TIMEOUT = 0.5\n"
+                              f"t._transfer = lambda *a: open({str(hung)!r}, 'w').close() "
+                              "or threading.Event().wait() or 0\n")
     # COMMAND exits once a copy hangs
     command = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import os; "
                f"from helpers import wait_for; wait_for(lambda: os.path.exists({str(hung)!r}), 'a hung copy'); "
@@ -545,13 +542,8 @@ def test_a_hook_missing_from_the_installation_is_reported_once(tmp_path, reliabi
     script.write_text(READ_ALL)
     empty = tmp_path / "no-hook"
     empty.mkdir()
-    driver = ("from tiering.command import block_signals; block_signals()  # as the tier-run script does\n"
-              "import sys\n"
-              "import tiering.job as job\n"
-              f"job.HOOK_DIR = __import__('pathlib').Path({str(empty)!r})\n"
-              "from tiering.entry import tier_run\n"
-              "sys.argv = ['tier-run'] + sys.argv[1:]\n"
-              "tier_run()\n")
+    driver = patched_tier_run("import tiering.job as job\n"
+                              f"job.HOOK_DIR = __import__('pathlib').Path({str(empty)!r})\n")
     stats = tmp_path / "s.json"
     r = subprocess.run([PYTHON, "-c", driver, "--profile", str(profile(tmp_path)), "--data", str(data),
                         "--stats-json", str(stats), "--", PYTHON, str(script), str(data)],
@@ -686,17 +678,13 @@ def test_a_signal_during_set_up_stops_tier_run_before_command(tmp_path, sig, rel
     """The scan is made to hang: the signal must still end tier-run, cleanly."""
     data = tmp_path / "pfs"
     dataset(data, n=2)
-    driver = ("from tiering.command import block_signals; block_signals()  # as the tier-run script does\n"
-              "import sys, threading\n"
-              "import tiering.job as job\n"
-              "real = job.catalog_mod.scan\n"
-              "def slow_scan(*a, **kw):\n"
-              "    print('scanning', flush=True)\n"
-              "    threading.Event().wait(600)\n"
-              "job.catalog_mod.scan = slow_scan\n"
-              "from tiering.entry import tier_run\n"
-              "sys.argv = ['tier-run'] + sys.argv[1:]\n"
-              "tier_run()\n")
+    driver = patched_tier_run("import threading\n"
+                              "import tiering.job as job\n"
+                              "real = job.catalog_mod.scan\n"
+                              "def slow_scan(*a, **kw):\n"
+                              "    print('scanning', flush=True)\n"
+                              "    threading.Event().wait(600)\n"
+                              "job.catalog_mod.scan = slow_scan\n")
     marker = tmp_path / "ran"
     p = subprocess.Popen([PYTHON, "-c", driver, "--profile", str(profile(tmp_path)), "--data", str(data),
                           "--", "touch", str(marker)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
