@@ -125,7 +125,6 @@ class Daemon:
         # condition on the lock its idle workers wait on
         self._queued: list[deque[tuple[int, int]]] = [deque() for _ in tiers]
         self._work = [threading.Condition(self._lock) for _ in tiers]
-        self._idle = [0] * len(tiers)
         self._running = 0                   # copies taken from a queue and not finished
         self._quiet = threading.Condition(self._lock)   # notified when _running drops to 0
         self._workers: list[threading.Thread] = []
@@ -179,8 +178,7 @@ class Daemon:
             t.used += need
             self._pending[i] = tier
             self._queued[tier].append((i, need))
-            if self._idle[tier]:
-                self._work[tier].notify()
+            self._work[tier].notify()
         return True
 
     def evict(self, i: int) -> bool:
@@ -377,23 +375,21 @@ class Daemon:
     def _worker(self, tier: int) -> None:
         """Copies what is placed on the tier, in order, until stop."""
         q, work = self._queued[tier], self._work[tier]
-        copied = False
         while True:
             with self._lock:
-                if copied:      # the previous copy has ended
-                    self._running -= 1
-                    if not self._running:
-                        self._quiet.notify_all()
                 while not q and not self._stop.is_set() and not self._closing:
-                    self._idle[tier] += 1
                     work.wait()
-                    self._idle[tier] -= 1
                 if self._stop.is_set() or self._closing:
                     return
                 i, reserved = q.popleft()
                 self._running += 1
-            copied = True
-            self._copy_job(i, tier, reserved)
+            try:
+                self._copy_job(i, tier, reserved)
+            finally:
+                with self._lock:
+                    self._running -= 1
+                    if not self._running:
+                        self._quiet.notify_all()
 
     def _count_read(self, n: int) -> None:
         with self._lock:
