@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -337,14 +337,14 @@ def copy_file(src: str, f: CatalogFile, tier: TierState, stop: threading.Event,
         for _ in range(3):
             staging_fd = tier.dirs.staging_fd
             status = _transfer(os.fsencode(src), staging_fd, name.encode(), dst_fd, leaf.encode(), call)
-            if status != STATUS.no_staging:
+            if status != lib.TIERING_COPY_NO_STAGING:
                 break
             tier.dirs.remake_staging(staging_fd)
     finally:
         data.release(key)
     if progress.error is not None:
         raise progress.error
-    if status == STATUS.stopped:
+    if status == lib.TIERING_COPY_STOPPED:
         return None
     _raise_for(status, int(c.error), src)
     return int(c.blocks) * 512
@@ -373,38 +373,21 @@ def _transfer(src: bytes, staging_fd: int, name: bytes, dst_fd: int, leaf: bytes
     return int(lib.tiering_copy_file(src, staging_fd, name, dst_fd, leaf, call.c, _progress, call.handle))
 
 
-class _Statuses:
-    """The TIERING_COPY_* results of the header, read once from the library."""
-
-    @cached_property
-    def ok(self) -> int:
-        return int(lib.TIERING_COPY_OK)
-
-    @cached_property
-    def stopped(self) -> int:
-        return int(lib.TIERING_COPY_STOPPED)
-
-    @cached_property
-    def no_staging(self) -> int:
-        return int(lib.TIERING_COPY_NO_STAGING)
-
-    @cached_property
-    def changed(self) -> dict[int, str]:
-        """Those that mean the source is not the catalog's file."""
-        return {lib.TIERING_COPY_NOT_REGULAR: "is no longer the regular file the scan saw",
-                lib.TIERING_COPY_CHANGED: "changed since the scan",
-                lib.TIERING_COPY_GREW: "grew while it was copied",
-                lib.TIERING_COPY_SHRANK: "shrank while it was copied"}
-
-
-STATUS = _Statuses()
+@cache
+def _changed() -> dict[int, str]:
+    """The TIERING_COPY_* statuses that mean the source is not the catalog's
+    file (the library is loaded on first use)."""
+    return {lib.TIERING_COPY_NOT_REGULAR: "is no longer the regular file the scan saw",
+            lib.TIERING_COPY_CHANGED: "changed since the scan",
+            lib.TIERING_COPY_GREW: "grew while it was copied",
+            lib.TIERING_COPY_SHRANK: "shrank while it was copied"}
 
 
 def _raise_for(status: int, err: int, src: str) -> None:
     """The exception of a TIERING_COPY_* status other than OK and STOPPED."""
-    if status == STATUS.ok:
+    if status == lib.TIERING_COPY_OK:
         return
-    reason = STATUS.changed.get(status)
+    reason = _changed().get(status)
     if reason is not None:
         raise SourceChanged(f"{src} {reason}")
     raise OSError(err or errno.EIO, os.strerror(err or errno.EIO), src)
