@@ -495,6 +495,39 @@ class WarmDaemon:
         return True
 
 
+class FailingWarmDaemon(WarmDaemon):
+    """The third place() fails (a defect); stop() would end placement for the job."""
+
+    def place(self, i: int, tier: int) -> bool:
+        if len(self.placed) == 2:
+            raise RuntimeError("a defect")
+        return super().place(i, tier)
+
+    def stop(self, timeout: float | None = None) -> bool:
+        self.pools = "stopped"
+        return True
+
+
+def test_a_warm_up_that_fails_ends_its_copy_workers_and_leaves_placement_to_the_job() -> None:
+    """A failure of the warm-up only means colder tiers: the copy workers end
+    (COMMAND is forked from a process without threads) and the daemon is not
+    stopped, so placement goes on once COMMAND runs; a signal stops it."""
+    from tiering.clairvoyant.warm import warm_up
+    from tiering.command import Interrupted
+    d = FailingWarmDaemon([allocation(1)] * 8, 20 * allocation(1))
+    with pytest.raises(RuntimeError):
+        warm_up(d, None, 100, lambda p: None)
+    assert d.placed == [0, 1] and d.pools == "closed"
+
+    class Signalled(FailingWarmDaemon):
+        def place(self, i: int, tier: int) -> bool:
+            raise Interrupted(2)
+    d = Signalled([allocation(1)] * 8, 20 * allocation(1))
+    with pytest.raises(Interrupted):
+        warm_up(d, None, 100, lambda p: None)
+    assert d.pools == "stopped"
+
+
 def test_warm_copies_the_first_percent_of_what_fits_in_the_known_order_each_file_once() -> None:
     import numpy as np
 

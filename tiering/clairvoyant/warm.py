@@ -90,7 +90,10 @@ def warm_up(daemon: Daemon, order: np.ndarray | None, percent: int,
             if clock() - last >= TICK:
                 last = clock()
                 progress(report())
-    except BaseException:
+    except Exception:
+        daemon.close_pools()   # COMMAND starts with colder tiers; placement goes on once it runs
+        raise
+    except BaseException:      # a signal: tier-run ends before COMMAND
         daemon.stop(timeout=1.0)   # running copies end at their next chunk
         raise
     daemon.close_pools()
