@@ -251,6 +251,12 @@ def test_inconsistent_node_options_exit_2_before_command(tmp_path: Path, job):
                         "touch", str(marker)], capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 2 and "give --nodes and --node-rank explicitly" in r.stderr, r.stderr
     assert not marker.exists()
+    # --warm where the tier-runs of a node share one service (form 2): refused, not ignored
+    r = subprocess.run([PYTHON, "-m", "tiering", "run", "--profile", str(prof), "--data", str(data), "--warm",
+                        "--", "touch", str(marker)], capture_output=True, text=True, timeout=120,
+                       env=slurm_env(f"w{os.getpid()}", 0))
+    assert r.returncode == 2 and "--warm" in r.stderr and "one tier-run per node" in r.stderr, r.stderr
+    assert not marker.exists()
 
 
 def test_profile_network_key(tmp_path: Path):
