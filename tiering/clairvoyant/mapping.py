@@ -8,6 +8,8 @@ from functools import cached_property
 
 import numpy as np
 
+from ..catalog.model import spans
+
 TAG_BITS = 24                  # the hook's tag: (space << TAG_BITS) | (index + 1)
 INDEX_MASK = (1 << TAG_BITS) - 1
 MAX_FILES = 8                  # files kept per index (image + mask + json ...), in open order
@@ -48,10 +50,7 @@ class IndexMap:
         total = int(counts.sum())
         if total == len(idx):          # one file each: the common case
             return self.files[starts]
-        # position p of the output reads files[starts[k] + (p - first output of k)]
-        first_out = np.cumsum(counts) - counts
-        at = np.repeat(starts - first_out, counts) + np.arange(total, dtype=np.int64)
-        return self.files[at]
+        return self.files[spans(starts, counts)]
 
 
 def check_attribute(ids: np.ndarray) -> str | None:

@@ -13,10 +13,10 @@ import numpy as np
 
 from ..placement.api import allocation
 from ..placement.daemon import Daemon
+from .policy import Clairvoyant
 
 IN_FLIGHT = 256       # copies queued at a time
 TICK = 0.1            # seconds between looks at the copies (and progress updates)
-MARGIN = 0.98         # of the tiers' capacity, as the clairvoyant planner keeps
 
 
 @dataclass
@@ -62,7 +62,7 @@ def warm_up(daemon: Daemon, order: np.ndarray | None, percent: int,
     how = "known order" if order is not None else "catalog order"
     if order is None:
         order = np.arange(len(sizes), dtype=np.int64)
-    budget = int(sum(daemon.capacities) * MARGIN * percent / 100)
+    budget = int(sum(daemon.capacities) * Clairvoyant.margin * percent / 100)
     files = warm_files(order, sizes, budget)
     total = int(sizes[files].sum())
     t0 = clock()
