@@ -14,7 +14,7 @@ from helpers import private_dir, wait_for
 from tiering.catalog import scan
 from tiering.placement.daemon import Daemon
 from tiering.placement.index import lib
-from tiering.placement.tiers import SourceChanged, TierState, copy_file
+from tiering.placement.tiers import PfsReads, SourceChanged, TierState, copy_file
 
 MIB = 1 << 20
 
@@ -34,12 +34,20 @@ def _source(tmp: Path, sizes: dict[str, int]) -> tuple[Path, dict[str, bytes]]:
     return data, contents
 
 
+@pytest.fixture
+def reads():  # type: ignore[no-untyped-def]
+    """copy_file's PFS slots and chunk pool, as a daemon of 3 PFS threads has."""
+    r = PfsReads(3)
+    yield r
+    r.close()
+
+
 def _file(data: Path, rel: str):  # type: ignore[no-untyped-def]
     return next(f for f in scan([str(data)]).files if f.rel == rel)
 
 
 @pytest.mark.parametrize("size", [0, 1, 4096, 5 * MIB + 12345, 3 * MIB])
-def test_copies_are_byte_equal_in_one_call_or_in_chunks(tmp_path, size):
+def test_copies_are_byte_equal_in_one_call_or_in_chunks(tmp_path, reads, size):
     data, contents = _source(tmp_path, {"d/f.bin": size})
     tier = _tier(tmp_path)
     f = _file(data, "d/f.bin")
@@ -49,7 +57,7 @@ def test_copies_are_byte_equal_in_one_call_or_in_chunks(tmp_path, size):
     def on_read(n: int) -> None:
         with lock:
             read.append(n)
-    used = copy_file(str(data / "d/f.bin"), f, tier, threading.Event(), on_read)
+    used = copy_file(str(data / "d/f.bin"), f, tier, threading.Event(), on_read, reads)
     copy = tier.copy_path(f)
     assert copy.read_bytes() == contents["d/f.bin"]
     assert used == copy.stat().st_blocks * 512
@@ -60,7 +68,7 @@ def test_copies_are_byte_equal_in_one_call_or_in_chunks(tmp_path, size):
     assert list(tier.staging.iterdir()) == []
 
 
-def test_a_chunked_copy_is_invisible_until_complete(tmp_path):
+def test_a_chunked_copy_is_invisible_until_complete(tmp_path, reads):
     data, contents = _source(tmp_path, {"big.bin": 6 * MIB})
     tier = _tier(tmp_path)
     f = _file(data, "big.bin")
@@ -71,7 +79,7 @@ def test_a_chunked_copy_is_invisible_until_complete(tmp_path):
         release.wait(60)
     result: list[object] = []
     t = threading.Thread(target=lambda: result.append(copy_file(str(data / "big.bin"), f, tier,
-                                                                threading.Event(), on_read)))
+                                                                threading.Event(), on_read, reads)))
     t.start()
     try:
         assert entered.wait(60)
@@ -85,17 +93,17 @@ def test_a_chunked_copy_is_invisible_until_complete(tmp_path):
 
 
 @pytest.mark.parametrize("size", [5 * MIB, 1000])
-def test_a_stop_halfway_leaves_nothing(tmp_path, size):
+def test_a_stop_halfway_leaves_nothing(tmp_path, reads, size):
     data, _ = _source(tmp_path, {"big.bin": size})
     tier = _tier(tmp_path)
     f = _file(data, "big.bin")
     stop = threading.Event()
-    assert copy_file(str(data / "big.bin"), f, tier, stop, lambda n: stop.set()) is None
+    assert copy_file(str(data / "big.bin"), f, tier, stop, lambda n: stop.set(), reads) is None
     assert not tier.copy_path(f).exists()
     assert list(tier.staging.iterdir()) == []
 
 
-def test_a_large_source_growing_while_copied_is_refused(tmp_path):
+def test_a_large_source_growing_while_copied_is_refused(tmp_path, reads):
     data, _ = _source(tmp_path, {"big.bin": 4 * MIB})
     tier = _tier(tmp_path)
     f = _file(data, "big.bin")
@@ -107,14 +115,14 @@ def test_a_large_source_growing_while_copied_is_refused(tmp_path):
             with open(data / "big.bin", "ab") as out:
                 out.write(b"z" * MIB)
     with pytest.raises(SourceChanged, match="grew|changed"):
-        copy_file(str(data / "big.bin"), f, tier, threading.Event(), on_read)
+        copy_file(str(data / "big.bin"), f, tier, threading.Event(), on_read, reads)
     assert grown.is_set()
     assert not tier.copy_path(f).exists()
     assert list(tier.staging.iterdir()) == []
 
 
 @pytest.mark.parametrize("size", [5 * MIB, 1000])
-def test_an_error_of_the_counting_callback_reaches_the_caller(tmp_path, size):
+def test_an_error_of_the_counting_callback_reaches_the_caller(tmp_path, reads, size):
     data, _ = _source(tmp_path, {"big.bin": size})
     tier = _tier(tmp_path)
     f = _file(data, "big.bin")
@@ -122,7 +130,7 @@ def test_an_error_of_the_counting_callback_reaches_the_caller(tmp_path, size):
     def on_read(n: int) -> None:
         raise RuntimeError("counting failed")
     with pytest.raises(RuntimeError, match="counting failed"):
-        copy_file(str(data / "big.bin"), f, tier, threading.Event(), on_read)
+        copy_file(str(data / "big.bin"), f, tier, threading.Event(), on_read, reads)
     assert not tier.copy_path(f).exists()
     assert list(tier.staging.iterdir()) == []
 
@@ -165,6 +173,46 @@ def test_the_daemon_publishes_a_large_copy_only_when_complete_and_stop_removes_i
         HeldDaemon.release.set()
         s.d.stop()
         s.index.close()
+
+
+def test_every_read_of_a_chunked_copy_takes_a_pfs_slot_beside_small_copies(tmp_path, monkeypatch):
+    """The PFS reads of all copy workers share one semaphore, the ranges of a
+    chunked copy too: with 2 PFS threads, a file copied in 4 chunks beside
+    small copies never has more than 2 reads of the PFS at once.  Each read
+    waits (bounded) until the slots are full, so that any overlap shows."""
+    from tiering.placement import tiers
+    slots = 2
+    cond = threading.Condition()
+    now, peak = [0], [0]
+
+    def counted(fn):  # type: ignore[no-untyped-def]
+        def read(*args):  # type: ignore[no-untyped-def]
+            with cond:
+                now[0] += 1
+                peak[0] = max(peak[0], now[0])
+                cond.notify_all()
+                cond.wait_for(lambda: now[0] >= slots, timeout=0.2)
+            try:
+                return fn(*args)
+            finally:
+                with cond:
+                    now[0] -= 1
+        return read
+    monkeypatch.setattr(tiers, "_copy_range", counted(tiers._copy_range))
+    monkeypatch.setattr(tiers, "_transfer", counted(tiers._transfer))
+    files = {"big.bin": 4 * MIB, **{f"s{k}.bin": 1000 + k for k in range(8)}}
+    s = Setup(tmp_path, files, pfs_threads=slots, threads=4)
+    try:
+        s.tier.chunked_bytes, s.tier.chunk_threads = MIB, 4
+        for rel in files:
+            assert s.d.place(s.i[rel], 0)
+        s.wait()
+        for rel in files:
+            assert s.state(rel) == 1
+            assert (s.tier.data / "0" / rel).read_bytes() == s.contents[rel]
+        assert peak[0] == slots
+    finally:
+        s.close()
 
 
 # -- the profile key -----------------------------------------------------------------

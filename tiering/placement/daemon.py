@@ -5,8 +5,8 @@ Threads: one event thread drains the shim's event ring, delivers copy
 completions and calls the policy (every policy hook runs there: NOTE [one
 policy thread]); per tier a set of copy workers that take the copies placed
 on it from a queue, one after the other without waking another thread
-(NOTE [copy in C]); the PFS reads of all workers share one semaphore sized
-for the PFS's concurrency.  The lock
+(NOTE [copy in C]); the PFS reads of all workers, each range of a chunked
+copy too, share one semaphore sized for the PFS's concurrency.  The lock
 guards the placement state (which file is where, copies in flight, tier
 accounting), which the workers change when a copy lands.
 
@@ -34,7 +34,7 @@ from ..catalog import Catalog, CatalogFile
 from ..catalog.model import IntColumn
 from .api import NOT_PLACED, Policy, allocation
 from .index import Event, SharedIndex, events_array, lib
-from .tiers import SourceChanged, TierState, copy_file
+from .tiers import PfsReads, SourceChanged, TierState, copy_file
 
 if TYPE_CHECKING:   # the peer tier (grpc) is imported only when the job has peers
     from ..cluster.links import PeerLinks
@@ -112,7 +112,8 @@ class Daemon:
         self._sizes = self._sizes_array
         self._lock = threading.Lock()
         self.pfs_threads = max(1, pfs_threads)
-        self._pfs = threading.BoundedSemaphore(self.pfs_threads)
+        self._reads = PfsReads(self.pfs_threads)   # NOTE [chunked copy]
+        self._pfs = self._reads.semaphore
         self._stop = threading.Event()
         # catalog index by slot, and where each file is (tier or NOT_PLACED)
         self.file_of_slot = np.full(int(index.header.nslots), -1, np.int32)
@@ -223,6 +224,7 @@ class Daemon:
             self._cancel_queued()
         for w in self._workers:
             w.join()
+        self._reads.close()
         self._workers = []
         self._closing = False
 
@@ -248,6 +250,7 @@ class Daemon:
             self._cancel_queued()   # placed by the event thread before it saw the stop
             self._quiet.wait_for(lambda: not self._running, max(0.0, deadline - time.monotonic()))
             stuck = self._running
+        self._reads.close(wait=not stuck)
         self._guarded(self._handle, self.index.drain_batch(force=True))
         self.stats.peer = self.peer_report()
         if stuck:
@@ -397,7 +400,7 @@ class Daemon:
 
     def _copy(self, src: str, f: CatalogFile, t: TierState) -> int | None:
         """One copy, inside the PFS semaphore (tests wrap it)."""
-        return copy_file(src, f, t, self._stop, self._count_read)
+        return copy_file(src, f, t, self._stop, self._count_read, self._reads)
 
     def _copy_from_pfs(self, src: str, f: CatalogFile, t: TierState) -> int | None:
         """A copy read from the PFS, inside its semaphore."""

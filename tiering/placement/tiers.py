@@ -311,21 +311,50 @@ def _progress(arg: Any, n: int) -> int:
         return 1
 
 
+class PfsReads:
+    """What bounds the daemon's reads of the PFS (NOTE [chunked copy]): one
+    semaphore of `slots` that every read takes (a copy worker holds one for
+    its whole copy; each further range of a chunked copy takes its own), and
+    the one pool the ranges of chunked copies run in, made on first use and
+    shut by close()."""
+
+    def __init__(self, slots: int):
+        self.slots = max(1, slots)
+        self.semaphore = threading.BoundedSemaphore(self.slots)
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+
+    def submit(self, fn: Callable[[], None]) -> None:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=self.slots, thread_name_prefix="tiering-chunk")
+            self._pool.submit(fn)
+
+    def close(self, wait: bool = True) -> None:
+        """Ends the pool's threads (waits for them when `wait`); a later
+        chunked copy makes it again."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=wait, cancel_futures=True)
+
+
 def copy_file(src: str, f: CatalogFile, tier: TierState, stop: threading.Event,
-              on_read: Callable[[int], None]) -> int | None:
+              on_read: Callable[[int], None], reads: PfsReads) -> int | None:
     """Copies one file into the tier under its final name; returns the bytes
     it takes there, or None when `stop` was set halfway.  Reads at most the
     catalogued size + 1 byte (the extra byte detects growth).  Raises
     SourceChanged when the source is not the catalog's regular file (a
     symlink, fifo or directory in its place, another size or mtime, growth
     while it was read), and OSError when the copy fails; nothing is left
-    behind in either case.  A file of tier.chunked_bytes or more is copied
-    in parallel chunks (NOTE [chunked copy])."""
+    behind in either case.  The caller holds one slot of reads.semaphore.  A
+    file of tier.chunked_bytes or more is copied in parallel chunks, each
+    further chunk in a slot of its own (NOTE [chunked copy])."""
     if stop.is_set():
         return None
     name = f"{threading.get_ident()}-{os.getpid()}.part"
     if f.size >= tier.chunked_bytes:
-        return _copy_chunked(src, f, tier, stop, on_read, name)
+        return _copy_chunked(src, f, tier, stop, on_read, name, reads)
     key, leaf = TierDirs.key(f)
     call = _Call.of_thread()
     c, progress = call.c, call.progress
@@ -394,9 +423,10 @@ def _raise_for(status: int, err: int, src: str) -> None:
 
 
 def _copy_chunked(src: str, f: CatalogFile, tier: TierState, stop: threading.Event,
-                  on_read: Callable[[int], None], name: str) -> int | None:
-    """A large file in parallel chunks (NOTE [chunked copy]): each of up to
-    tier.chunk_threads threads copies its range at the same offsets into the
+                  on_read: Callable[[int], None], name: str, reads: PfsReads) -> int | None:
+    """A large file in parallel chunks (NOTE [chunked copy]): the calling
+    thread and up to tier.chunk_threads - 1 helpers of the chunk pool, each
+    in a PFS slot of its own, copy its ranges at the same offsets into the
     staging file; then one more byte is tried (growth), the source checked
     again and the copy renamed into place.  A stop or an error in any chunk
     ends all of them and removes the staging file."""
@@ -407,7 +437,7 @@ def _copy_chunked(src: str, f: CatalogFile, tier: TierState, stop: threading.Eve
         fd_out, staging_fd = tier.dirs.create_staging(name)
         try:
             progress = _Progress(stop, on_read)
-            copied = _copy_ranges(fd_in, fd_out, f.size, tier.chunk_threads, progress)
+            copied = _Ranges(fd_in, fd_out, f.size, tier.chunk_threads, progress).copy(reads)
             if copied is not None:
                 copied += _copy_range(fd_in, fd_out, f.size, 1, progress)  # growth
             if progress.error is not None:
@@ -430,21 +460,76 @@ def _copy_chunked(src: str, f: CatalogFile, tier: TierState, stop: threading.Eve
             unlink_at(name, staging_fd)  # a partial, stopped or rejected copy
 
 
-def _copy_ranges(fd_in: int, fd_out: int, size: int, threads: int, progress: _Progress) -> int | None:
-    """[0, size) in `threads` ranges copied at once; None when stopped."""
-    step = -(-size // max(1, threads))
-    step = -(-step // CHUNK_ALIGN) * CHUNK_ALIGN
-    ranges = [(off, min(step, size - off)) for off in range(0, size, step)]
-    with ThreadPoolExecutor(max_workers=len(ranges) or 1, thread_name_prefix="tiering-chunk") as pool:
-        done = list(pool.map(lambda r: _copy_range(fd_in, fd_out, r[0], r[1], progress), ranges))
-    if progress.error is not None or progress.stop.is_set():
-        return None
-    total = 0
-    for (_, want), got in zip(ranges, done):
-        total += got
-        if got < want:     # end of file inside this range: the source shrank
-            return total
-    return total
+class _Ranges:
+    """The ranges of one chunked copy, [0, size) in whole MiB, taken one at
+    a time by the copying thread (in the slot it holds) and by helpers in
+    the chunk pool (each in a slot of its own) until none is left or the
+    copy ends (NOTE [chunked copy])."""
+
+    def __init__(self, fd_in: int, fd_out: int, size: int, threads: int, progress: _Progress):
+        step = -(-size // max(1, threads))
+        step = -(-step // CHUNK_ALIGN) * CHUNK_ALIGN
+        self.ranges = [(off, min(step, size - off)) for off in range(0, size, step)]
+        self.got = [0] * len(self.ranges)
+        self.fds = fd_in, fd_out
+        self.progress = progress
+        self._cond = threading.Condition()
+        self._next = 0      # the next range to take; len(ranges) once the copy ends
+        self._busy = 0      # ranges being copied
+
+    def copy(self, reads: PfsReads) -> int | None:
+        """Copies every range; the bytes copied up to the first short range
+        (end of file: the source shrank), None when stopped or failed."""
+        for _ in range(min(len(self.ranges), max(1, reads.slots)) - 1):
+            reads.submit(lambda: self._help(reads.semaphore))
+        self._run()
+        with self._cond:
+            self._next = len(self.ranges)      # helpers not started yet take nothing
+            self._cond.wait_for(lambda: not self._busy)
+        if self.progress.error is not None or self.progress.stop.is_set():
+            return None
+        total = 0
+        for (_, want), got in zip(self.ranges, self.got):
+            total += got
+            if got < want:
+                return total
+        return total
+
+    def _help(self, slots: threading.BoundedSemaphore) -> None:
+        """A helper: waits for a PFS slot while ranges are left, then copies
+        ranges in it."""
+        while not slots.acquire(timeout=0.05):
+            if self._ended():
+                return
+        try:
+            self._run()
+        finally:
+            slots.release()
+
+    def _ended(self) -> bool:
+        with self._cond:
+            return self._next >= len(self.ranges)
+
+    def _take(self) -> int | None:
+        with self._cond:
+            p = self.progress
+            if self._next >= len(self.ranges) or p.error is not None or p.stop.is_set():
+                self._next = len(self.ranges)
+                return None
+            self._next += 1
+            self._busy += 1
+            return self._next - 1
+
+    def _run(self) -> None:
+        while (k := self._take()) is not None:
+            try:
+                self.got[k] = _copy_range(*self.fds, *self.ranges[k], self.progress)
+            except BaseException as e:
+                self.progress.error = self.progress.error or e
+            finally:
+                with self._cond:
+                    self._busy -= 1
+                    self._cond.notify_all()
 
 
 def _copy_range(fd_in: int, fd_out: int, off: int, length: int, progress: _Progress) -> int:
