@@ -116,21 +116,16 @@ static int check_source(int fd, const struct tiering_copy *c)
     return TIERING_COPY_OK;
 }
 
-/* NOTE [copy in C]: opens src (O_NOFOLLOW unless c->follow, O_NONBLOCK so a
- * fifo cannot block), checks it against c->size and c->mtime_ns, writes it
- * to the new staging file name in staging_fd (O_EXCL; one left by an earlier
- * copy is replaced), reading at most size + 1 bytes, checks the source again,
- * makes the copy read-only and renames it to leaf in dst_fd.  Anything but
- * TIERING_COPY_OK leaves no staging file behind; c->error holds errno for
- * the *_ERROR results, c->copied the bytes read and c->blocks the copy's
- * st_blocks. */
-EXPORT int tiering_copy_file(const char *src, int staging_fd, const char *name, int dst_fd,
-                             const char *leaf, struct tiering_copy *c, tiering_progress_fn progress,
-                             void *arg)
+/* Opens src (O_NOFOLLOW unless c->follow, O_NONBLOCK so a fifo cannot
+ * block), checks it against c->size and c->mtime_ns and creates the new
+ * staging file name in staging_fd (O_EXCL; one left by an earlier copy is
+ * replaced): c->fd_in and c->fd_out on TIERING_COPY_OK, nothing left open else. */
+static int copy_open(const char *src, int staging_fd, const char *name, struct tiering_copy *c)
 {
     c->error = 0;
     c->copied = 0;
     c->blocks = 0;
+    c->fd_in = c->fd_out = -1;
     int flags = O_RDONLY | O_NONBLOCK | O_CLOEXEC | (c->follow ? 0 : O_NOFOLLOW);
     int in = (int)syscall(SYS_openat, AT_FDCWD, src, flags);
     if (in < 0) {
@@ -155,30 +150,70 @@ EXPORT int tiering_copy_file(const char *src, int staging_fd, const char *name, 
         sys_close(in);
         return errno == ENOENT ? TIERING_COPY_NO_STAGING : TIERING_COPY_TARGET_ERROR;
     }
-    int64_t n = copy_range(in, out, 0, c->size + 1, progress, arg, VIA_SENDFILE);
+    c->fd_in = in;
+    c->fd_out = out;
+    return TIERING_COPY_OK;
+}
+
+/* After the copy of `copied` bytes (at most size + 1 were tried; -1: failed,
+ * errno in c->error; -2: stopped): checks the size and the source again,
+ * makes the copy read-only, closes both fds and renames the staging file to
+ * leaf in dst_fd.  Anything but TIERING_COPY_OK removes the staging file. */
+static int copy_finish(struct tiering_copy *c, int64_t copied, int staging_fd, const char *name,
+                       int dst_fd, const char *leaf)
+{
     struct stat st;
-    if (n == -1) {
-        c->error = errno;
+    int r;
+    if (copied == -1) {
         r = TIERING_COPY_IO_ERROR;
-    } else if (n == -2) {
+    } else if (copied == -2) {
         r = TIERING_COPY_STOPPED;
     } else {
-        c->copied = (uint64_t)n;
-        if ((uint64_t)n != c->size)
-            r = (uint64_t)n > c->size ? TIERING_COPY_GREW : TIERING_COPY_SHRANK;
-        else if ((r = check_source(in, c)) != TIERING_COPY_OK)
+        c->copied = (uint64_t)copied;
+        if ((uint64_t)copied != c->size)
+            r = (uint64_t)copied > c->size ? TIERING_COPY_GREW : TIERING_COPY_SHRANK;
+        else if ((r = check_source(c->fd_in, c)) != TIERING_COPY_OK)
             c->error = errno;
-        else if (syscall(SYS_fchmod, out, 0400) < 0 || sys_fstat(out, &st) < 0) /* never written through */
+        else if (syscall(SYS_fchmod, c->fd_out, 0400) < 0 || sys_fstat(c->fd_out, &st) < 0) /* never written through */
             r = TIERING_COPY_TARGET_ERROR, c->error = errno;
         else
             c->blocks = (int64_t)st.st_blocks;
     }
-    sys_close(in);
-    if (sys_close(out) < 0 && r == TIERING_COPY_OK)
+    sys_close(c->fd_in);
+    if (sys_close(c->fd_out) < 0 && r == TIERING_COPY_OK)
         r = TIERING_COPY_TARGET_ERROR, c->error = errno;
+    c->fd_in = c->fd_out = -1;
     if (r == TIERING_COPY_OK && dst_fd >= 0 && syscall(SYS_renameat2, staging_fd, name, dst_fd, leaf, 0) < 0)
         r = TIERING_COPY_TARGET_ERROR, c->error = errno;
     if (r != TIERING_COPY_OK)
         syscall(SYS_unlinkat, staging_fd, name, 0);
     return r;
+}
+
+EXPORT int tiering_copy_open(const char *src, int staging_fd, const char *name, struct tiering_copy *c)
+{
+    return copy_open(src, staging_fd, name, c);
+}
+
+EXPORT int tiering_copy_finish(struct tiering_copy *c, int64_t copied, int staging_fd, const char *name,
+                               int dst_fd, const char *leaf)
+{
+    return copy_finish(c, copied, staging_fd, name, dst_fd, leaf);
+}
+
+/* NOTE [copy in C]: copy_open, the copy of at most size + 1 bytes in one
+ * range, copy_finish.  Anything but TIERING_COPY_OK leaves no staging file
+ * behind; c->error holds errno for the *_ERROR results, c->copied the bytes
+ * read and c->blocks the copy's st_blocks. */
+EXPORT int tiering_copy_file(const char *src, int staging_fd, const char *name, int dst_fd,
+                             const char *leaf, struct tiering_copy *c, tiering_progress_fn progress,
+                             void *arg)
+{
+    int r = copy_open(src, staging_fd, name, c);
+    if (r != TIERING_COPY_OK)
+        return r;
+    int64_t n = copy_range(c->fd_in, c->fd_out, 0, c->size + 1, progress, arg, VIA_SENDFILE);
+    if (n == -1)
+        c->error = errno;
+    return copy_finish(c, n, staging_fd, name, dst_fd, leaf);
 }

@@ -189,6 +189,8 @@ struct tiering_copy {
     int32_t error;       /* out: errno of the *_ERROR results               */
     uint64_t copied;     /* out: bytes read from the source                 */
     int64_t blocks;      /* out: st_blocks of the finished copy             */
+    int32_t fd_in;       /* out of tiering_copy_open: the source's fd ...    */
+    int32_t fd_out;      /* ... and the staging file's, until finish        */
 };
 
 /* Called after each step of a copy with the bytes it read; non-zero stops it. */
@@ -198,6 +200,13 @@ int64_t tiering_copy_range(int in, int out, uint64_t off, uint64_t len,
 int tiering_copy_file(const char *src, int staging_fd, const char *name, int dst_fd,
                       const char *leaf, struct tiering_copy *c, tiering_progress_fn progress,
                       void *arg);
+/* The steps of tiering_copy_file around its copy, for a copy made in parts
+ * (NOTE [chunked copy]): open and check the source and create the staging
+ * file; then, with the bytes copied (-1: failed, errno in c->error; -2:
+ * stopped), check, make read-only, close and rename (or remove). */
+int tiering_copy_open(const char *src, int staging_fd, const char *name, struct tiering_copy *c);
+int tiering_copy_finish(struct tiering_copy *c, int64_t copied, int staging_fd, const char *name,
+                        int dst_fd, const char *leaf);
 /* The catalog scan (shim/tierscan.c, NOTE [scan in C]): the entries of one
  * directory but "." and "..", their names NUL-terminated one after another
  * and their d_type; freed with tiering_scan_list_free. */

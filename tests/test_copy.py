@@ -103,20 +103,33 @@ def test_a_stop_halfway_leaves_nothing(tmp_path, reads, size):
     assert list(tier.staging.iterdir()) == []
 
 
-def test_a_large_source_growing_while_copied_is_refused(tmp_path, reads):
-    data, _ = _source(tmp_path, {"big.bin": 4 * MIB})
-    tier = _tier(tmp_path)
+@pytest.mark.parametrize("chunked_mb", [1, 64], ids=["chunks", "one-call"])
+@pytest.mark.parametrize("change", ["grew", "shrank"])
+def test_a_source_growing_or_shrinking_while_copied_is_refused(tmp_path, reads, chunked_mb, change):
+    """Both paths (the C routine in one call, the chunks between its open and
+    finish steps): the source changes after the first step of the copy; 10
+    MiB is more than one step of the C routine (8 MiB)."""
+    size = 10 * MIB
+    data, _ = _source(tmp_path, {"big.bin": size})
+    tier = _tier(tmp_path, chunked_mb=chunked_mb)
     f = _file(data, "big.bin")
-    grown = threading.Event()
+    changed = threading.Event()
 
     def on_read(n: int) -> None:
-        if not grown.is_set():
-            grown.set()
-            with open(data / "big.bin", "ab") as out:
-                out.write(b"z" * MIB)
-    with pytest.raises(SourceChanged, match="grew|changed"):
+        if not changed.is_set():
+            changed.set()
+            with open(data / "big.bin", "r+b") as out:
+                if change == "grew":
+                    out.seek(0, os.SEEK_END)
+                    out.write(b"z" * MIB)
+                else:
+                    out.truncate(size - 3 * MIB)
+    # the chunks of a shrinking file may all have been read before the cut:
+    # then the check after the copy sees it
+    either = "|changed since the scan" if chunked_mb == 1 and change == "shrank" else ""
+    with pytest.raises(SourceChanged, match=f"big.bin ({change} while it was copied{either})"):
         copy_file(str(data / "big.bin"), f, tier, threading.Event(), on_read, reads)
-    assert grown.is_set()
+    assert changed.is_set()
     assert not tier.copy_path(f).exists()
     assert list(tier.staging.iterdir()) == []
 

@@ -262,34 +262,6 @@ class TierState:
         self.dirs.remove_copy(f)
 
 
-def open_source(src: str, f: CatalogFile) -> int:
-    """Opens the source for reading if it is still the regular file of the
-    catalog (same size and mtime).  The path is opened O_NOFOLLOW unless the
-    scan saw a symlink there, and O_NONBLOCK so that a fifo put in its place
-    cannot block; anything else raises SourceChanged."""
-    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if f.link else os.O_NOFOLLOW)
-    try:
-        fd = os.open(src, flags)
-    except OSError as e:
-        if e.errno in (errno.ELOOP, errno.ENXIO):   # now a symlink, or a socket
-            raise SourceChanged(f"{src} is no longer the regular file the scan saw") from None
-        raise
-    try:
-        check_source(os.fstat(fd), f, src)
-        os.set_blocking(fd, True)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def check_source(st: os.stat_result, f: CatalogFile, src: str) -> None:
-    if not stat.S_ISREG(st.st_mode):
-        raise SourceChanged(f"{src} is no longer a regular file")
-    if st.st_size != f.size or st.st_mtime_ns != f.mtime_ns:
-        raise SourceChanged(f"{src} changed since the scan")
-
-
 @dataclass
 class _Progress:
     """What a copy in C reports to between its steps (NOTE [copy in C])."""
@@ -356,21 +328,33 @@ def copy_file(src: str, f: CatalogFile, tier: TierState, stop: threading.Event,
     if f.size >= tier.chunked_bytes:
         return _copy_chunked(src, f, tier, stop, on_read, name, reads)
     key, leaf = TierDirs.key(f)
-    call = _Call.of_thread()
-    c, progress = call.c, call.progress
-    c.size, c.mtime_ns, c.follow = f.size, f.mtime_ns, int(f.link)
-    progress.stop, progress.on_read, progress.error = stop, on_read, None
+    call = _Call.of_thread(f)
+    call.progress.stop, call.progress.on_read, call.progress.error = stop, on_read, None
     data = tier.dirs.data
     dst_fd = data.acquire(key, create=True)
     try:
-        for _ in range(3):
-            staging_fd = tier.dirs.staging_fd
-            status = _transfer(os.fsencode(src), staging_fd, name.encode(), dst_fd, leaf.encode(), call)
-            if status != lib.TIERING_COPY_NO_STAGING:
-                break
-            tier.dirs.remake_staging(staging_fd)
+        status, _ = _in_staging(tier, lambda staging_fd: _transfer(os.fsencode(src), staging_fd, name.encode(),
+                                                                   dst_fd, leaf.encode(), call))
     finally:
         data.release(key)
+    return _outcome(status, call.c, call.progress, src)
+
+
+def _in_staging(tier: TierState, attempt: Callable[[int], int]) -> tuple[int, int]:
+    """attempt(the staging directory's fd), made again (at most twice) when
+    it says the staging directory is gone: its status and that fd."""
+    for _ in range(3):
+        staging_fd = tier.dirs.staging_fd
+        status = attempt(staging_fd)
+        if status != lib.TIERING_COPY_NO_STAGING:
+            break
+        tier.dirs.remake_staging(staging_fd)
+    return status, staging_fd
+
+
+def _outcome(status: int, c: Any, progress: _Progress, src: str) -> int | None:
+    """What a copy that ended with a TIERING_COPY_* status returns: the bytes
+    its copy takes, None when stopped; or what it raises."""
     if progress.error is not None:
         raise progress.error
     if status == lib.TIERING_COPY_STOPPED:
@@ -390,10 +374,12 @@ class _Call:
         self.handle = ffi.new_handle(self.progress)
 
     @classmethod
-    def of_thread(cls) -> _Call:
+    def of_thread(cls, f: CatalogFile) -> _Call:
+        """The calling thread's, set to copy f."""
         call: _Call | None = getattr(cls._local, "call", None)
         if call is None:
             call = cls._local.call = cls()
+        call.c.size, call.c.mtime_ns, call.c.follow = f.size, f.mtime_ns, int(f.link)
         return call
 
 
@@ -424,40 +410,39 @@ def _raise_for(status: int, err: int, src: str) -> None:
 
 def _copy_chunked(src: str, f: CatalogFile, tier: TierState, stop: threading.Event,
                   on_read: Callable[[int], None], name: str, reads: PfsReads) -> int | None:
-    """A large file in parallel chunks (NOTE [chunked copy]): the calling
-    thread and up to tier.chunk_threads - 1 helpers of the chunk pool, each
-    in a PFS slot of its own, copy its ranges at the same offsets into the
-    staging file; then one more byte is tried (growth), the source checked
-    again and the copy renamed into place.  A stop or an error in any chunk
+    """A large file in parallel chunks (NOTE [chunked copy]), between the
+    steps of the C copy (NOTE [copy in C]): tiering_copy_open opens and
+    checks the source and makes the staging file; the calling thread and up
+    to tier.chunk_threads - 1 helpers of the chunk pool, each in a PFS slot
+    of its own, copy its ranges at the same offsets, then one more byte is
+    tried (growth); tiering_copy_finish checks the size and the source
+    again and renames the copy into place.  A stop or an error in any chunk
     ends all of them and removes the staging file."""
-    fd_in = open_source(src, f)
-    staging_fd = -1
-    placed = False
+    c = _Call.of_thread(f).c
+    progress = _Progress(stop, on_read)
+    status, staging_fd = _in_staging(tier, lambda fd: int(lib.tiering_copy_open(os.fsencode(src), fd,
+                                                                                name.encode(), c)))
+    if status != lib.TIERING_COPY_OK:
+        return _outcome(status, c, progress, src)
+    key, leaf = TierDirs.key(f)
+    dst_fd = -1
     try:
-        fd_out, staging_fd = tier.dirs.create_staging(name)
-        try:
-            progress = _Progress(stop, on_read)
-            copied = _Ranges(fd_in, fd_out, f.size, tier.chunk_threads, progress).copy(reads)
-            if copied is not None:
-                copied += _copy_range(fd_in, fd_out, f.size, 1, progress)  # growth
-            if progress.error is not None:
-                raise progress.error
-            os.fchmod(fd_out, 0o400)   # a copy is never written through
-            st_out = os.fstat(fd_out)
-        finally:
-            os.close(fd_out)
-        if copied is None or stop.is_set():
-            return None
-        if copied != f.size:
-            raise SourceChanged(f"{src} {'grew' if copied > f.size else 'shrank'} while it was copied")
-        check_source(os.fstat(fd_in), f, src)
-        tier.dirs.publish(name, staging_fd, f)
-        placed = True
-        return st_out.st_blocks * 512
+        copied = _Ranges(c.fd_in, c.fd_out, f.size, tier.chunk_threads, progress).copy(reads)
+        if copied is not None:
+            copied += _copy_range(c.fd_in, c.fd_out, f.size, 1, progress)  # growth
+        done = copied is not None and progress.error is None and not stop.is_set()
+        if done:
+            dst_fd = tier.dirs.data.acquire(key, create=True)
+    except BaseException:
+        lib.tiering_copy_finish(c, -2, staging_fd, name.encode(), -1, b"")
+        raise
+    try:
+        status = int(lib.tiering_copy_finish(c, copied if done else -2, staging_fd, name.encode(),
+                                             dst_fd, leaf.encode()))
     finally:
-        os.close(fd_in)
-        if staging_fd >= 0 and not placed:
-            unlink_at(name, staging_fd)  # a partial, stopped or rejected copy
+        if dst_fd >= 0:
+            tier.dirs.data.release(key)
+    return _outcome(status, c, progress, src)
 
 
 class _Ranges:
