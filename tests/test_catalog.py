@@ -999,7 +999,16 @@ def test_a_table_lets_go_of_the_columns_only_the_index_needs() -> None:
     f = t[1]
     assert (f.rel, f.size, f.mtime_ns, f.link) == ("b", 9, 9, True)       # what the daemon reads stays
     assert (f.dev, f.ino, f.mode, f.uid, f.nlink, f.blocks, f.blksize) == (0, 0, 0, 0, 0, 0, 0)   # 0: unknown
-    assert t.take(np.array([1, 0])).rels() == ["b", "a"]
+    part = t.take(np.array([1, 0]))
+    assert part.rels() == ["b", "a"] and part.size.tolist() == [9, 7]
+    for table in (t, part):     # a released column is an error, never zeros
+        for name in catalog_mod.model.INDEXED_ONLY:
+            with pytest.raises(catalog_mod.model.ReleasedColumn, match=f"{name} column was released"):
+                getattr(table, name)
+            with pytest.raises(catalog_mod.model.ReleasedColumn, match="read it from the index"):
+                _ = table.columns[name]
+    with pytest.raises(AttributeError):
+        _ = t.no_such_column
 
 
 def test_a_tree_of_leaf_directories_is_ordered_as_its_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from .cache import default_cache_dir, drop_cache
 from .layout import IMG_EXTENSIONS, LAYOUTS, Layout, dataset_ids, dataset_order, dataset_samples
-from .model import Catalog, CatalogDir, CatalogError, CatalogFile, DirAlias, FileTable, ScanError
+from .model import Catalog, CatalogDir, CatalogError, CatalogFile, DirAlias, FileTable, ReleasedColumn, ScanError
 from .roots import PathIndex, RootMap
 from .scan import ScanCallback, ScanProgress, normalise_roots, scan
 
 __all__ = [
     "IMG_EXTENSIONS", "LAYOUTS", "Catalog", "CatalogDir", "CatalogError", "CatalogFile", "DirAlias", "Layout",
-    "PathIndex", "RootMap", "ScanCallback", "ScanError", "ScanProgress",
+    "PathIndex", "ReleasedColumn", "RootMap", "ScanCallback", "ScanError", "ScanProgress",
     "FileTable", "dataset_ids", "dataset_order", "dataset_samples", "default_cache_dir", "drop_cache",
     "normalise_roots", "scan",
 ]

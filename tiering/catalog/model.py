@@ -18,6 +18,10 @@ class ScanError(CatalogError):
     pass
 
 
+class ReleasedColumn(CatalogError):
+    """A column of the catalog read after FileTable.release_indexed let it go."""
+
+
 @dataclass(frozen=True)
 class CatalogFile:
     root: int        # index into Catalog.roots
@@ -78,21 +82,34 @@ def decode_rel(data: bytes) -> str:
     return data.decode("utf-8", "surrogateescape")
 
 
+class Columns(dict[str, np.ndarray]):
+    """A FileTable's columns by name; a released one cannot be read."""
+
+    def __missing__(self, name: str) -> np.ndarray:
+        if name in FILE_COLUMNS:
+            raise ReleasedColumn(f"the catalog's {name} column was released once the shared index held it "
+                                 "(FileTable.release_indexed): read it from the index, or before the release")
+        raise KeyError(name)
+
+
 class FileTable(Sequence[CatalogFile]):
     """The catalogued files as arrays, one entry per file (NOTE [catalog
     arrays]): the relative paths in one blob (`paths`, UTF-8 with surrogate
     escapes) cut by `offsets` (n + 1), the root and directory ids (`dir`: an
     index into Catalog.dirs, -1 when unknown) and one array per column of
-    FILE_COLUMNS.  ``table[i]`` builds the CatalogFile of file i when asked."""
+    FILE_COLUMNS but the `released` ones (release_indexed).  ``table[i]``
+    builds the CatalogFile of file i when asked."""
 
     def __init__(self, paths: np.ndarray, offsets: np.ndarray, root: np.ndarray, dir: np.ndarray,
-                 columns: dict[str, np.ndarray]):
+                 columns: dict[str, np.ndarray], released: frozenset[str] = frozenset()):
         self.paths = np.ascontiguousarray(paths, np.uint8)
         self.offsets = np.ascontiguousarray(offsets, np.int64)
         n = len(self.offsets) - 1
         self.root = np.ascontiguousarray(root, np.int32)
         self.dir = np.ascontiguousarray(dir, np.int32)
-        self.columns = {k: np.ascontiguousarray(columns[k], dt) for k, dt in FILE_COLUMNS.items()}
+        self.released = released
+        self.columns = Columns({k: np.ascontiguousarray(columns[k], dt) for k, dt in FILE_COLUMNS.items()
+                                if k not in released})
         if n < 0 or len(self.root) != n or len(self.dir) != n or any(len(c) != n for c in self.columns.values()):
             raise ValueError("the columns of a file table differ in length")
 
@@ -130,7 +147,7 @@ class FileTable(Sequence[CatalogFile]):
             # the whole table at the peak of the scan's memory
             p = parts[0]
             root = p.root if not p.root.any() and roots[0] == 0 else np.full(len(p), roots[0], np.int32)
-            return cls(p.paths, p.offsets, root, p.dir, p.columns)
+            return cls(p.paths, p.offsets, root, p.dir, p.columns, p.released)
         sizes = np.cumsum([0] + [len(p.paths) for p in parts[:-1]])
         offsets = np.concatenate([parts[0].offsets[:1]] + [p.offsets[1:] + s for p, s in zip(parts, sizes)])
         root = np.concatenate([np.full(len(p), r, np.int32) for p, r in zip(parts, roots)])
@@ -145,25 +162,22 @@ class FileTable(Sequence[CatalogFile]):
         offsets = np.zeros(len(ids) + 1, np.int64)
         np.cumsum(lengths, out=offsets[1:])
         return FileTable(self.paths[spans(starts, lengths)], offsets, self.root[ids], self.dir[ids],
-                         {k: c[ids] for k, c in self.columns.items()})
+                         {k: c[ids] for k, c in self.columns.items()}, self.released)
 
     def release_indexed(self) -> int:
         """Lets go of the columns only the shared index needs, the identity
-        and the STAT_FIELDS (their values read 0, "unknown", from now on),
-        once the index holds them (NOTE [catalog arrays]); returns the bytes
-        released."""
-        freed = 0
-        for k in INDEXED_ONLY:
-            c = self.columns[k]
-            if c.strides != (0,):
-                freed += c.nbytes
-                self.columns[k] = np.broadcast_to(np.zeros(1, c.dtype), c.shape)
+        and the STAT_FIELDS, once the index holds them (NOTE [catalog
+        arrays]); returns the bytes released.  Reading such a column from
+        now on raises ReleasedColumn; the CatalogFile of one file says 0
+        (unknown) for them, as one built without them does."""
+        freed = sum(self.columns.pop(k).nbytes for k in INDEXED_ONLY if k in self.columns)
+        self.released = self.released | frozenset(INDEXED_ONLY)
         return freed
 
     # -- columns ------------------------------------------------------------
     def __getattr__(self, name: str) -> np.ndarray:
         columns = self.__dict__.get("columns")
-        if columns is not None and name in columns:
+        if columns is not None and name in FILE_COLUMNS:
             return columns[name]
         raise AttributeError(name)
 
@@ -173,7 +187,7 @@ class FileTable(Sequence[CatalogFile]):
     @property
     def nbytes(self) -> int:
         return int(self.paths.nbytes + self.offsets.nbytes + self.root.nbytes + self.dir.nbytes
-                   + sum(c.nbytes for c in self.columns.values() if c.strides != (0,)))
+                   + sum(c.nbytes for c in self.columns.values()))
 
     def blob(self) -> bytes:
         """The paths as one bytes object (a copy: for slicing many at once)."""
@@ -223,16 +237,17 @@ class FileTable(Sequence[CatalogFile]):
         if not 0 <= k < n:
             raise IndexError(f"file {i} of {n}")
         c = self.columns
+        known = {name: int(c[name][k]) for name in INDEXED_ONLY if name in c}
         return CatalogFile(int(self.root[k]), self.rel(k), int(c["size"][k]), int(c["mtime_ns"][k]),
-                           int(c["dev"][k]), int(c["ino"][k]), bool(c["link"][k]),
-                           *(int(c[name][k]) for name in STAT_FIELDS))
+                           link=bool(c["link"][k]), **known)
 
     def __iter__(self) -> Iterator[CatalogFile]:
         return (self[k] for k in range(len(self)))
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, FileTable):
-            return (len(self) == len(other) and np.array_equal(self.offsets, other.offsets)
+            return (len(self) == len(other) and self.released == other.released
+                    and np.array_equal(self.offsets, other.offsets)
                     and np.array_equal(self.paths, other.paths) and np.array_equal(self.root, other.root)
                     and all(np.array_equal(c, other.columns[k]) for k, c in self.columns.items()))
         if isinstance(other, (list, tuple)):
