@@ -189,6 +189,32 @@ def test_a_service_that_fails_to_start_is_a_clear_error(workdir):
     assert members[0].proc.wait(30) == 1
 
 
+def _exited_at_once(directory: Path) -> int:
+    """A starter whose service wrote its job file and log and exited (reaped)
+    before join looks at it."""
+    (directory / nodelock.JOB_FILE).write_text("{}")
+    with open(directory / nodelock.LOG_FILE, "w") as log:
+        proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit('no room on the tier')"], stderr=log)
+    assert proc.wait(60) == 1
+    return proc.pid
+
+
+def _failed_spawn(directory: Path) -> int:
+    (directory / nodelock.JOB_FILE).write_text("{}")
+    (directory / nodelock.LOG_FILE).write_text("sh: tiering.cluster.service: not found\n")
+    raise nodelock.NodeLockError("cannot start the node's tiering service")
+
+
+@pytest.mark.parametrize("start, message", [(_exited_at_once, "exited at once: no room on the tier"),
+                                            (_failed_spawn, "cannot start")])
+def test_a_failed_start_leaves_no_node_directory(tmp_path, start, message):
+    key = nodelock.NodeKey("tester", "job1", ("/pfs",))
+    with pytest.raises(nodelock.NodeLockError, match=message):
+        nodelock.join(key, start, timeout=30, parent=str(tmp_path))
+    assert not nodelock.node_dir(key, str(tmp_path)).exists()
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("how", ["mode", "owner", "symlink"])
 def test_a_node_directory_not_private_to_the_user_is_refused(tmp_path, how):
     key = nodelock.NodeKey("tester", "job1", ("/pfs",))

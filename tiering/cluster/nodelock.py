@@ -222,21 +222,24 @@ def join(key: NodeKey, start: Starter, timeout: float | None = None, parent: str
     """Joins the node's group: attaches to its running service, or starts one
     with ``start`` when there is none.  ``timeout`` bounds the wait for the
     group's lock and for the service to be ready (None: as long as the
-    service starting up is alive)."""
+    service starting up is alive).  A start that fails in any way leaves
+    nothing in the node directory unless a service or member still uses it."""
     directory = node_dir(key, parent)
     deadline = None if timeout is None else time.monotonic() + timeout
     try:
         elect = _Flock(directory / "elect.lock", fcntl.LOCK_EX, timeout, "waiting for this node's tiering service")
     except TimeoutError as e:
         raise NodeLockError(str(e)) from None
+    started: int | None = None
+    starts = 0
     try:
-        started: int | None = None
         while True:
             rec = _read_record(directory)
             if rec is not None and rec.get("ready") and _alive(rec):
                 break
             starting = _read_record(directory, STARTING_FILE)
             if not _alive(starting):
+                starts += 1
                 started = start(directory)
                 starting = _record(started, False)
                 if starting["start"] is None:
@@ -248,6 +251,10 @@ def join(key: NodeKey, start: Starter, timeout: float | None = None, parent: str
                 break
         member = _Flock(directory / "members.lock", fcntl.LOCK_SH, None, "")
         return Membership(directory, started == rec["pid"], int(rec["pid"]), dict(rec.get("info") or {}), member)
+    except BaseException:
+        if starts:
+            _remove_if_unused(directory)    # under elect.lock: nothing of a failed start is left
+        raise
     finally:
         elect.release()
 
@@ -262,9 +269,7 @@ def _wait_ready(directory: Path, rec: dict[str, Any], started: int | None,
             return now
         if not _alive(rec):
             if started == rec["pid"]:
-                why = _log_tail(directory)
-                _remove_if_unused(directory)    # under elect.lock: nothing of the failed start is left
-                raise NodeLockError(f"the node's tiering service exited before it was ready: {why}")
+                raise NodeLockError(f"the node's tiering service exited before it was ready: {_log_tail(directory)}")
             return None
         if deadline is not None and time.monotonic() >= deadline:
             raise NodeLockError(f"the node's tiering service (pid {rec['pid']}) was not ready in time; "
