@@ -259,6 +259,38 @@ def test_inconsistent_node_options_exit_2_before_command(tmp_path: Path, job):
     assert not marker.exists()
 
 
+def test_every_job_option_is_passed_to_the_node_service_kept_by_the_member_or_refused(tmp_path: Path):
+    """Launch form 2 hands the job's options to the service through job.json:
+    each field of JobOptions is passed (and arrives as it was), kept by each
+    member, or refused before COMMAND; a new option must say which."""
+    from dataclasses import fields, replace
+
+    from tiering.clairvoyant.options import OrderOptions
+    from tiering.cluster import service
+    from tiering.job import JobOptions
+    from tiering.observe.live import Display
+    from tiering.profile import load_profile
+    names = {f.name for f in fields(JobOptions)}
+    passed, kept, refused = set(service.passed_options()), set(service.MEMBER_ONLY), set(service.REFUSED)
+    assert passed | kept | refused == names and not (passed & kept or passed & refused or kept & refused)
+    prof = load_profile(str(write_profile(tmp_path / "p.yaml", tmp_path / "tiers")))
+    other = load_profile(str(write_profile(tmp_path / "q.yaml", tmp_path / "tiers2")))
+    opts = JobOptions(["/pfs/a", "/pfs/b"], ["python", "t.py"], prof, policy="lru",
+                      order=OrderOptions("random", 3, 2, 8, 1, 4, 32, True, tmp_path / "o.txt", "sorted",
+                                         tmp_path / "m.txt", (".jpg",), tmp_path / "root"),
+                      hook=False, window=7, scan_cache=tmp_path / "cache", stats_json=tmp_path / "s.json",
+                      keep=True, verbose=2, scan_threads=3, warm=50, display=Display("bar", 1.0),
+                      node=NodeIdentity("j", 1, 2, 1, 2, ("a", "b"), "slurm", "/r"), rendezvous_timeout=12.5)
+    defaults = JobOptions([], [], other)
+    assert [n for n in names if getattr(opts, n) == getattr(defaults, n)] == []   # every option set
+    back = service.options_from_json(json.loads(json.dumps(service.options_to_json(opts))))
+    assert {n: getattr(back, n) for n in passed} == {n: getattr(opts, n) for n in passed}
+    assert back.display.mode == "off" and (back.stats_json, back.warm) == (None, None)
+    why = service.form2_refusal(opts)
+    assert why is not None and why.startswith("--warm is not supported") and "one tier-run per node" in why
+    assert service.form2_refusal(replace(opts, warm=None)) is None
+
+
 def test_profile_network_key(tmp_path: Path):
     tiers = tmp_path / "tiers"
     good = write_profile(tmp_path / "good.yaml", tiers, "network: {bandwidth: 12000, latency_ms: 0.02, interface: lo}\n")

@@ -98,10 +98,6 @@ def _do_run(profile: str, data: tuple[str, ...], policy: str | None, hook: bool 
         node = node_identity(os.environ, Explicit(nodes, node_rank, rendezvous, job_id))
     except IdentityError as e:
         _leave(2, f"tier-run: {e}")
-    if warm is not None and node.shared_node:
-        _leave(2, f"tier-run: --warm is not supported where {node.local_world} tier-runs of this node share one "
-                  "placement service (one tier-run per rank); run one tier-run per node around the launcher "
-                  "(srun --ntasks-per-node=1 tier-run ... -- torchrun ...), or leave --warm out")
     try:
         prof = load_profile(profile)
         job = Job(JobOptions(list(data), list(command), prof, policy=policy, order=order, hook=hook, window=window,
@@ -109,6 +105,9 @@ def _do_run(profile: str, data: tuple[str, ...], policy: str | None, hook: bool 
                              rendezvous_timeout=rendezvous_timeout))
         if node.shared_node:   # launch form 2: one service for the tier-runs of this node
             from .cluster.member import run_member
+            from .cluster.service import form2_refusal
+            if refused := form2_refusal(job.opts):
+                _leave(2, f"tier-run: {refused}")
             code = run_member(job)
         else:
             code = run(job)

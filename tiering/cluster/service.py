@@ -20,7 +20,8 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import asdict
+from collections.abc import Callable
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
@@ -41,29 +42,72 @@ TICK = 1.0             # seconds between samples of the status (tiering status, 
 
 
 # -- the job's options, as the starting member hands them over ----------------------
+# Every field of JobOptions (the one definition of a job's options) is either
+# handed to the service (PASSED, through job.json), kept by each member for
+# itself (MEMBER_ONLY), or refused where the tier-runs of a node share one
+# service (REFUSED, checked by form2_refusal before COMMAND starts).
+
+MEMBER_ONLY = {
+    "stats_json": "each member writes its own --stats-json from the service's statistics",
+    "display": "each member shows its own progress; the service shows none (its log: service.log)",
+}
+REFUSED = {
+    "warm": "run one tier-run per node around the launcher (srun --ntasks-per-node=1 tier-run ... -- "
+            "torchrun ...), or leave --warm out",
+}
+
+
+def _path(v: str | None) -> Path | None:
+    return Path(v) if v else None
+
+
+def _order_from(d: dict[str, Any]) -> OrderOptions:
+    o = dict(d)
+    for k in ("order_file", "manifest", "layout_root"):
+        o[k] = _path(o.get(k))
+    o["extensions"] = tuple(o["extensions"]) if o.get("extensions") else None
+    return OrderOptions(**o)
+
+
+def _node_from(d: dict[str, Any]) -> NodeIdentity:
+    node = dict(d)
+    node["node_names"] = tuple(node.get("node_names") or ())
+    return NodeIdentity(**node)
+
+
+# (to JSON, from JSON) of the passed options that are not JSON values as they are
+CODECS: dict[str, tuple[Callable[[Any], Any], Callable[[Any], Any]]] = {
+    "profile": (lambda p: p.source, load_profile),
+    "order": (lambda o: {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(o).items()}, _order_from),
+    "scan_cache": (lambda p: str(p) if p else None, _path),
+    "node": (asdict, _node_from),
+}
+
+
+def passed_options() -> list[str]:
+    """The fields of JobOptions the service takes from the starting member."""
+    return [f.name for f in fields(JobOptions) if f.name not in MEMBER_ONLY and f.name not in REFUSED]
+
+
+def form2_refusal(opts: JobOptions) -> str | None:
+    """Why these options cannot run where tier-runs share one service, or None."""
+    defaults = JobOptions([], [], opts.profile)
+    for name, fix in REFUSED.items():
+        if getattr(opts, name) != getattr(defaults, name):
+            flag = "--" + name.replace("_", "-")
+            return (f"{flag} is not supported where {opts.node.local_world} tier-runs of this node share one "
+                    f"placement service (one tier-run per rank); {fix}")
+    return None
+
 
 def options_to_json(opts: JobOptions) -> dict[str, Any]:
-    order = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(opts.order).items()}
-    return {"data": opts.data, "command": opts.command, "profile": opts.profile.source, "policy": opts.policy,
-            "order": order, "hook": opts.hook, "window": opts.window,
-            "scan_cache": str(opts.scan_cache) if opts.scan_cache else None, "keep": opts.keep,
-            "verbose": opts.verbose, "scan_threads": opts.scan_threads, "node": asdict(opts.node),
-            "rendezvous_timeout": opts.rendezvous_timeout}
+    return {name: CODECS[name][0](getattr(opts, name)) if name in CODECS else getattr(opts, name)
+            for name in passed_options()}
 
 
 def options_from_json(d: dict[str, Any]) -> JobOptions:
-    o = dict(d["order"])
-    for k in ("order_file", "manifest", "layout_root"):
-        o[k] = Path(o[k]) if o.get(k) else None
-    o["extensions"] = tuple(o["extensions"]) if o.get("extensions") else None
-    node = dict(d["node"])
-    node["node_names"] = tuple(node.get("node_names") or ())
-    return JobOptions(list(d["data"]), list(d["command"]), load_profile(d["profile"]), policy=d["policy"],
-                      order=OrderOptions(**o), hook=d["hook"], window=int(d["window"]),
-                      scan_cache=Path(d["scan_cache"]) if d["scan_cache"] else None, keep=bool(d["keep"]),
-                      verbose=int(d["verbose"]), scan_threads=int(d["scan_threads"]),
-                      display=Display("off", 0.0), node=NodeIdentity(**node),
-                      rendezvous_timeout=float(d["rendezvous_timeout"]))
+    passed = {name: CODECS[name][1](d[name]) if name in CODECS else d[name] for name in passed_options()}
+    return JobOptions(**passed, display=Display("off", 0.0))
 
 
 def write_job_file(directory: Path, opts: JobOptions) -> None:
