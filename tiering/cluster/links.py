@@ -16,9 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from ..profile.model import DEFAULT_PFS_MB_S
 from .peer import Counters, Network, PeerClient
-
-DEFAULT_PFS_MB_S = 500.0   # one stream's PFS rate when the profile gives none (as the simulator assumes)
 
 
 class Homes(Protocol):

@@ -77,6 +77,7 @@ class Pfs:
     latency_ms: float | None
 
 
+DEFAULT_PFS_MB_S = 500.0             # one PFS client's MB/s when the profile's pfs.bandwidth says nothing
 DEFAULT_NETWORK_BANDWIDTH = 1250.0   # MB/s between two nodes when the profile says nothing (10 Gbit/s)
 DEFAULT_NETWORK_LATENCY_MS = 0.1
 

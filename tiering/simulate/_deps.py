@@ -9,8 +9,9 @@ from ..clairvoyant.planner import Action, Planner, allocation
 from ..clairvoyant.planner import simulate as plan_simulate
 from ..clairvoyant.samplers import OrderError, SamplerSpec, epoch_order
 from ..profile import Profile, ProfileError, load_profile
+from ..profile.model import DEFAULT_PFS_MB_S
 from ..units import human_bytes
 
-__all__ = ["Action", "CatalogError", "OrderError", "OrderOptions", "Planner", "Profile", "ProfileError",
-           "SamplerSpec", "ScanError", "StreamError", "allocation", "epoch_order", "epochs_from_options",
-           "human_bytes", "load_profile", "plan_simulate", "scan"]
+__all__ = ["DEFAULT_PFS_MB_S", "Action", "CatalogError", "OrderError", "OrderOptions", "Planner", "Profile",
+           "ProfileError", "SamplerSpec", "ScanError", "StreamError", "allocation", "epoch_order",
+           "epochs_from_options", "human_bytes", "load_profile", "plan_simulate", "scan"]

@@ -19,11 +19,10 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ._deps import OrderOptions, Profile, epochs_from_options
+from ._deps import DEFAULT_PFS_MB_S, OrderOptions, Profile, epochs_from_options
 from .config import FileSpec, SimConfig, StorageClass, Table
 
 DEFAULT_TIER_MB_S = {"memory": 10_000.0, "filesystem": 2_000.0}
-DEFAULT_PFS_MB_S = 500.0
 
 
 @dataclass(frozen=True)
