@@ -1,11 +1,21 @@
 """Private files and directories of the cluster parts: made 0700/0600, and
 checked before they are trusted (they have stable names that another user
-could try to plant)."""
+could try to plant); and the pause between two looks at them."""
 from __future__ import annotations
 
 import os
 import stat
+import threading
+import time
 from pathlib import Path
+
+
+def pause(seconds: float, stop: threading.Event | None) -> bool:
+    """Waits `seconds`, or less when `stop` is set meanwhile: True when it is."""
+    if stop is None:
+        time.sleep(seconds)
+        return False
+    return stop.wait(seconds)
 
 
 class NotPrivate(Exception):

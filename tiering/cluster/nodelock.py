@@ -36,7 +36,7 @@ from typing import Any
 import psutil
 
 from ..rundirs import index_parent, start_ticks, still_runs
-from .files import NotPrivate, ensure_private_dir, write_private
+from .files import NotPrivate, ensure_private_dir, pause, write_private
 
 POLL = 0.05
 SERVICE_FILE = "service.json"
@@ -318,10 +318,7 @@ class ServiceLifetime:
                         return members is not None
                 finally:
                     elect.release()
-            if stop is not None:
-                stop.wait(poll)
-            else:
-                time.sleep(poll)
+            pause(poll, stop)
 
     def _withdraw(self) -> None:
         """Under elect.lock: a waiting tier-run then finds the lock file gone

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ..profile.node import filesystem_type, is_local_fstype
-from .files import NotPrivate, check_parent, ensure_private_dir, read_private, remove_quietly, write_private
+from .files import NotPrivate, check_parent, ensure_private_dir, pause, read_private, remove_quietly, write_private
 from .identity import NodeIdentity
 
 SECRET_BYTES = 32
@@ -165,10 +165,8 @@ class JobDirectory:
                                              for r in range(count)))
             if time.monotonic() >= deadline:
                 raise RendezvousError(self._missing(timeout, secret is not None, set(proven)))
-            if stop is not None and stop.wait(self.poll):
+            if pause(self.poll, stop):
                 raise RendezvousStopped("the job ended before the nodes met")
-            if stop is None:
-                time.sleep(self.poll)
 
     def _acknowledge(self, secret: bytes, entries: dict[int, dict[str, Any]], acks: dict[int, str]) -> None:
         for r, e in entries.items():
