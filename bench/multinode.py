@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import random
 import shutil
 import sys
 import tempfile
@@ -36,23 +35,11 @@ import multinode  # noqa: E402
 
 import netns  # noqa: E402
 
+from .datagen import generate  # noqa: E402
 from .slowfs import SlowFs, SlowFsOptions, ensure_built  # noqa: E402
 
 MIB = 1 << 20
 CONFIGS = multinode.MODES
-
-
-def make_data(root: Path, files: int, seed: int = 4) -> int:
-    """files of 16-48 KiB in 8 class directories; their total size."""
-    rng = random.Random(seed)
-    total = 0
-    for i in range(files):
-        p = root / f"c{i % 8}" / f"f{i:05d}.bin"
-        p.parent.mkdir(parents=True, exist_ok=True)
-        size = rng.randrange(16 << 10, 48 << 10)
-        p.write_bytes(rng.randbytes(size))
-        total += size
-    return total
 
 
 def checksum(result: multinode.JobResult) -> str:
@@ -113,7 +100,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="tiering-multinode-"))
     try:
         src, mnt = work / "src", work / "mnt"
-        total = make_data(src, args.files)
+        # ImageNet-like sizes (log-normal) around 32 KiB in 8 class directories
+        total = generate(src, classes=8, files=args.files, mean_size=32 << 10, seed=4).bytes
         mnt.mkdir()
         capacity = total // 2          # the data set is twice one node's tiers
         rows = []
