@@ -32,7 +32,7 @@ class LocalCopies:
     used: list[list[float]] = field(default_factory=list)
 
     @staticmethod
-    def empty(nodes: int, files: int, classes: int) -> LocalCopies:
+    def empty(nodes: int, classes: int) -> LocalCopies:
         return LocalCopies([Held() for _ in range(nodes)], [Held() for _ in range(nodes)],
                            [[0.0] * classes for _ in range(nodes)])
 

@@ -139,7 +139,7 @@ class Copier:
 def first_touch(ctx: Context, evict: bool) -> Built:
     _need_classes(ctx, 1, "first-touch")
     cfg, sizes = ctx.cfg, ctx.streams.sizes
-    copies = LocalCopies.empty(cfg.nodes, ctx.n_files, len(cfg.storage))
+    copies = LocalCopies.empty(cfg.nodes, len(cfg.storage))
     cp = Copier(ctx, copies)
     # per node, per class: the copies, least recently read first
     recent = [[OrderedDict[int, None]() for _ in cfg.storage] for _ in range(cfg.nodes)]
@@ -168,7 +168,7 @@ def first_touch(ctx: Context, evict: bool) -> Built:
 def stage(ctx: Context) -> Built:
     _need_classes(ctx, 1, "stage")
     cfg, sizes = ctx.cfg, ctx.streams.sizes
-    copies = LocalCopies.empty(cfg.nodes, ctx.n_files, len(cfg.storage))
+    copies = LocalCopies.empty(cfg.nodes, len(cfg.storage))
     order = np.arange(ctx.n_files)
     mb = 0.0
     t0 = -cfg.head_start_s
@@ -209,7 +209,7 @@ def _plans(ctx: Context) -> list[list[tuple[int, str, int, int]]]:
 def clairvoyant(ctx: Context, peers: bool) -> Built:
     _need_classes(ctx, 1, "clairvoyant")
     cfg = ctx.cfg
-    copies = LocalCopies.empty(cfg.nodes, ctx.n_files, len(cfg.storage))
+    copies = LocalCopies.empty(cfg.nodes, len(cfg.storage))
     shards = Shards([-1] * ctx.n_files, [INF] * ctx.n_files, [INF] * ctx.n_files) if peers else None
     cp = Copier(ctx, copies, shards=shards)
     plans = _plans(ctx)

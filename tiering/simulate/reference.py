@@ -70,7 +70,7 @@ def _load_shards(ctx: Context, cls: int, shards: list[np.ndarray],
     """Each node loads its shard from the PFS into class cls; returns the copies,
     what each node holds, the time the last node is done and the MB read."""
     sizes = ctx.streams.sizes
-    copies = LocalCopies.empty(ctx.cfg.nodes, ctx.n_files, len(ctx.cfg.storage))
+    copies = LocalCopies.empty(ctx.cfg.nodes, len(ctx.cfg.storage))
     held, done, mb = [], 0.0, 0.0
     threads = ctx.cfg.storage[cls].threads
     for i, files in enumerate(shards):
@@ -101,7 +101,7 @@ def lbann(ctx: Context, preload: bool) -> Built:
         return Built(Pipeline(ctx.streams, start=done, prefetch_pfs=False, prefetch_peer=True, local=copies,
                               shards=shards), bulk_pfs_mb=mb)
     per = ctx.n_files // cfg.nodes
-    copies = LocalCopies.empty(cfg.nodes, ctx.n_files, len(cfg.storage))
+    copies = LocalCopies.empty(cfg.nodes, len(cfg.storage))
     held, mb = [], 0.0
     for i in range(cfg.nodes):
         first = ctx.streams.files[i][:per]
@@ -165,7 +165,7 @@ def parallel_staging(ctx: Context, rng: np.random.Generator) -> Built:
     cfg, sizes, rates = ctx.cfg, ctx.streams.sizes, ctx.rates
     cls = len(cfg.storage) - 1
     st = cfg.storage[cls]
-    copies = LocalCopies.empty(cfg.nodes, ctx.n_files, len(cfg.storage))
+    copies = LocalCopies.empty(cfg.nodes, len(cfg.storage))
     held_all, done, pfs_mb, peer_mb = [], 0.0, 0.0, 0.0
     everything = np.arange(ctx.n_files)
     for i, own in enumerate(_shard_ranges(ctx)):
@@ -230,7 +230,7 @@ def hdmlp(ctx: Context) -> Built:
     fastest class that holds a complete copy, else from the PFS."""
     _need_classes(ctx, 1, "hdmlp")
     cfg, sizes, rates = ctx.cfg, ctx.streams.sizes, ctx.rates
-    copies = LocalCopies.empty(cfg.nodes, ctx.n_files, len(cfg.storage))
+    copies = LocalCopies.empty(cfg.nodes, len(cfg.storage))
     mb = 0.0
     caps = [c.capacity_mb for c in cfg.storage]
     for i, stream in enumerate(ctx.streams.files):
