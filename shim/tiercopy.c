@@ -110,8 +110,7 @@ static int check_source(int fd, const struct tiering_copy *c)
         return TIERING_COPY_SOURCE_ERROR;
     if (!S_ISREG(st.st_mode))
         return TIERING_COPY_NOT_REGULAR;
-    if ((uint64_t)st.st_size != c->size ||
-        (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec != c->mtime_ns)
+    if ((uint64_t)st.st_size != c->size || tiering_ns(st.st_mtim) != c->mtime_ns)
         return TIERING_COPY_CHANGED;
     return TIERING_COPY_OK;
 }

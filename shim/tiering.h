@@ -27,6 +27,7 @@
 #define TIERING_H
 #include <stdint.h>
 #include <stddef.h>
+#include <time.h>
 
 /* BEGIN CDEF */
 #define TIERING_MAGIC 0x5845444e49524954
@@ -283,6 +284,12 @@ static inline uint64_t tiering_identity_hash(uint32_t dev, uint64_t ino)
     k *= 0xff51afd7ed558ccdULL;
     k ^= k >> 33;
     return k;
+}
+
+/* A time of the kernel's stat in nanoseconds since the epoch (the catalog's unit). */
+static inline int64_t tiering_ns(struct timespec t)
+{
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
 static inline struct tiering_event *tiering_ring(void *base)

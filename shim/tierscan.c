@@ -95,8 +95,6 @@ EXPORT int tiering_scan_list(const char *dir, struct tiering_scan_list *out)
     return err;
 }
 
-static int64_t ns(struct timespec t) { return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec; }
-
 EXPORT int tiering_scan_stat(const char *dir, const char *names, const uint8_t *types, uint64_t count,
                              struct tiering_scan_stat *out)
 {
@@ -115,9 +113,9 @@ EXPORT int tiering_scan_stat(const char *dir, const char *names, const uint8_t *
             continue;
         o->ok = 1;
         o->size = st.st_size;
-        o->mtime_ns = ns(st.st_mtim);
-        o->atime_ns = ns(st.st_atim);
-        o->ctime_ns = ns(st.st_ctim);
+        o->mtime_ns = tiering_ns(st.st_mtim);
+        o->atime_ns = tiering_ns(st.st_atim);
+        o->ctime_ns = tiering_ns(st.st_ctim);
         o->blocks = st.st_blocks;
         o->blksize = st.st_blksize;
         o->dev = st.st_dev;
