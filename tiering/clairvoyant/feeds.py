@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..catalog import Catalog, PathIndex
+from .learning import LiveEpoch
 from .mapping import IndexMap, Learner, check_attribute, split_tags
 from .samplers import interleave
 
@@ -93,6 +94,7 @@ class HookFeed:
         self.clashes: set[int] = set()           # spaces of two data sets of different lengths: not learnt
         self.errors: list[str] = []
         self.main: int | None = None          # key of the loader whose stream is planned
+        self.live: LiveEpoch | None = None    # the epoch read while its mapping is learnt
         self._done: set[str] = set()
         self._polls = 0
         self._epochs_announced = 0
@@ -127,6 +129,8 @@ class HookFeed:
             if learner is not None and space not in self.clashes:
                 mine = spaces == space
                 learner.learn(indices[mine], np.asarray(files, np.int64)[mine])
+                if self.live is not None and self.live.space == space:
+                    self.live.read(indices[mine], np.asarray(files, np.int64)[mine], tags[mine], learner)
         return self._complete(time.monotonic(), drained=True)
 
     def _error(self, text: str) -> None:
@@ -220,6 +224,7 @@ class HookFeed:
                 elif learner is not None and not drained and loader.polled[epoch] >= self._polls:
                     break     # the previous epoch's last opens are drained first: their tags teach
                 del loader.pending[epoch]
+                self._follow_learning(loader, learner, epoch, msgs)
                 maps = self._maps(loader, learner)
                 order = self._merge(maps, msgs, "indices")
                 known = all(m.get("next") is not None for m in msgs.values())
@@ -233,6 +238,41 @@ class HookFeed:
                     continue  # nothing learnt yet: first touch meanwhile
                 out.append((loader.key, EpochOrder(epoch, order, nxt)))
         return out
+
+    def _follow_learning(self, loader: _Loader, learner: Learner | None, epoch: int,
+                         msgs: dict[int, dict]) -> None:
+        """The epoch now read, as indices, while its mapping is incomplete
+        (NOTE [learnt mapping], "The epoch being learnt")."""
+        if learner is None or learner.learnt >= learner.length:
+            if self.live is not None and self.live.loader == loader.key:
+                self.live = None
+            return
+        assert loader.space is not None
+        known = all(m.get("next") is not None for m in msgs.values())
+        self.live = LiveEpoch(loader.key, epoch, loader.space, self._indices(msgs, "indices"),
+                              self._indices(msgs, "next") if known else None, learner.length)
+        self.live.marked = learner.learnt
+
+    @staticmethod
+    def _indices(msgs: dict[int, dict], field_name: str) -> np.ndarray:
+        return interleave([np.asarray(msgs[r][field_name], np.int64) for r in sorted(msgs)])
+
+    def replan(self, share: float, least: int) -> tuple[int, EpochOrder] | None:
+        """The rest of the epoch being learnt, when enough of its positions
+        ahead of the reader have become known since it was last planned:
+        (loader key, the files of its positions known and not read yet, and
+        the next epoch's with the mapping as it is now)."""
+        live = self.live
+        learner = self.learners.get(live.space) if live is not None else None
+        if live is None or learner is None or live.space in self.clashes or not live.due(learner, share, least):
+            return None
+        indices, gain = live.upcoming(learner)
+        if not gain:
+            return None     # nothing ahead to place that the plan does not hold: no new plan
+        live.planned(learner)
+        m = learner.index_map()
+        nxt = m.order(live.next) if live.next is not None else None
+        return live.loader, EpochOrder(live.epoch, m.order(indices), nxt)
 
     @staticmethod
     def _maps(loader: _Loader, learner: Learner | None) -> dict[int, IndexMap]:

@@ -32,6 +32,8 @@ class Clairvoyant(Policy):
     refill = 128         # a landed copy hands more only once this many have room (poll() does every turn)
     part = 4096          # opens matched at once (between them the next epoch may become known)
     early = 256          # opens kept while the hook's first order is on its way (NOTE [early opens])
+    regrow = 0.25        # the epoch being learnt is planned again when the indices learnt grew by this share
+    least = 16           # ... and by this many, and as many of its positions ahead became known
 
     def __init__(self, placement: Placement, feed: ListFeed | HookFeed | None = None, window: int = 64):
         super().__init__(placement)
@@ -118,6 +120,11 @@ class Clairvoyant(Policy):
             first = self.planner is None
             for key, eo in self.feed.poll():
                 self._take(key, eo)
+            if not self.diverged:
+                # after the opens drained so far: an open that taught an index is not matched to its next use
+                learning = self.feed.replan(self.regrow, self.least)
+                if learning is not None:
+                    self._take(*learning, again=True)
             if first and self.planner is not None:
                 if self.feed.learnt():
                     self._drop_early()   # they taught the mapping (a learning epoch, a pass before training)
@@ -149,12 +156,13 @@ class Clairvoyant(Policy):
         if near.any():
             self._follow(files[near], pids[near])
 
-    def _take(self, key: int, eo: EpochOrder) -> None:
+    def _take(self, key: int, eo: EpochOrder, again: bool = False) -> None:
+        """An epoch's order (again: the rest of the epoch being learnt, planned anew)."""
         feed = self.feed
         assert isinstance(feed, HookFeed)
         if key != feed.main or self.diverged:
             return
-        if key != self._loader:           # a new main loader (e.g. after a validation pass)
+        if key != self._loader or again:  # a new main loader (e.g. after a validation pass)
             self._loader = key
             self.predicted.clear()
             self._partial.clear()
