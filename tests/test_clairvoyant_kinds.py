@@ -209,3 +209,28 @@ def test_ctrl_c_during_the_warm_up_stops_before_command_and_cleans_up(tmp_path):
     # the tiers are removed in the background after tier-run exits
     wait_for(lambda: not [d for d in os.listdir("/dev/shm") if d.startswith(f"tiering-{USER}-{p.pid}-")],
              "the removal of the job's directories")
+
+
+def test_the_workload_waits_for_its_own_jobs_copies_only(tmp_path):
+    """A directory of an earlier job whose pid was the same (pid numbers are
+    reused; a remover takes a dead job's directory over while it deletes it)
+    holds copies too: the wait must not count them (epoch 2 would begin
+    before this job's copies landed)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("kinds_under_test", KINDS)
+    assert spec is not None and spec.loader is not None
+    kinds = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(kinds)
+    from tiering.rundirs import start_ticks
+    me = os.getpid()
+    for name, owner, files in (("mine", {"pid": me, "start": start_ticks(me)}, 3),
+                               ("earlier", {"pid": me, "start": -1}, 80),
+                               ("removed", {"pid": 1, "start": start_ticks(1)}, 80)):
+        d = tmp_path / f"tiering-{USER}-{me}-{name}"
+        (d / "data" / "0").mkdir(parents=True)
+        (d / "owner.json").write_text(json.dumps(owner))
+        for k in range(files):
+            (d / "data" / "0" / f"{k}.bin").write_bytes(b"x")
+    assert kinds.job_tiers(me, str(tmp_path)) == [str(tmp_path / f"tiering-{USER}-{me}-mine" / "data")]
+    assert kinds.wait_copies(3, 0.0, me, str(tmp_path)) is True
+    assert kinds.wait_copies(4, 0.0, me, str(tmp_path)) is False

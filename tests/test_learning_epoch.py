@@ -127,6 +127,58 @@ def orders(n: int, epochs: int, seed: int = 5) -> list[np.ndarray]:
     return [rng.permutation(n) for _ in range(epochs)]
 
 
+@pytest.mark.parametrize("interleaving", ["in order", "last opens after the message",
+                                          "first opens before the message", "one late batch"])
+def test_a_data_set_that_fits_is_read_from_the_tiers_from_the_epoch_after_the_learning_one(tmp_path, interleaving):
+    """Epoch 0 learns the mapping; first touch copies every file.  However
+    the daemon interleaves reading epoch 1's order with draining the opens
+    around it, epoch 1 keeps those copies (no eviction, no copy made again)
+    and its reads are followed."""
+    n = 80
+    job = Job(tmp_path, n)
+    e0, e1, e2 = orders(n, 3)
+    job.epoch(0, e0, e1)
+    job.poll()
+    job.drain(e0[:70])
+    job.daemon.land()
+    if interleaving == "in order":
+        job.drain(e0[70:])
+        job.daemon.land()
+        job.epoch(1, e1, e2)
+        job.poll()
+        job.drain(e1[:40])
+    elif interleaving == "last opens after the message":
+        job.epoch(1, e1, e2)
+        job.poll()                  # epoch 1's order is read before epoch 0's last opens are drained
+        job.drain(e0[70:])
+        job.daemon.land()
+        job.drain(e1[:40])
+    elif interleaving == "first opens before the message":
+        job.drain(e0[70:])
+        job.daemon.land()
+        job.epoch(1, e1, e2)
+        job.drain(e1[:40])          # a fast reader: drained before the order is read
+        job.poll()
+    else:
+        job.epoch(1, e1, e2)
+        job.poll()
+        job.drain(np.r_[e0[70:], e1[:40]])   # a slow drain: both epochs' opens in one batch
+        job.daemon.land()
+    before = job.from_tiers
+    job.poll()
+    job.drain(e1[40:])
+    job.poll()
+    job.daemon.land()
+    r = job.policy.report()
+    assert job.daemon.evictions == 0 and job.daemon.copies == n, r
+    if interleaving != "one late batch":
+        assert job.from_tiers - before == 40            # epoch 1's last 40 reads, from the tiers
+    assert r["following"] and not r["diverged"], r
+    # every open of epoch 1 matched its position (the early ones included)
+    assert r["matched_opens"] == n, r
+    assert r["unmatched_opens"] == 0, r
+
+
 def replacement_epoch(n: int, seed: int) -> np.ndarray:
     import torch
     from torch.utils.data import RandomSampler
@@ -194,3 +246,76 @@ def test_a_learning_epoch_without_repeats_is_not_planned_again(tmp_path):
     r = job.policy.report()
     assert repeats == 0 and r["replans"] == 0 and r["stream_length"] == 0, r
     assert job.daemon.copies == 40 and job.daemon.evictions == 0
+
+
+def two_sets(tmp: Path, n: int, dirs: tuple[str, str]) -> tuple[HookFeed, Path, np.ndarray, np.ndarray]:
+    """A catalog with n files in each of two directories: (a feed, its order
+    directory, the catalog ids of the first directory's files, of the second's)."""
+    root = tmp / "data"
+    make_data(root, {f"{d}/{i:04d}.bin": 10 for d in dirs for i in range(n)})
+    cat = scan([str(root)])
+    ids = {f.rel: k for k, f in enumerate(cat.files)}
+    d = tmp / "orders"
+    d.mkdir()
+    return (HookFeed(d, cat), d, np.array([ids[f"{dirs[0]}/{i:04d}.bin"] for i in range(n)]),
+            np.array([ids[f"{dirs[1]}/{i:04d}.bin"] for i in range(n)]))
+
+
+def test_two_data_sets_in_one_tag_space_are_not_learnt(tmp_path):
+    """Two data sets of one class and length whose string attributes do not
+    tell them apart share a tag space: the training set's index i opens
+    train/i, the validation set's val/i.  The fetches of index i open
+    either one, never both: the space is refused (first touch, said why),
+    rather than every index mapping to both files."""
+    n = 64
+    feed, d, train, val = two_sets(tmp_path, n, ("train", "val"))
+    policy = Clairvoyant(Daemon(len(train) + len(val)), feed)  # type: ignore[arg-type]
+    learn = {"space": SPACE, "length": n}
+    for key in (0, 1):
+        message_to(d, f"{key}-0", {"kind": "dataset", "loader": key, "paths": None, "how": None, "why": "-",
+                                   "learn": learn})
+    message_to(d, "0-1", {"kind": "epoch", "loader": 0, "epoch": 0, "indices": list(range(n)), "next": None})
+    policy.poll()
+    tags = (SPACE << TAG_BITS) | (np.arange(n) + 1)
+    policy.on_tagged(train, tags, np.full(n, 7))       # the training's epoch 1 learns train/i
+    message_to(d, "1-1", {"kind": "epoch", "loader": 1, "epoch": 0, "indices": list(range(n)), "next": None})
+    policy.poll()
+    assert feed.learners[SPACE].learnt == n
+    policy.on_tagged(val[:8], tags[:8], np.full(8, 9))   # the validation's first fetches: val/i alone
+    assert not policy.gave_up                               # 7 of 70 fetches judged: not enough to tell
+    policy.on_tagged(val[8:], tags[8:], np.full(n - 8, 9))
+    assert policy.gave_up is not None and not policy.following
+    assert "two data sets share a tag space" in policy.gave_up and "/val/" in policy.gave_up
+    assert feed.mapping()["source"].startswith("none: two data sets share a tag space")
+    r = policy.report()
+    assert r["gave_up"] == policy.gave_up and r["mapping"]["mapped"] == 0
+
+
+def test_an_index_reading_an_image_and_a_mask_in_each_fetch_is_one_data_set(tmp_path):
+    """img/i and mask/i opened in every fetch of index i (by two workers,
+    a fetch's two opens now and then in two drained batches, judged as one
+    fetch): learnt, not refused."""
+    n = 64
+    feed, d, img, mask = two_sets(tmp_path, n, ("img", "mask"))
+    policy = Clairvoyant(Daemon(2 * n), feed)  # type: ignore[arg-type]
+    message_to(d, "0", {"kind": "dataset", "loader": 0, "paths": None, "how": None, "why": "-",
+                        "learn": {"space": SPACE, "length": n}})
+    for epoch in range(3):
+        message_to(d, f"{epoch + 1}", {"kind": "epoch", "loader": 0, "epoch": epoch, "indices": list(range(n)),
+                                       "next": list(range(n))})
+        policy.poll()
+        files = np.stack([img, mask], 1).ravel()
+        tags = np.repeat((SPACE << TAG_BITS) | (np.arange(n) + 1), 2)
+        pids = np.repeat(np.where(np.arange(n) % 2 == 0, 7, 8), 2)
+        for a, b in ((0, 9), (9, 41), (41, 2 * n)):         # batches that split fetches 4 and 20
+            policy.on_tagged(files[a:b], tags[a:b], pids[a:b])
+            policy.on_opens(files[a:b], np.zeros(b - a, bool), pids[a:b])
+    assert policy.gave_up is None, policy.gave_up
+    learner = feed.learners[SPACE]
+    # every fetch judged but each worker's last (it may go on in the next batch)
+    assert learner.learnt == n and learner.strays == 0 and learner.fetches == 3 * n - 2
+    assert feed.mapping()["source"] == "learnt in epoch 1"
+
+
+def message_to(d: Path, name: str, msg: dict) -> None:
+    (d / f"{name}.json").write_text(json.dumps(msg))

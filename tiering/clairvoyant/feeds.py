@@ -89,12 +89,16 @@ class HookFeed:
     def __init__(self, order_dir: Path, catalog: Catalog):
         self.dir = order_dir
         self.paths = PathIndex(catalog)
+        self.catalog = catalog
+        self._dirs = np.asarray(catalog.files.dir, np.int64)
         self.loaders: dict[int, _Loader] = {}
         self.learners: dict[int, Learner] = {}   # tag space -> what its opens taught
         self.clashes: set[int] = set()           # spaces of two data sets of different lengths: not learnt
         self.errors: list[str] = []
         self.main: int | None = None          # key of the loader whose stream is planned
         self.live: LiveEpoch | None = None    # the epoch read while its mapping is learnt
+        self.previous: LiveEpoch | None = None   # the one before it, whose last opens may come late
+        self.opened_in = np.zeros(0, np.int64)   # the epoch of each open of the last learn() (-1: not known)
         self._done: set[str] = set()
         self._polls = 0
         self._epochs_announced = 0
@@ -118,20 +122,64 @@ class HookFeed:
             self._take(msg, now)
         return self._complete(now)
 
-    def learn(self, files: np.ndarray, tags: np.ndarray) -> list[tuple[int, EpochOrder]]:
+    def learn(self, files: np.ndarray, tags: np.ndarray,
+              pids: np.ndarray | None = None) -> list[tuple[int, EpochOrder]]:
         """Catalogued opens made while the hook's tag named a sample index
         (a drained batch: it holds every open posted before the epoch
         messages read so far); then the epochs of learnt mappings that
         waited for them."""
         spaces, indices = split_tags(tags)
+        files = np.asarray(files, np.int64)
+        self.opened_in = np.full(len(files), -1, np.int64)
         for space in np.unique(spaces).tolist():
             learner = self.learners.get(space)
             if learner is not None and space not in self.clashes:
                 mine = spaces == space
-                learner.learn(indices[mine], np.asarray(files, np.int64)[mine])
-                if self.live is not None and self.live.space == space:
-                    self.live.read(indices[mine], np.asarray(files, np.int64)[mine], tags[mine], learner)
+                learner.learn(indices[mine], files[mine])
+                if pids is not None:
+                    learner.check_fetches(indices[mine], files[mine], np.asarray(pids, np.int64)[mine], self._dirs)
+                    if learner.mixed():
+                        self._mixed(space, learner)
+                        continue
+                self._epochs_of(space, np.flatnonzero(mine), indices, files, tags, learner)
         return self._complete(time.monotonic(), drained=True)
+
+    def _epochs_of(self, space: int, at: np.ndarray, indices: np.ndarray, files: np.ndarray, tags: np.ndarray,
+                   learner: Learner) -> None:
+        """Which epoch each of these tagged opens read (opened_in): the one
+        before the epoch being learnt (its last samples, drained late), that
+        epoch, or the next (read before its order came in)."""
+        for ep in (self.previous, self.live):
+            if ep is None or ep.space != space or not len(at):
+                continue
+            inside = ep.read(indices[at], files[at], tags[at], learner)
+            self.opened_in[at] = np.where(inside, ep.epoch, ep.epoch + 1)
+            at = at[~inside]
+
+    def _mixed(self, space: int, learner: Learner) -> None:
+        """Two data sets learn in one space (one class and length, and the
+        same string attributes): their files would mix per index; the space
+        is not learnt, its loaders fall back to first touch."""
+        self.clashes.add(space)
+        if self.live is not None and self.live.space == space:
+            self.live = None
+        self.previous = None
+        assert learner.stray is not None
+        i, a, b = learner.stray
+        why = (f"two data sets share a tag space (one class, one length): index {i} opened "
+               f"{self.catalog.source_path(self.catalog.files[a])} in one fetch and "
+               f"{self.catalog.source_path(self.catalog.files[b])} in another "
+               f"({learner.strays} of {learner.fetches} fetches); the mapping is not learnt")
+        for loader in self.loaders.values():
+            if loader.space == space:
+                loader.why = why
+        log.info("order hook: %s; prefetching follows first touch (give each data set a root attribute "
+                 "of its own, or the order with --order-file)", why)
+
+    def refused(self) -> bool:
+        """Whether the main loader's tag space was found shared by two data sets."""
+        loader = self.loaders.get(self.main) if self.main is not None else None
+        return loader is not None and loader.space in self.clashes and not loader.maps_by_rank
 
     def _error(self, text: str) -> None:
         if text not in self.errors:
@@ -243,8 +291,10 @@ class HookFeed:
                          msgs: dict[int, dict]) -> None:
         """The epoch now read, as indices, while its mapping is incomplete
         (NOTE [learnt mapping], "The epoch being learnt")."""
+        mine = self.live is not None and self.live.loader == loader.key
+        self.previous = self.live if mine else None
         if learner is None or learner.learnt >= learner.length:
-            if self.live is not None and self.live.loader == loader.key:
+            if mine:
                 self.live = None
             return
         assert loader.space is not None

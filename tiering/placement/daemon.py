@@ -333,7 +333,8 @@ class Daemon:
             self.stats.job_pfs_bytes += int(self._sizes_array[from_pfs].sum())
         tagged = opens & (events["tag"] != 0)
         if tagged.any():
-            self._guarded(self.policy.on_tagged, files[tagged], events["tag"][tagged].astype(np.int64))
+            self._guarded(self.policy.on_tagged, files[tagged], events["tag"][tagged].astype(np.int64),
+                          events["pid"][tagged].astype(np.int64))
         start = 0
         for w in [*writes, n]:
             seg = start + np.flatnonzero(opens[start:w])
