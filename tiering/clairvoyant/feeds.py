@@ -317,8 +317,8 @@ class HookFeed:
         if live is None or learner is None or live.space in self.clashes or not live.due(learner, share, least):
             return None
         indices, gain = live.upcoming(learner)
-        if not gain:
-            return None     # nothing ahead to place that the plan does not hold: no new plan
+        if gain < max(1, live.length // 1024):
+            return None     # (next to) nothing ahead that the plan does not hold: a new plan costs more
         live.planned(learner)
         m = learner.index_map()
         nxt = m.order(live.next) if live.next is not None else None

@@ -74,8 +74,8 @@ class Clairvoyant(Policy):
         p = self.placement
         caps = [int(c * self.margin) for c in p.capacities]
         self.planner = Planner(p.sizes, caps, window=self.window)
-        for i, tier in p.placements():
-            self.planner.adopt(i, tier)
+        placed = np.array(list(p.placements()), np.int64).reshape(-1, 2)
+        self.planner.adopt_many(placed[:, 0], placed[:, 1])
         self.progress = Progress(self.planner, window=max(256, 4 * self.window))
         self.epoch_starts, self.epochs = [], []
         self._actions.clear()

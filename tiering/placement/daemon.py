@@ -192,7 +192,9 @@ class Daemon:
 
     def placements(self) -> Iterator[tuple[int, int]]:
         with self._lock:
-            placed = [(i, t) for i, t in enumerate(self._where) if t != NOT_PLACED]
+            where = np.frombuffer(self._where, np.int8)
+            held = np.flatnonzero(where != NOT_PLACED)     # numpy over the catalog: a new plan adopts them
+            placed = list(zip(held.tolist(), where[held].tolist()))
             placed += list(self._pending.items())
         return iter(placed)
 
