@@ -33,12 +33,13 @@ def make_images(root: Path, masks: bool = False) -> None:
 
 
 def train(tmp: Path, data: Path, kind: str, *opts: str, workers: int = 2,
-          extra: tuple[str, ...] = (), copies: int = 0, capacity: int | None = None
-          ) -> tuple[dict, dict | None, str]:
+          extra: tuple[str, ...] = (), copies: int = 0, capacity: int | None = None,
+          data_root: Path | None = None) -> tuple[dict, dict | None, str]:
     """The workload (with the workload's options extra) under tier-run (with
     opts) and on its own: (its result under tier-run, the JSON stats,
     tier-run's stderr); asserts the two trainings agree.  capacity: of the
-    RAM tier, in bytes (1 GiB by default).  copies: after each
+    RAM tier, in bytes (1 GiB by default); data_root: tier-run's --data
+    (data by default).  copies: after each
     epoch the workload waits until the RAM tier holds that many (the next
     epoch then shows what was placed, whatever the machine's speed)."""
     plain_out, out, stats = tmp / f"{kind}-plain.json", tmp / f"{kind}.json", tmp / f"{kind}-stats.json"
@@ -49,7 +50,7 @@ def train(tmp: Path, data: Path, kind: str, *opts: str, workers: int = 2,
                        timeout=300)
     assert r.returncode == 0, r.stderr
     prof = profile(tmp) if capacity is None else profile(tmp, capacity=str(capacity))
-    r = tier_run(["--profile", str(prof), "--data", str(data), "--stats-json", str(stats), *opts, "--",
+    r = tier_run(["--profile", str(prof), "--data", str(data_root or data), "--stats-json", str(stats), *opts, "--",
                   PYTHON, *args, "--out", str(out)])
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     got, plain = json.loads(out.read_text()), json.loads(plain_out.read_text())
@@ -128,6 +129,42 @@ def test_indices_drawn_again_in_the_learning_epoch_are_planned_when_the_data_set
     # was measured in it; without a plan in the learning epoch there is none)
     assert stats["epochs"][0]["prefetch_lead"] is not None, stats["epochs"]
     assert order["replans"] >= 2 and order["fetches"] >= 1, order
+
+
+def test_a_validation_set_of_the_same_class_and_length_learns_apart(tmp_path):
+    """The training set and a validation set read after each epoch are one
+    class, one length, two directories: each learns its own mapping (the
+    hook's tag space differs by the root attribute), so the training's
+    indices map to its own files only."""
+    data = tmp_path / "pfs"
+    make_images(data / "train")
+    make_images(data / "val")
+    got, stats, err = train(tmp_path, data / "train", "from-id", workers=2, extra=("--val", str(data / "val")),
+                            data_root=data)
+    order = stats["order"]
+    m = order["mapping"]
+    assert m["source"] == "learnt in epoch 1" and m["mapped"] == N, err
+    # the followed loader's space saw its own data set's opens only: one per index and epoch
+    assert m["tagged_opens"] == 3 * N, m
+    assert not order["gave_up"] and "share a tag space" not in err
+
+
+def test_two_data_sets_that_nothing_tells_apart_are_not_learnt(tmp_path):
+    """Training and validation sets keeping their paths in a dict (no string
+    attribute differs) share the hook's tag space: the fetches of an index
+    open a file of either directory, never both; the mapping is refused,
+    placement falls back to first touch, and the job says why."""
+    data = tmp_path / "pfs"
+    make_images(data / "train")
+    make_images(data / "val")
+    got, stats, err = train(tmp_path, data / "train", "dict-ids", "-v", workers=2,
+                            extra=("--val", str(data / "val")), data_root=data)
+    order = stats["order"]
+    assert order["gave_up"].startswith("two data sets share a tag space (one class, one length): index "), order
+    assert "/pfs/train/img/" in order["gave_up"] and "/pfs/val/img/" in order["gave_up"]
+    assert order["mapping"]["source"] == "none: " + order["gave_up"] and not order["following"]
+    assert "policy first-touch (clairvoyant until the mapping was given up: two data sets" in err
+    assert "order hook: two data sets share a tag space" in err      # -v
 
 
 def test_a_mapping_learnt_by_a_pass_before_training_is_followed_from_the_first_training_epoch(tmp_path):

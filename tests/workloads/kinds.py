@@ -21,6 +21,8 @@ RNG state, "arrow_local": whether the big file's descriptor is a tier copy}.
 --stats-pass: before training, one pass of a sequential DataLoader over the same
 data set (as for its mean and standard deviation).
 --replacement: the training's sampler draws with replacement (indices read twice in an epoch).
+--val DIR: after each epoch, a sequential pass over the same kind of data set in DIR (a
+validation set: the same class and length, other files).
 --epoch-copies K: after each epoch, wait until the tier-run's RAM tier holds K copies;
 "copies_waited" in each epoch's record says whether it did (within 60 s)."""
 from __future__ import annotations
@@ -189,6 +191,7 @@ def main() -> None:
     p.add_argument("--epoch-pause", type=float, default=0.0, help="seconds after each epoch (a validation)")
     p.add_argument("--stats-pass", action="store_true", help="a sequential pass over the data set first")
     p.add_argument("--replacement", action="store_true", help="a RandomSampler with replacement (seeded)")
+    p.add_argument("--val", help="after each epoch, a pass over a data set of the same kind in this directory")
     p.add_argument("--step-pause", type=float, default=0.0, help="seconds per batch (the model's compute)")
     p.add_argument("--epoch-copies", type=int, default=0,
                    help="after each epoch, wait (60 s at most) until the RAM tier of the tier-run running this "
@@ -224,6 +227,10 @@ def main() -> None:
             loss.backward()
             opt.step()
             time.sleep(a.step_pause)
+        if a.val:
+            for _ in DataLoader(make(a.kind, os.path.abspath(a.val)), batch_size=8, num_workers=a.workers,
+                                collate_fn=collate):
+                pass
         time.sleep(a.epoch_pause)
         epochs.append({"opens": opens, "local": local, "copies_waited": wait_copies(a.epoch_copies)})
     h = hashlib.sha256()

@@ -203,7 +203,7 @@ class Clairvoyant(Policy):
         got = self.feed.learn(files, tags, pids)
         opened_in = self.feed.opened_in
         if self.feed.refused() and not self.diverged:
-            self._give_up(self.feed.mapping()["source"])
+            self._give_up(str(self.feed.mapping()["source"]).removeprefix("none: "))
         for key, eo in got:
             self._take(key, eo)
         if self.planner is None:
