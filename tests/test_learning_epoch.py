@@ -186,13 +186,16 @@ def replacement_epoch(n: int, seed: int) -> np.ndarray:
     return np.array(list(RandomSampler(range(n), replacement=True, generator=g)), np.int64)
 
 
-def read_learning_epoch(job: Job, order: np.ndarray, batch: int) -> tuple[int, int]:
+def read_learning_epoch(job: Job, order: np.ndarray, batch: int, between=None) -> tuple[int, int]:
     """Reads the learning epoch a batch at a time (the daemon lands its
-    copies between batches): (repeated reads of an index first read in an
-    earlier batch, how many of them the tiers served)."""
+    copies between batches; between(k) runs before the batch at k):
+    (repeated reads of an index first read in an earlier batch, how many of
+    them the tiers served)."""
     first: dict[int, int] = {}
     repeats = served = 0
     for k in range(0, len(order), batch):
+        if between is not None:
+            between(k)
         part = order[k:k + batch]
         for i in part.tolist():
             if first.setdefault(i, k) < k:
@@ -204,8 +207,21 @@ def read_learning_epoch(job: Job, order: np.ndarray, batch: int) -> tuple[int, i
     return repeats, served
 
 
-@pytest.mark.parametrize("plan", [True, False])
-def test_indices_read_again_in_the_learning_epoch_are_prefetched_when_the_data_set_does_not_fit(tmp_path, plan):
+def validation_at(job: Job, at: int):
+    """A validation loader over another data set (another tag space) that
+    announces its epoch before the batch at position `at`."""
+    def between(k: int) -> None:
+        if k == at:
+            job.message({"kind": "dataset", "loader": 1, "paths": None, "how": None, "why": "-",
+                         "learn": {"space": SPACE + 1, "length": 50}})
+            job.message({"kind": "epoch", "loader": 1, "epoch": 0, "indices": list(range(50)), "next": None})
+            job.poll()
+    return between
+
+
+@pytest.mark.parametrize("plan,validation", [(True, False), (False, False), (True, True)])
+def test_indices_read_again_in_the_learning_epoch_are_prefetched_when_the_data_set_does_not_fit(tmp_path, plan,
+                                                                                                 validation):
     """A sampler with replacement reads some indices twice in the epoch
     that learns the mapping.  Once an index is learnt, its later positions
     in that epoch are planned: prefetched ahead of the reader, evicting
@@ -219,7 +235,8 @@ def test_indices_read_again_in_the_learning_epoch_are_prefetched_when_the_data_s
     e0, e1 = replacement_epoch(n, 3), replacement_epoch(n, 4)
     job.epoch(0, e0, e1)
     job.poll()
-    repeats, served = read_learning_epoch(job, e0, batch=8)
+    # (validation: another data set's loader announces an epoch meanwhile; the training's is still planned)
+    repeats, served = read_learning_epoch(job, e0, batch=8, between=validation_at(job, 96) if validation else None)
     r = job.policy.report()
     assert repeats == 79                   # of 200 reads of 121 distinct indices (seed 3)
     if plan:

@@ -96,8 +96,9 @@ class HookFeed:
         self.clashes: set[int] = set()           # spaces of two data sets of different lengths: not learnt
         self.errors: list[str] = []
         self.main: int | None = None          # key of the loader whose stream is planned
-        self.live: LiveEpoch | None = None    # the epoch read while its mapping is learnt
-        self.previous: LiveEpoch | None = None   # the one before it, whose last opens may come late
+        self.lives: dict[int, LiveEpoch] = {}      # tag space -> the epoch read while its mapping is learnt
+        self.previous: dict[int, LiveEpoch] = {}   # ... the one before it, whose last opens may come late
+        self._last_space: int | None = None        # the space of the epoch announced last
         self.opened_in = np.zeros(0, np.int64)   # the epoch of each open of the last learn() (-1: not known)
         self._done: set[str] = set()
         self._polls = 0
@@ -149,8 +150,8 @@ class HookFeed:
         """Which epoch each of these tagged opens read (opened_in): the one
         before the epoch being learnt (its last samples, drained late), that
         epoch, or the next (read before its order came in)."""
-        for ep in (self.previous, self.live):
-            if ep is None or ep.space != space or not len(at):
+        for ep in (self.previous.get(space), self.lives.get(space)):
+            if ep is None or not len(at):
                 continue
             inside = ep.read(indices[at], files[at], tags[at], learner)
             self.opened_in[at] = np.where(inside, ep.epoch, ep.epoch + 1)
@@ -161,9 +162,8 @@ class HookFeed:
         same string attributes): their files would mix per index; the space
         is not learnt, its loaders fall back to first touch."""
         self.clashes.add(space)
-        if self.live is not None and self.live.space == space:
-            self.live = None
-        self.previous = None
+        self.lives.pop(space, None)
+        self.previous.pop(space, None)
         assert learner.stray is not None
         i, a, b = learner.stray
         why = (f"two data sets share a tag space (one class, one length): index {i} opened "
@@ -291,17 +291,27 @@ class HookFeed:
                          msgs: dict[int, dict]) -> None:
         """The epoch now read, as indices, while its mapping is incomplete
         (NOTE [learnt mapping], "The epoch being learnt")."""
-        mine = self.live is not None and self.live.loader == loader.key
-        self.previous = self.live if mine else None
-        if learner is None or learner.learnt >= learner.length:
-            if mine:
-                self.live = None
+        if learner is None or loader.space is None:
             return
-        assert loader.space is not None
+        space = self._last_space = loader.space
+        live = self.lives.pop(space, None)
+        if live is not None and live.loader == loader.key:
+            self.previous[space] = live
+        else:
+            self.previous.pop(space, None)
+        if learner.learnt >= learner.length:
+            return
         known = all(m.get("next") is not None for m in msgs.values())
-        self.live = LiveEpoch(loader.key, epoch, loader.space, self._indices(msgs, "indices"),
-                              self._indices(msgs, "next") if known else None, learner.length)
-        self.live.marked = learner.learnt
+        live = self.lives[space] = LiveEpoch(loader.key, epoch, space, self._indices(msgs, "indices"),
+                                             self._indices(msgs, "next") if known else None, learner.length)
+        live.marked = learner.learnt
+
+    def live(self) -> LiveEpoch | None:
+        """The epoch being learnt of the main loader's tag space (of the
+        space announced last while no loader has a mapping)."""
+        loader = self.loaders.get(self.main) if self.main is not None else None
+        space = loader.space if loader is not None else self._last_space
+        return self.lives.get(space) if space is not None else None
 
     @staticmethod
     def _indices(msgs: dict[int, dict], field_name: str) -> np.ndarray:
@@ -312,7 +322,7 @@ class HookFeed:
         ahead of the reader have become known since it was last planned:
         (loader key, the files of its positions known and not read yet, and
         the next epoch's with the mapping as it is now)."""
-        live = self.live
+        live = self.live()
         learner = self.learners.get(live.space) if live is not None else None
         if live is None or learner is None or live.space in self.clashes or not live.due(learner, share, least):
             return None

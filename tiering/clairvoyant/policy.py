@@ -207,7 +207,7 @@ class Clairvoyant(Policy):
         for key, eo in got:
             self._take(key, eo)
         if self.planner is None:
-            live = self.feed.live
+            live = self.feed.live()
             if live is not None:
                 ahead = opened_in > live.epoch
                 self._ahead = np.r_[self._ahead, files[ahead]][-self.early:]
