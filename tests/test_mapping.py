@@ -300,3 +300,18 @@ def test_opens_before_a_later_epochs_order_count_in_the_epoch_before():
     log.opened(None, False, 10)                      # the first epoch's order came late
     log.opened_many(np.array([0]), np.array([True]), np.array([10]))
     assert [(r["epoch"], r["opens"]) for r in log.records()] == [(0, 2)]
+
+
+def test_the_tag_space_tells_data_sets_of_one_class_apart_by_their_string_attributes(hook):
+    """Two data sets of one class and length over other directories (a
+    training and a validation set) learn in spaces of their own; a worker's
+    copy (fork, or spawn: pickled) computes the same space as the main
+    process, with no message between them."""
+    import pickle
+
+    import torch.utils.data as tud
+    train, val = Plain(ids=[1, 2, 3], root="/pfs/train"), Plain(ids=[1, 2, 3], root=Path("/pfs/val"))
+    assert hook._space(train, 3) != hook._space(val, 3)
+    assert hook._space(pickle.loads(pickle.dumps(val)), 3) == hook._space(val, 3)
+    assert hook._space(tud.Subset(train, [0, 1]), 2) != hook._space(tud.Subset(val, [0, 1]), 2)
+    assert hook._space(Plain(ids=[4, 5, 6], root="/pfs/train"), 3) == hook._space(train, 3)   # same files

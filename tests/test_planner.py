@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import pytest
 from reference_planner import Tally, reads
 
@@ -605,3 +606,20 @@ def test_consumed_stream_is_trimmed_without_changing_the_plan(monkeypatch: pytes
     assert len(p.stream) <= 2 * n and len(p.next_pos) == len(p.stream)
     assert trimmed.schedule == whole.schedule
     assert [r.as_dict() for r in trimmed.reports] == [r.as_dict() for r in whole.reports]
+
+
+def test_adopting_many_copies_at_once_is_adopting_each():
+    """A new plan adopts what is placed (tens of thousands of copies) in one
+    pass: the same residents, fill and decisions as one at a time."""
+    rng = np.random.default_rng(2)
+    sizes = rng.integers(1, 20_000, 500)
+    files, tiers = rng.integers(0, 500, 300), rng.integers(0, 2, 300)
+    one, many = (Planner(sizes, [600_000, 900_000], window=32) for _ in range(2))
+    for f, t in zip(files.tolist(), tiers.tolist()):
+        one.adopt(f, t)
+    many.adopt_many(files, tiers)
+    assert one.resident.as_dict() == many.resident.as_dict() and one.used == many.used
+    order = rng.permutation(500)
+    for p in (one, many):
+        p.extend(order)
+    assert one.advance() == many.advance()

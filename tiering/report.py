@@ -46,6 +46,8 @@ def in_force(r: JobRecord) -> tuple[str, str | None]:
     if r.policy != "clairvoyant":
         return r.policy, None
     o = r.order
+    if o.get("gave_up"):
+        return "first-touch", f"clairvoyant until the mapping was given up: {o['gave_up']}"
     if o.get("diverged"):
         return "first-touch", (f"clairvoyant until the reads stopped following the order after "
                                f"{o.get('matched_opens', 0)} matched opens")

@@ -19,7 +19,12 @@ or DIR/table.arrow. Writes {"epochs": [{"opens", "local"}], "digest": sha256 of
 what each index read, "weights": sha256 of the model, "rng": sha256 of the global
 RNG state, "arrow_local": whether the big file's descriptor is a tier copy}.
 --stats-pass: before training, one pass of a sequential DataLoader over the same
-data set (as for its mean and standard deviation)."""
+data set (as for its mean and standard deviation).
+--replacement: the training's sampler draws with replacement (indices read twice in an epoch).
+--val DIR: after each epoch, a sequential pass over the same kind of data set in DIR (a
+validation set: the same class and length, other files).
+--epoch-copies K: after each epoch, wait until the tier-run's RAM tier holds K copies;
+"copies_waited" in each epoch's record says whether it did (within 60 s)."""
 from __future__ import annotations
 
 import argparse
@@ -32,7 +37,7 @@ import os
 import time
 
 import torch
-from torch.utils.data import DataLoader, Dataset, Subset
+from torch.utils.data import DataLoader, Dataset, RandomSampler, Subset
 
 RECORD = 4096
 
@@ -140,15 +145,39 @@ def collate(batch):  # type: ignore[no-untyped-def]
     return [b[:3] for b in batch], torch.stack([b[3] for b in batch])
 
 
-def wait_copies(count: int, timeout: float = 60.0) -> None:
+def job_tiers(parent: int, shm: str = "/dev/shm") -> list[str]:
+    """The data directories of the RAM tiers of the tier-run that is process
+    parent: its private directories whose owner record names that process
+    (pid and start time).  A directory of an earlier job whose pid was the
+    same (pid numbers are reused; a remover takes a dead job's directory
+    over while it deletes it) is not this job's."""
+    from tiering.rundirs import start_ticks
+    start = start_ticks(parent)
+    out = []
+    for d in glob.glob(f"{shm}/tiering-{getpass.getuser()}-{parent}-*/data"):
+        try:
+            with open(os.path.join(os.path.dirname(d), "owner.json")) as f:
+                owner = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if owner.get("pid") == parent and owner.get("start") == start:
+            out.append(d)
+    return out
+
+
+def wait_copies(count: int, timeout: float = 60.0, parent: int | None = None, shm: str = "/dev/shm") -> bool:
     """Until the RAM tier of the tier-run that started this process holds
-    count copies (at most timeout seconds); at once without tier-run."""
-    tiers = glob.glob(f"/dev/shm/tiering-{getpass.getuser()}-{os.getppid()}-*/data")
+    count copies (at most timeout seconds); at once without tier-run.
+    Whether it got there."""
+    tiers = job_tiers(os.getppid() if parent is None else parent, shm)
     deadline = time.monotonic() + timeout
-    while count and tiers and time.monotonic() < deadline:
+    while count and tiers:
         if sum(len(files) for t in tiers for _, _, files in os.walk(t)) >= count:
-            return
+            return True
+        if time.monotonic() >= deadline:
+            return False
         time.sleep(0.05)
+    return not count
 
 
 def main() -> None:
@@ -161,6 +190,9 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--epoch-pause", type=float, default=0.0, help="seconds after each epoch (a validation)")
     p.add_argument("--stats-pass", action="store_true", help="a sequential pass over the data set first")
+    p.add_argument("--replacement", action="store_true", help="a RandomSampler with replacement (seeded)")
+    p.add_argument("--val", help="after each epoch, a pass over a data set of the same kind in this directory")
+    p.add_argument("--step-pause", type=float, default=0.0, help="seconds per batch (the model's compute)")
     p.add_argument("--epoch-copies", type=int, default=0,
                    help="after each epoch, wait (60 s at most) until the RAM tier of the tier-run running this "
                         "holds this many copies: what the test checks is placement, not the machine's speed")
@@ -173,8 +205,12 @@ def main() -> None:
         xs = [x for _, x in DataLoader(ds, batch_size=8, num_workers=a.workers, collate_fn=collate)]
         stats = torch.cat(xs).mean(0).tolist()
         time.sleep(a.epoch_pause)
-    loader = DataLoader(ds, batch_size=8, shuffle=True, num_workers=a.workers, collate_fn=collate,
-                        generator=torch.Generator().manual_seed(11))
+    if a.replacement:
+        sampler = RandomSampler(ds, replacement=True, generator=torch.Generator().manual_seed(11))
+        loader = DataLoader(ds, batch_size=8, sampler=sampler, num_workers=a.workers, collate_fn=collate)
+    else:
+        loader = DataLoader(ds, batch_size=8, shuffle=True, num_workers=a.workers, collate_fn=collate,
+                            generator=torch.Generator().manual_seed(11))
     model = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     seen: dict[int, str] = {}
@@ -190,9 +226,13 @@ def main() -> None:
             opt.zero_grad()
             loss.backward()
             opt.step()
-        epochs.append({"opens": opens, "local": local})
+            time.sleep(a.step_pause)
+        if a.val:
+            for _ in DataLoader(make(a.kind, os.path.abspath(a.val)), batch_size=8, num_workers=a.workers,
+                                collate_fn=collate):
+                pass
         time.sleep(a.epoch_pause)
-        wait_copies(a.epoch_copies)
+        epochs.append({"opens": opens, "local": local, "copies_waited": wait_copies(a.epoch_copies)})
     h = hashlib.sha256()
     for i in sorted(seen):
         h.update(f"{i} {seen[i]}\n".encode())

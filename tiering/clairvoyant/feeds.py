@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..catalog import Catalog, PathIndex
+from .learning import LiveEpoch
 from .mapping import IndexMap, Learner, check_attribute, split_tags
 from .samplers import interleave
 
@@ -88,11 +89,17 @@ class HookFeed:
     def __init__(self, order_dir: Path, catalog: Catalog):
         self.dir = order_dir
         self.paths = PathIndex(catalog)
+        self.catalog = catalog
+        self._dirs = np.asarray(catalog.files.dir, np.int64)
         self.loaders: dict[int, _Loader] = {}
         self.learners: dict[int, Learner] = {}   # tag space -> what its opens taught
         self.clashes: set[int] = set()           # spaces of two data sets of different lengths: not learnt
         self.errors: list[str] = []
         self.main: int | None = None          # key of the loader whose stream is planned
+        self.lives: dict[int, LiveEpoch] = {}      # tag space -> the epoch read while its mapping is learnt
+        self.previous: dict[int, LiveEpoch] = {}   # ... the one before it, whose last opens may come late
+        self._last_space: int | None = None        # the space of the epoch announced last
+        self.opened_in = np.zeros(0, np.int64)   # the epoch of each open of the last learn() (-1: not known)
         self._done: set[str] = set()
         self._polls = 0
         self._epochs_announced = 0
@@ -116,18 +123,63 @@ class HookFeed:
             self._take(msg, now)
         return self._complete(now)
 
-    def learn(self, files: np.ndarray, tags: np.ndarray) -> list[tuple[int, EpochOrder]]:
+    def learn(self, files: np.ndarray, tags: np.ndarray,
+              pids: np.ndarray | None = None) -> list[tuple[int, EpochOrder]]:
         """Catalogued opens made while the hook's tag named a sample index
         (a drained batch: it holds every open posted before the epoch
         messages read so far); then the epochs of learnt mappings that
         waited for them."""
         spaces, indices = split_tags(tags)
+        files = np.asarray(files, np.int64)
+        self.opened_in = np.full(len(files), -1, np.int64)
         for space in np.unique(spaces).tolist():
             learner = self.learners.get(space)
             if learner is not None and space not in self.clashes:
                 mine = spaces == space
-                learner.learn(indices[mine], np.asarray(files, np.int64)[mine])
+                learner.learn(indices[mine], files[mine])
+                if pids is not None:
+                    learner.check_fetches(indices[mine], files[mine], np.asarray(pids, np.int64)[mine], self._dirs)
+                    if learner.mixed():
+                        self._mixed(space, learner)
+                        continue
+                self._epochs_of(space, np.flatnonzero(mine), indices, files, tags, learner)
         return self._complete(time.monotonic(), drained=True)
+
+    def _epochs_of(self, space: int, at: np.ndarray, indices: np.ndarray, files: np.ndarray, tags: np.ndarray,
+                   learner: Learner) -> None:
+        """Which epoch each of these tagged opens read (opened_in): the one
+        before the epoch being learnt (its last samples, drained late), that
+        epoch, or the next (read before its order came in)."""
+        for ep in (self.previous.get(space), self.lives.get(space)):
+            if ep is None or not len(at):
+                continue
+            inside = ep.read(indices[at], files[at], tags[at], learner)
+            self.opened_in[at] = np.where(inside, ep.epoch, ep.epoch + 1)
+            at = at[~inside]
+
+    def _mixed(self, space: int, learner: Learner) -> None:
+        """Two data sets learn in one space (one class and length, and the
+        same string attributes): their files would mix per index; the space
+        is not learnt, its loaders fall back to first touch."""
+        self.clashes.add(space)
+        self.lives.pop(space, None)
+        self.previous.pop(space, None)
+        assert learner.stray is not None
+        i, a, b = learner.stray
+        why = (f"two data sets share a tag space (one class, one length): index {i} opened "
+               f"{self.catalog.source_path(self.catalog.files[a])} in one fetch and "
+               f"{self.catalog.source_path(self.catalog.files[b])} in another "
+               f"({learner.strays} of {learner.fetches} fetches); the mapping is not learnt")
+        for loader in self.loaders.values():
+            if loader.space == space:
+                loader.why = why
+        log.info("order hook: %s; prefetching follows first touch (give each data set a root attribute "
+                 "of its own, or the order with --order-file)", why)
+
+    def refused(self) -> bool:
+        """Whether the main loader's tag space was found shared by two data sets."""
+        loader = self.loaders.get(self.main) if self.main is not None else None
+        return loader is not None and loader.space in self.clashes and not loader.maps_by_rank
 
     def _error(self, text: str) -> None:
         if text not in self.errors:
@@ -220,6 +272,7 @@ class HookFeed:
                 elif learner is not None and not drained and loader.polled[epoch] >= self._polls:
                     break     # the previous epoch's last opens are drained first: their tags teach
                 del loader.pending[epoch]
+                self._follow_learning(loader, learner, epoch, msgs)
                 maps = self._maps(loader, learner)
                 order = self._merge(maps, msgs, "indices")
                 known = all(m.get("next") is not None for m in msgs.values())
@@ -233,6 +286,53 @@ class HookFeed:
                     continue  # nothing learnt yet: first touch meanwhile
                 out.append((loader.key, EpochOrder(epoch, order, nxt)))
         return out
+
+    def _follow_learning(self, loader: _Loader, learner: Learner | None, epoch: int,
+                         msgs: dict[int, dict]) -> None:
+        """The epoch now read, as indices, while its mapping is incomplete
+        (NOTE [learnt mapping], "The epoch being learnt")."""
+        if learner is None or loader.space is None:
+            return
+        space = self._last_space = loader.space
+        live = self.lives.pop(space, None)
+        if live is not None and live.loader == loader.key:
+            self.previous[space] = live
+        else:
+            self.previous.pop(space, None)
+        if learner.learnt >= learner.length:
+            return
+        known = all(m.get("next") is not None for m in msgs.values())
+        live = self.lives[space] = LiveEpoch(loader.key, epoch, space, self._indices(msgs, "indices"),
+                                             self._indices(msgs, "next") if known else None, learner.length)
+        live.marked = learner.learnt
+
+    def live(self) -> LiveEpoch | None:
+        """The epoch being learnt of the main loader's tag space (of the
+        space announced last while no loader has a mapping)."""
+        loader = self.loaders.get(self.main) if self.main is not None else None
+        space = loader.space if loader is not None else self._last_space
+        return self.lives.get(space) if space is not None else None
+
+    @staticmethod
+    def _indices(msgs: dict[int, dict], field_name: str) -> np.ndarray:
+        return interleave([np.asarray(msgs[r][field_name], np.int64) for r in sorted(msgs)])
+
+    def replan(self, share: float, least: int) -> tuple[int, EpochOrder] | None:
+        """The rest of the epoch being learnt, when enough of its positions
+        ahead of the reader have become known since it was last planned:
+        (loader key, the files of its positions known and not read yet, and
+        the next epoch's with the mapping as it is now)."""
+        live = self.live()
+        learner = self.learners.get(live.space) if live is not None else None
+        if live is None or learner is None or live.space in self.clashes or not live.due(learner, share, least):
+            return None
+        indices, gain = live.upcoming(learner)
+        if gain < max(1, live.length // 1024):
+            return None     # (next to) nothing ahead that the plan does not hold: a new plan costs more
+        live.planned(learner)
+        m = learner.index_map()
+        nxt = m.order(live.next) if live.next is not None else None
+        return live.loader, EpochOrder(live.epoch, m.order(indices), nxt)
 
     @staticmethod
     def _maps(loader: _Loader, learner: Learner | None) -> dict[int, IndexMap]:

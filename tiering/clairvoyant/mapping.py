@@ -80,6 +80,10 @@ class Learner:
         self.learnt = 0                 # indices with at least one file
         self.opens = 0                  # tagged catalogued opens seen
         self.epoch: int | None = None   # the epoch (hook numbering) learning started in
+        self.fetches = 0                # fetches seen (runs of one process's opens under one index)
+        self.strays = 0                 # ... that opened none of the index's first file's directory
+        self.stray: tuple[int, int, int] | None = None   # (index, its first file, a file of such a fetch)
+        self._tails: dict[int, tuple[int, bool, tuple[int, int, int]]] = {}   # pid -> its last run, not judged
 
     def learn(self, indices: np.ndarray, files: np.ndarray) -> int:
         """Records tagged opens (index, catalog id); the number of new pairs.
@@ -122,6 +126,52 @@ class Learner:
         self.count[indices] += 1
         self.learnt += int((c == 0).sum())
         return len(indices)
+
+    def check_fetches(self, indices: np.ndarray, files: np.ndarray, pids: np.ndarray, dirs: np.ndarray) -> None:
+        """Counts the fetches (runs of one process's opens under one index)
+        that opened neither the index's first file nor any file of its
+        directory: another data set's fetch of the same index, when two data
+        sets share the tag space (NOTE [learnt mapping]).  Each process's
+        last run of a batch is judged with the next batch, which may go on
+        with it (a sample's mask opened after its image was drained)."""
+        ok = (indices >= 0) & (indices < self.length)
+        indices, files, pids = indices[ok], files[ok], pids[ok]
+        if not len(indices):
+            return
+        by_pid = np.argsort(pids, kind="stable")
+        p, ix, f = pids[by_pid], indices[by_pid], files[by_pid]
+        starts = np.flatnonzero(np.r_[True, (p[1:] != p[:-1]) | (ix[1:] != ix[:-1])])
+        fid = np.repeat(np.arange(len(starts)), np.diff(np.r_[starts, len(p)]))
+        first = self.rows[ix, 0]
+        home = np.bincount(fid, weights=(f == first) | (dirs[f] == dirs[first])) > 0
+        run_pid, run_index = p[starts], ix[starts]
+        last = np.r_[run_pid[1:] != run_pid[:-1], True]
+        judged = ~last
+        for k in np.flatnonzero(np.r_[True, run_pid[1:] != run_pid[:-1]]).tolist():
+            tail = self._tails.pop(int(run_pid[k]), None)
+            if tail is None:
+                continue
+            if tail[0] == int(run_index[k]):
+                home[k] |= tail[1]                       # the same fetch, drained in two parts
+            else:
+                self._judge(np.array([tail[1]]), [tail[2]])
+        for k in np.flatnonzero(last).tolist():
+            self._tails[int(run_pid[k])] = (int(run_index[k]), bool(home[k]), (int(run_index[k]),
+                                            int(first[starts[k]]), int(f[starts[k]])))
+        self._judge(home[judged], [(int(run_index[k]), int(first[starts[k]]), int(f[starts[k]]))
+                                   for k in np.flatnonzero(judged & ~home).tolist()])
+
+    def _judge(self, home: np.ndarray, strays: list[tuple[int, int, int]]) -> None:
+        self.fetches += len(home)
+        self.strays += int((~home).sum())
+        if strays:
+            self.stray = strays[0]
+
+    def mixed(self) -> bool:
+        """Whether the fetches say that two data sets share the space: many
+        of them, and a quarter, opened another directory than the first
+        file's (a sample's files split over two drained batches are few)."""
+        return self.strays >= 16 and self.strays >= 0.25 * self.fetches
 
     def index_map(self) -> IndexMap:
         offsets = np.zeros(self.length + 1, np.int64)

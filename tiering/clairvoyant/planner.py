@@ -896,6 +896,13 @@ class Planner:
             return
         self._enter(f, tier)
 
+    def adopt_many(self, files: np.ndarray, tiers: np.ndarray) -> None:
+        """adopt() of each (file, tier), the first of a file only, in one pass."""
+        files, first = np.unique(np.asarray(files, np.int64), return_index=True)
+        tiers = np.asarray(tiers, np.int8)[first]
+        fresh = self._tier[files] < 0
+        self._enter_many(files[fresh], tiers[fresh])
+
     def drop(self, f: int) -> None:
         """Forgets a resident file (its copy failed or was invalidated)."""
         if self._tier_mv[f] >= 0:

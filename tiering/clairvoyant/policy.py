@@ -14,6 +14,7 @@ from ..observe.epochs import EpochLog
 from ..placement.api import Placement, Policy
 from ..placement.policies import FirstTouch
 from .feeds import EpochOrder, HookFeed, ListFeed
+from .learning import occurrences
 from .planner import FETCH, Actions, Planner
 from .progress import Progress
 
@@ -32,6 +33,8 @@ class Clairvoyant(Policy):
     refill = 128         # a landed copy hands more only once this many have room (poll() does every turn)
     part = 4096          # opens matched at once (between them the next epoch may become known)
     early = 256          # opens kept while the hook's first order is on its way (NOTE [early opens])
+    regrow = 0.25        # the epoch being learnt is planned again when the indices learnt grew by this share
+    least = 16           # ... and by this many, and as many of its positions ahead became known
 
     def __init__(self, placement: Placement, feed: ListFeed | HookFeed | None = None, window: int = 64):
         super().__init__(placement)
@@ -44,6 +47,7 @@ class Clairvoyant(Policy):
         self.epochs: list[int] = []         # their numbers
         self.predicted: dict[int, np.ndarray] = {}
         self.diverged = False
+        self.gave_up: str | None = None     # why the plan was given up without a divergence
         self.resets = 0
         self.fetches = 0
         self.evictions = 0
@@ -55,6 +59,8 @@ class Clairvoyant(Policy):
         self._early: deque[tuple[np.ndarray, np.ndarray]] = deque()   # (files, pids) before the first order
         self._early_n = 0
         self._partial: set[int] = set()     # epochs planned from a partly learnt mapping
+        self._ahead = np.zeros(0, np.int64)   # opens beyond the epoch being learnt while no plan exists
+        self._late: tuple[np.ndarray, np.ndarray] = (np.zeros(0, np.int64), np.zeros(0, np.int64))
 
     # -- the stream ----------------------------------------------------------
     def start(self) -> None:
@@ -68,8 +74,8 @@ class Clairvoyant(Policy):
         p = self.placement
         caps = [int(c * self.margin) for c in p.capacities]
         self.planner = Planner(p.sizes, caps, window=self.window)
-        for i, tier in p.placements():
-            self.planner.adopt(i, tier)
+        placed = np.array(list(p.placements()), np.int64).reshape(-1, 2)
+        self.planner.adopt_many(placed[:, 0], placed[:, 1])
         self.progress = Progress(self.planner, window=max(256, 4 * self.window))
         self.epoch_starts, self.epochs = [], []
         self._actions.clear()
@@ -118,9 +124,14 @@ class Clairvoyant(Policy):
             first = self.planner is None
             for key, eo in self.feed.poll():
                 self._take(key, eo)
+            if not self.diverged:
+                # after the opens drained so far: an open that taught an index is not matched to its next use
+                learning = self.feed.replan(self.regrow, self.least)
+                if learning is not None:
+                    self._take(*learning, again=True)
             if first and self.planner is not None:
                 if self.feed.learnt():
-                    self._drop_early()   # they taught the mapping (a learning epoch, a pass before training)
+                    self._match_ahead()   # the others taught the mapping (a learning epoch, a pass before training)
                 else:
                     self._match_early()
         self._issue()
@@ -149,12 +160,13 @@ class Clairvoyant(Policy):
         if near.any():
             self._follow(files[near], pids[near])
 
-    def _take(self, key: int, eo: EpochOrder) -> None:
+    def _take(self, key: int, eo: EpochOrder, again: bool = False) -> None:
+        """An epoch's order (again: the rest of the epoch being learnt, planned anew)."""
         feed = self.feed
         assert isinstance(feed, HookFeed)
         if key != feed.main or self.diverged:
             return
-        if key != self._loader:           # a new main loader (e.g. after a validation pass)
+        if key != self._loader or again:  # a new main loader (e.g. after a validation pass)
             self._loader = key
             self.predicted.clear()
             self._partial.clear()
@@ -180,12 +192,53 @@ class Clairvoyant(Policy):
         self._pump()
 
     # -- events ------------------------------------------------------------------
-    def on_tagged(self, files: np.ndarray, tags: np.ndarray) -> None:
-        if isinstance(self.feed, HookFeed):
-            for key, eo in self.feed.learn(files, tags):
-                self._take(key, eo)
-            if self.planner is not None:   # a learnt order: the early opens were epoch 1's, learnt from
-                self._drop_early()
+    def on_tagged(self, files: np.ndarray, tags: np.ndarray, pids: np.ndarray | None = None) -> None:
+        """Learns from a batch's tagged opens; says which of its opens were
+        of an epoch before the plan's (not matched: on_opens skips them)
+        and keeps those of the epoch after the one being learnt while no
+        plan exists (matched when it starts)."""
+        if not isinstance(self.feed, HookFeed):
+            return
+        started = self.planner is None
+        got = self.feed.learn(files, tags, pids)
+        opened_in = self.feed.opened_in
+        if self.feed.refused() and not self.diverged:
+            self._give_up(str(self.feed.mapping()["source"]).removeprefix("none: "))
+        for key, eo in got:
+            self._take(key, eo)
+        if self.planner is None:
+            live = self.feed.live()
+            if live is not None:
+                ahead = opened_in > live.epoch
+                self._ahead = np.r_[self._ahead, files[ahead]][-self.early:]
+            return
+        if started:   # a learnt order: the early opens were the learning epoch's, except those read after it
+            self._match_ahead()
+        if self.epochs:
+            late = (opened_in >= 0) & (opened_in < self.epochs[0])
+            self._late = (files[late], opened_in[late])
+
+    def _match_ahead(self) -> None:
+        """At the start of a learnt order: the opens kept while there was
+        none that read beyond the epoch being learnt are the new order's
+        first (a fast reader's, drained before its order was read)."""
+        ahead, self._ahead = self._ahead, np.zeros(0, np.int64)
+        self._drop_early()
+        if len(ahead) and self.following:
+            self._follow(ahead, np.full(len(ahead), -1, np.int64))
+
+    def _skip_late(self, files: np.ndarray, from_tier: np.ndarray) -> np.ndarray:
+        """Which opens are not the late ones of an epoch before the plan's
+        (told by on_tagged for this batch); those are counted in their epoch."""
+        late, epochs = self._late
+        self._late = (np.zeros(0, np.int64), np.zeros(0, np.int64))
+        if not len(late):
+            return np.ones(len(files), bool)
+        uniq, first, count = np.unique(late, return_index=True, return_counts=True)
+        at = np.minimum(np.searchsorted(uniq, files), len(uniq) - 1)
+        skip = (uniq[at] == files) & (occurrences(files) < count[at])
+        self.epoch_log.opened_many(epochs[first][at[skip]], from_tier[skip], self._sizes[files[skip]], None)
+        return ~skip
 
     def _drop_early(self) -> None:
         self._early.clear()
@@ -202,6 +255,9 @@ class Clairvoyant(Policy):
         # a late drain may span several epochs: the next epoch is made known
         # between parts (each shorter than the matching window, so shorter
         # than a quarter of an epoch) as the reader gets there
+        if len(self._late[0]):
+            keep = self._skip_late(files, from_tier)
+            files, from_tier, pids = files[keep], from_tier[keep], pids[keep]
         part = min(self.part, self.progress.window) if self.progress is not None else self.part
         for k in range(0, len(files), part):
             if not self.following:
@@ -261,6 +317,13 @@ class Clairvoyant(Policy):
             return None
         assert self.planner is not None
         return max(0, self.planner.cursor - self.planner.reader - self.placement.copies_in_flight())
+
+    def _give_up(self, why: str) -> None:
+        """The mapping the plan was made with is wrong (the feed said why,
+        once): first touch from now on."""
+        self.diverged = True
+        self.gave_up = why
+        self._actions.clear()
 
     def _diverge(self) -> None:
         assert self.progress is not None
@@ -323,6 +386,7 @@ class Clairvoyant(Policy):
         return {
             "following": self.following,
             "diverged": self.diverged,
+            "gave_up": self.gave_up,
             "epochs_known": len(self.epochs),
             "stream_length": p.end if p else 0,
             "reader_position": p.reader if p else 0,

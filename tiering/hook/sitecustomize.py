@@ -205,10 +205,30 @@ def _paths_of(ds):
 
 def _space(ds, n):
     """The tag space of a data set: the same in the main process and in
-    every worker (fork or spawn), from its class and length."""
+    every worker (fork or spawn), from what a copy of it keeps: its class,
+    its length and its short string attributes (a root directory, a split
+    name), and those of the data set a Subset wraps.  Two data sets of one
+    class and length over other directories get different spaces."""
     import zlib
-    key = f"{type(ds).__module__}.{type(ds).__qualname__}:{n}".encode()
-    return zlib.crc32(key) % 255 + 1
+
+    import torch.utils.data as tud
+    parts = [str(n)]
+    for _ in range(8):
+        parts.append(f"{type(ds).__module__}.{type(ds).__qualname__}")
+        try:
+            attrs = vars(ds)
+        except TypeError:
+            attrs = {}
+        for name in sorted(a for a in attrs if isinstance(a, str)):
+            value = attrs[name]
+            if isinstance(value, os.PathLike):
+                value = os.fspath(value)
+            if isinstance(value, str) and len(value) <= 4096:
+                parts.append(f"{name}={value}")
+        if type(ds) is not tud.Subset:
+            break
+        ds = ds.dataset
+    return zlib.crc32("\0".join(parts).encode("utf-8", "surrogateescape")) % 255 + 1
 
 
 _set_tag = None

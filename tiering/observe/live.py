@@ -126,6 +126,8 @@ def phase(policy: str, report: dict[str, Any], no_order: str | None) -> tuple[st
         return "first-touch", "copying what COMMAND opens, evicting the least recently opened"
     if policy != "clairvoyant":
         return "first-touch", "copying what COMMAND opens (first touch)"
+    if report.get("gave_up"):
+        return "fallback", "fell back to first-touch: the data set's mapping was given up"
     if report.get("diverged"):
         return "fallback", "fell back to first-touch: the reads stopped following the order"
     if not report.get("epochs_known"):

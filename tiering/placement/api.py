@@ -96,9 +96,9 @@ class Policy:
         for i, t, pid in zip(files.tolist(), from_tier.tolist(), pids.tolist()):
             self.on_open(i, bool(t), pid)
 
-    def on_tagged(self, files: np.ndarray, tags: np.ndarray) -> None:
+    def on_tagged(self, files: np.ndarray, tags: np.ndarray, pids: np.ndarray | None = None) -> None:
         """The opens of a batch made under a thread tag (NOTE [open tags]):
-        catalog ids and tags, in order; called before on_opens of the batch."""
+        catalog ids, tags and pids, in order; called before on_opens of the batch."""
 
     def on_placed(self, i: int, tier: int) -> None:
         """A copy of file i was published on tier."""

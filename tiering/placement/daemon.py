@@ -193,7 +193,9 @@ class Daemon:
 
     def placements(self) -> Iterator[tuple[int, int]]:
         with self._lock:
-            placed = [(i, t) for i, t in enumerate(self._where) if t != NOT_PLACED]
+            where = np.frombuffer(self._where, np.int8)
+            held = np.flatnonzero(where != NOT_PLACED)     # numpy over the catalog: a new plan adopts them
+            placed = list(zip(held.tolist(), where[held].tolist()))
             placed += list(self._pending.items())
         return iter(placed)
 
@@ -336,7 +338,8 @@ class Daemon:
             self.stats.job_pfs_bytes += int(self._sizes_array[from_pfs].sum())
         tagged = opens & (events["tag"] != 0)
         if tagged.any():
-            self._guarded(self.policy.on_tagged, files[tagged], events["tag"][tagged].astype(np.int64))
+            self._guarded(self.policy.on_tagged, files[tagged], events["tag"][tagged].astype(np.int64),
+                          events["pid"][tagged].astype(np.int64))
         start = 0
         for w in [*writes, n]:
             seg = start + np.flatnonzero(opens[start:w])
