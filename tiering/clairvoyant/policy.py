@@ -33,10 +33,14 @@ class Clairvoyant(Policy):
     part = 4096          # opens matched at once (between them the next epoch may become known)
     early = 256          # opens kept while the hook's first order is on its way (NOTE [early opens])
 
-    def __init__(self, placement: Placement, feed: ListFeed | HookFeed | None = None, window: int = 64):
+    def __init__(self, placement: Placement, feed: ListFeed | HookFeed | None = None, window: int = 64,
+                 pinned: np.ndarray | None = None):
+        """pinned: a bool per file, the files this node keeps once it has
+        them (its home files in a multi-node job, NOTE [home nodes])."""
         super().__init__(placement)
         self.feed = feed
         self.window = window
+        self.pinned = pinned
         self.first_touch = FirstTouch(placement)
         self.planner: Planner | None = None
         self.progress: Progress | None = None
@@ -67,7 +71,7 @@ class Clairvoyant(Policy):
         """A new plan over what is placed now."""
         p = self.placement
         caps = [int(c * self.margin) for c in p.capacities]
-        self.planner = Planner(p.sizes, caps, window=self.window)
+        self.planner = Planner(p.sizes, caps, window=self.window, pinned=self.pinned)
         for i, tier in p.placements():
             self.planner.adopt(i, tier)
         self.progress = Progress(self.planner, window=max(256, 4 * self.window))

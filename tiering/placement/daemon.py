@@ -445,14 +445,18 @@ class Daemon:
     def _from_peer(self, i: int, f: CatalogFile, t: TierState) -> int | None:
         """f copied from the node whose plan holds it now, put in place like a
         PFS copy (not yet published): the bytes it takes on the tier.  None:
-        read the PFS (no node holds it, no link yet, the network is not
-        faster for this size, or the fetch failed: counted by reason)."""
+        read the PFS (no node holds it; or counted by reason: the nodes have
+        not met, yet or at all, "unlinked"; the network is not faster for
+        this size; the fetch failed)."""
         peers = self.peers
-        if peers is None or peers.plans is None or not peers.ready.is_set():
+        if peers is None or peers.plans is None:
             return None
         node = peers.plans.holder(i)
-        client = peers.client(node) if node is not None else None
+        if node is None:
+            return None
+        client = peers.client(node) if peers.linked() else None
         if client is None:
+            self._peer_fallback("unlinked")
             return None
         from ..cluster.peer import PeerUnavailable, fetch_copy, fetch_deadline, peer_is_faster
         if not peer_is_faster(f.size, peers.network, peers.pfs_bandwidth, peers.pfs_latency_ms):
