@@ -48,12 +48,14 @@ class Holders:
     def __init__(self, files: set[int] | None = None):
         self.files = files
         self.followed = 0
+        self.threads: set[str] = set()   # where follow() was called
 
     def holder(self, f: int) -> int | None:
         return 1 if self.files is None or f in self.files else None
 
     def follow(self, policy: object) -> None:
         self.followed += 1
+        self.threads.add(threading.current_thread().name)
 
 
 class Peer:
@@ -220,6 +222,16 @@ def test_a_copy_at_the_start_waits_for_the_nodes_to_meet(setups, peer):
     s.wait()
     assert s.state("a/x.bin") == 1 and (s.tier.data / "0" / "a/x.bin").read_bytes() == s.contents["a/x.bin"]
     assert s.d.stats.peer_fetches == 1 and s.d.stats.pfs_opens == 0 and s.d.stats.peer_fallbacks == {}
+
+
+def test_the_plans_follow_the_reader_in_the_event_thread_only(setups, peer):
+    """Once per batch of events, where the policy runs; a placement asked
+    from another thread does not move them."""
+    plans = Holders()
+    s = setups(files=FILES, daemon_cls=with_peers(links_to(peer, plans)))
+    place_all(s)
+    wait_for(lambda: plans.followed > 0, "the event loop following")
+    assert plans.threads == {"tiering-events"}
 
 
 def test_only_files_the_plan_places_on_a_peer_are_asked_for(setups, peer):

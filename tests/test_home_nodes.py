@@ -87,16 +87,16 @@ def test_holder_is_the_home_and_held_what_the_home_has_read() -> None:
     plans = NodePlans(streams, 2, 0, SIZES, [int(SIZES.sum())])   # every file has a home
     f1, f0 = int(streams(1, 0)[5]), int(streams(0, 0)[5])
     assert plans.home[f1] == 1 and plans.home[f0] == 0
-    assert plans.holder(f1) is None and len(plans.held(1)) == 0   # not following yet
-    plans.move_to((0, 5))
     assert plans.holder(f1) == 1 and plans.holder(f0) is None   # asked of its home; f0 is this node's own
+    assert len(plans.held(1)) == 0                                # not following yet
+    plans.move_to((0, 5))
     assert f1 not in plans.held(1).tolist() and len(plans.held(1)) == 5   # node 1 reads it at offset 5
     plans.move_to((0, 6))
     assert f1 in plans.held(1).tolist() and len(plans.held(1)) == 6
     plans.move_to((3, 0))
     assert plans.holder(f1) == 1 and len(plans.held(1)) == N // 2
     plans.move_to(None)
-    assert plans.holder(f1) is None
+    assert plans.holder(f1) == 1 and len(plans.held(1)) == 0
 
 
 def run_pinned(engine: str, monkeypatch: pytest.MonkeyPatch, pinned: np.ndarray | None, capacity: int,

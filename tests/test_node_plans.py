@@ -148,18 +148,17 @@ def test_node_0_names_a_node_only_for_files_that_node_s_own_plan_holds(nodes):
     assert named > epochs * per_epoch and evicted > 0   # the plans did hold files, and evicted others
 
 
-def test_no_answer_while_this_node_follows_no_order():
+def test_the_home_is_named_whether_this_node_follows_its_order_or_not():
+    """The homes hold their files from the start to the end: held() follows
+    the readers, holder() does not need them."""
     mine = NodePlans(streams_for(2), 2, 0, SIZES, [sum(SIZES)])
     f = int(streams_for(2)(1, 0)[0])
-    assert mine.holder(f) is None                  # nothing followed yet
-    mine.move_to((0, 0))
-    assert mine.holder(f) == 1                     # its home
+    assert mine.holder(f) == 1 and len(mine.held(1)) == 0    # nothing followed yet
+    mine.move_to((0, 10))
+    assert mine.holder(f) == 1 and f in mine.held(1).tolist() and len(mine.held(1)) == 10
     assert mine.holder(int(streams_for(2)(0, 0)[0])) is None    # node 0's own home file
     mine.move_to(None)
-    assert mine.holder(f) is None
-    mine.move_to((2, 0))
-    mine.move_to((1, 5))                           # this node planned anew from an earlier epoch
-    assert mine.holder(f) == 1
+    assert mine.holder(f) == 1 and len(mine.held(1)) == 0
 
 
 def test_a_follow_of_the_policy_moves_the_readers():

@@ -152,14 +152,13 @@ class NodePlans:
 
     # -- answers (any thread) ----------------------------------------------------------
     def holder(self, f: int) -> int | None:
-        """The node to ask for f: its home (which fetches its home files
-        first, at the start of the job: one still in flight there is
-        answered "absent", and the PFS is read); None for this node's own
-        files, files with no home, and while this node follows no order."""
+        """The node to ask for f: its home, which keeps it from the start of
+        the job (it fetches its home files first: one still in flight there
+        is answered "absent", and the PFS is read); None for this node's own
+        files and files with no home.  Whether this node follows its order
+        or not, the homes hold their files."""
         h = int(self.home[f])
-        if h < 0 or h == self.me or self.time is None:
-            return None
-        return h
+        return None if h < 0 or h == self.me else h
 
     def held(self, node: int) -> np.ndarray:
         """The files node surely holds for the others now: its home files it

@@ -167,7 +167,6 @@ class Daemon:
         return None
 
     def place(self, i: int, tier: int) -> bool:
-        self._follow_peers()   # the other nodes' plans at the reader this copy is planned for
         with self._lock:
             if not self.placeable(i):
                 return False
@@ -270,6 +269,7 @@ class Daemon:
     # -- the event thread -------------------------------------------------------
     def _event_loop(self) -> None:
         self._guarded(self.policy.start)
+        self._guarded(self._follow_peers)   # before the first copies ask the plans
         last_tail_move = time.monotonic()
         last_pending = -1
         while not self._stop.wait(0.005):
@@ -437,8 +437,9 @@ class Daemon:
 
     # -- the peer tier (NOTE [node-aware plan]) -----------------------------------
     def _follow_peers(self) -> None:
-        """The other nodes' plans follow this node's reader (the event thread:
-        the policy's, which places; cheap when the reader has not moved)."""
+        """The other nodes' plans follow this node's reader: in the event
+        thread (the policy's), after the policy starts and after each batch
+        of events."""
         if self.peers is not None and self.peers.plans is not None:
             self.peers.plans.follow(self.policy)
 
