@@ -2,6 +2,7 @@
 now, and its answer is the other node's own plan."""
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 
 import numpy as np
@@ -9,9 +10,9 @@ import pytest
 
 from tiering.clairvoyant.feeds import ListFeed
 from tiering.clairvoyant.nodes import NodePlans, NodeStreams, node_ranks, plans_from_options, stream_time
-from tiering.clairvoyant.options import OrderOptions, _specs
+from tiering.clairvoyant.options import OrderOptions, rank_specs
 from tiering.clairvoyant.policy import Clairvoyant
-from tiering.clairvoyant.samplers import SamplerSpec, node_stream_array
+from tiering.clairvoyant.samplers import SamplerSpec, epoch_permutation, node_stream_array, rank_share
 from tiering.placement.api import NOT_PLACED
 
 N = 600          # data-set samples (catalog ids 0..N-1, mapped in reverse to test the mapping)
@@ -34,7 +35,7 @@ def streams_for(nodes: int, seed: int = 7) -> NodeStreams:
 def own_stream(node: int, nodes: int, epoch: int, seed: int = 7) -> np.ndarray:
     """What node computes for itself from its own launcher environment, as
     options.py does for its ListFeed."""
-    specs = _specs(OrderOptions(sampler="distributed", seed=seed), env_of(node, nodes, local_rank=1))
+    specs = rank_specs(OrderOptions(sampler="distributed", seed=seed), env_of(node, nodes, local_rank=1))
     return MAPPING[node_stream_array(specs, N, epoch)]
 
 
@@ -65,6 +66,18 @@ def test_one_permutation_per_epoch_gives_every_rank_s_order(n, options):
             specs = [SamplerSpec("distributed", seed=9, num_replicas=6, rank=r, **options)
                      for r in node_ranks(6, 2, node)]
             assert np.array_equal(streams(node, epoch), node_stream_array(specs, n, epoch))
+
+
+def test_an_epoch_s_permutation_is_drawn_once_and_sliced_per_rank():
+    spec = SamplerSpec("distributed", seed=3, num_replicas=4, rank=0)
+    perm = epoch_permutation(spec, 10, 2)
+    assert epoch_permutation(dataclasses.replace(spec, rank=3), 10, 2) is perm and not perm.flags.writeable
+    assert sorted(perm.tolist()) == list(range(10))
+    padded = np.concatenate([perm, perm[:2]])      # 4 ranks x 3: padded cyclically
+    shares = [rank_share(dataclasses.replace(spec, rank=r), perm) for r in range(4)]
+    assert [s.tolist() for s in shares] == [padded[r::4].tolist() for r in range(4)]
+    cut = dataclasses.replace(spec, rank=1, drop_last=True)   # 4 x 2: the last two dropped
+    assert rank_share(cut, perm).tolist() == perm[:8][1::4].tolist()
 
 
 class InstantPlacement:

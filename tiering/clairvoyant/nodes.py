@@ -24,11 +24,11 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from ..catalog import Catalog, dataset_order
-from .options import OrderOptions, _layout, _specs
+from ..catalog import Catalog, dataset_ids
+from .options import OrderOptions, layout_of, rank_specs
 from .planner import allocations
 from .policy import Clairvoyant
-from .samplers import SamplerSpec, _batch_cut, _distributed_sizes, epoch_order_array, interleave, node_stream_array
+from .samplers import SamplerSpec, node_stream_array
 
 MAX_NODES = 127   # a file's home node is an int8
 
@@ -48,11 +48,10 @@ class NodeStreams:
     """Every node's stream of catalog ids, one epoch at a time, from the
     sampler of one rank (any: the others differ by rank only).  A
     DistributedSampler's permutation of an epoch is drawn once for all the
-    ranks of all the nodes (each rank's sampler draws the same one)."""
+    ranks of all the nodes (samplers.epoch_permutation keeps it)."""
 
     def __init__(self, spec: SamplerSpec, local_world: int, mapping: np.ndarray):
         self.spec, self.local_world, self.mapping = spec, local_world, mapping
-        self._perm: tuple[int, np.ndarray] | None = None    # (epoch, its permutation)
 
     @property
     def nodes(self) -> int:
@@ -63,20 +62,7 @@ class NodeStreams:
                 for r in node_ranks(self.spec.num_replicas, self.local_world, node)]
 
     def __call__(self, node: int, epoch: int) -> np.ndarray:
-        specs, n = self.specs(node), len(self.mapping)
-        if self.spec.kind != "distributed":
-            return self.mapping[node_stream_array(specs, n, epoch)]
-        perm = self._permutation(epoch)
-        per_rank, _ = _distributed_sizes(self.spec, n)
-        steps = np.arange(per_rank, dtype=np.int64) * self.spec.num_replicas
-        return self.mapping[interleave([_batch_cut(s, perm[(steps + s.rank) % n]) for s in specs])]
-
-    def _permutation(self, epoch: int) -> np.ndarray:
-        """The epoch's shuffle, as rank 0 of one replica sees it whole."""
-        if self._perm is None or self._perm[0] != epoch:
-            whole = SamplerSpec("distributed", seed=self.spec.seed, shuffle=self.spec.shuffle)
-            self._perm = (epoch, epoch_order_array(whole, len(self.mapping), epoch))
-        return self._perm[1]
+        return self.mapping[node_stream_array(self.specs(node), len(self.mapping), epoch)]
 
 
 def stream_time(policy: object) -> tuple[int, int] | None:
@@ -180,9 +166,9 @@ def plans_from_options(opts: OrderOptions, catalog: Catalog, nodes: int, node_ra
     if opts.sampler != "distributed" or opts.order_file is not None or nodes < 2:
         return None
     import os
-    specs = _specs(opts, os.environ if env is None else env)
+    specs = rank_specs(opts, os.environ if env is None else env)
     world, local_world = specs[0].num_replicas, len(specs)
     if node_count(world, local_world) != nodes or specs[0].rank // local_world != node_rank:
         return None
-    streams = NodeStreams(specs[0], local_world, np.asarray(dataset_order(catalog, _layout(opts)), np.int64))
+    streams = NodeStreams(specs[0], local_world, dataset_ids(catalog, layout_of(opts)))
     return NodePlans(streams, nodes, node_rank, [f.size for f in catalog.files], capacities)
