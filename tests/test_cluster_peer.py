@@ -115,12 +115,14 @@ def test_a_server_serves_only_once_it_knows_the_secret(tmp_path):
     client = PeerClient(server.start(), SECRET)
     with pytest.raises(PeerUnavailable) as e:      # listening, address published, no secret yet
         client.fetch(FileKey(0, "f", 3, 1), tmp_path / "x.part", timeout=30)
-    assert e.value.reason == "refused"
+    assert e.value.reason == "early"               # a node of the job that met the others first: not refused
+    assert not (tmp_path / "x.part").exists()
     server.secret = SECRET                          # the rendezvous is done
     assert client.fetch(FileKey(0, "f", 3, 1), tmp_path / "x.part", timeout=30) == 3
     client.close()
     server.stop(0)
-    assert server.counters.snapshot() == {"refused": 1, "served": 1, "bytes": 3}
+    assert server.counters.snapshot() == {"early": 1, "served": 1, "bytes": 3}
+    assert client.counters.snapshot() == {"early": 1, "fetched": 1, "bytes": 3}
 
 
 def test_a_malformed_request_is_an_error_not_a_crash(served):

@@ -48,12 +48,14 @@ class Holders:
     def __init__(self, files: set[int] | None = None):
         self.files = files
         self.followed = 0
+        self.threads: set[str] = set()   # where follow() was called
 
     def holder(self, f: int) -> int | None:
         return 1 if self.files is None or f in self.files else None
 
     def follow(self, policy: object) -> None:
         self.followed += 1
+        self.threads.add(threading.current_thread().name)
 
 
 class Peer:
@@ -105,7 +107,8 @@ def peer(tmp_path):
 
 def links_to(peer: Peer, plans: object, secret: bytes = SECRET, ready: bool = True,
              pfs_mb_s: float = 1.0, pfs_latency_ms: float = 1.0) -> PeerLinks:
-    links = PeerLinks(0, 2, FAST, plans=plans, pfs_bandwidth=pfs_mb_s, pfs_latency_ms=pfs_latency_ms)  # type: ignore[arg-type]
+    links = PeerLinks(0, 2, FAST, plans=plans, pfs_bandwidth=pfs_mb_s, pfs_latency_ms=pfs_latency_ms,  # type: ignore[arg-type]
+                      link_wait=0.0)
     links.clients[1] = PeerClient(peer.address, secret, links.counters)
     if ready:
         links.ready.set()
@@ -183,13 +186,52 @@ def test_a_peer_that_cannot_serve_costs_a_pfs_copy_of_the_same_bytes_counted_by_
 
 
 def test_no_peer_is_asked_before_the_nodes_have_met(setups, peer):
+    """The PFS copies of files the plan places on a peer are counted as
+    "unlinked" (the nodes have not met, or never will)."""
     links = links_to(peer, Holders(), ready=False)
     s = setups(files=FILES, daemon_cls=with_peers(links))
     place_all(s)
     assert_same_bytes_published(s)
     assert sorted(s.d.pfs_copies) == sorted(FILES)
     assert links.counters.snapshot() == {} and peer.server.counters.snapshot() == {}
-    assert s.d.stats.peer_fallbacks == {}
+    assert s.d.stats.peer_fallbacks == {"unlinked": len(FILES)}
+
+
+class Entered(threading.Event):
+    """The links' ready event, telling when someone waits for it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting = threading.Event()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waiting.set()
+        return super().wait(timeout)
+
+
+def test_a_copy_at_the_start_waits_for_the_nodes_to_meet(setups, peer):
+    """Within link_wait of the start, a copy the plan places on a peer waits
+    for the rendezvous and then comes from the peer, not the PFS."""
+    links = links_to(peer, Holders(), ready=False)
+    links.link_wait, links.ready = 60.0, Entered()
+    s = setups(files=FILES, daemon_cls=with_peers(links))
+    assert s.d.place(s.i["a/x.bin"], 0)
+    wait_for(links.ready.waiting.is_set, "the copy waiting for the nodes")
+    assert s.d.stats.copies == 0 and s.d.stats.pfs_opens == 0
+    links.ready.set()
+    s.wait()
+    assert s.state("a/x.bin") == 1 and (s.tier.data / "0" / "a/x.bin").read_bytes() == s.contents["a/x.bin"]
+    assert s.d.stats.peer_fetches == 1 and s.d.stats.pfs_opens == 0 and s.d.stats.peer_fallbacks == {}
+
+
+def test_the_plans_follow_the_reader_in_the_event_thread_only(setups, peer):
+    """Once per batch of events, where the policy runs; a placement asked
+    from another thread does not move them."""
+    plans = Holders()
+    s = setups(files=FILES, daemon_cls=with_peers(links_to(peer, plans)))
+    place_all(s)
+    wait_for(lambda: plans.followed > 0, "the event loop following")
+    assert plans.threads == {"tiering-events"}
 
 
 def test_only_files_the_plan_places_on_a_peer_are_asked_for(setups, peer):
@@ -227,11 +269,12 @@ def test_an_invalidated_file_fetched_from_a_peer_is_not_published(setups, peer):
     assert s.d.stats.peer_fetches == 1 and s.d.stats.copies == 0
 
 
-def test_the_node_aware_plan_sends_the_daemon_to_the_node_that_read_each_file(tmp_path, setups):
-    """Node 0's clairvoyant daemon places epochs 0 and 1 from the PFS (no
-    node has read anything yet); once its reader has read epoch 0 the plan
-    has node 1 at the end of its epoch 0 too, and the files of epoch 2 that
-    node 1 has read (all that are new here) come from node 1."""
+def test_the_node_aware_plan_sends_the_daemon_to_each_file_s_home(tmp_path, setups):
+    """Node 0's clairvoyant daemon, its home files pinned (everything fits:
+    its home is all it reads in epoch 0): once it follows the order it
+    places epochs 0 and 1, its own home files from the PFS and the others,
+    node 1's home files, from node 1; the new files of epoch 2 come from
+    node 1 too, and the PFS is read only for node 0's home files."""
     n = 60
     files = {f"d/f{k:02d}.bin": 1000 + 37 * k for k in range(n)}
     peer = Peer(tmp_path, files)
@@ -240,24 +283,26 @@ def test_the_node_aware_plan_sends_the_daemon_to_the_node_that_read_each_file(tm
         streams = NodeStreams(spec, 2, np.arange(n, dtype=np.int64))   # catalog ids are sorted paths: d/fNN
         sizes = [files[rel] for rel in sorted(files)]
         capacity = 1 << 30
-        plans = NodePlans(streams, 2, 0, sizes, [capacity], epochs=3)
+        plans = NodePlans(streams, 2, 0, sizes, [capacity])
         links = links_to(peer, plans)
 
         def clairvoyant(d: Daemon) -> Clairvoyant:
-            return Clairvoyant(d, ListFeed(iter([streams(0, e) for e in range(3)])))
+            return Clairvoyant(d, ListFeed(iter([streams(0, e) for e in range(3)])), pinned=plans.pinned())
 
         s = setups(files=files, capacity=capacity, daemon_cls=with_peers(links, clairvoyant))
-        first = set(streams(0, 0).tolist()) | set(streams(0, 1).tolist())
+        mine = set(streams(0, 0).tolist())
+        first = mine | set(streams(0, 1).tolist())
+        assert set(np.flatnonzero(plans.home == 0).tolist()) == mine and first - mine
         wait_for(lambda: s.d.stats.copies == len(first), "epochs 0 and 1 placed")
-        assert s.d.stats.pfs_opens == len(first) and s.d.stats.peer_fetches == 0 and plans.time == (0, 0)
+        assert s.d.stats.pfs_opens == len(mine) and s.d.stats.peer_fetches == len(first - mine)
         post(s.index, [(lib.TIERING_EV_OPEN_TIER, s.d.slots[f], 4242, 0) for f in streams(0, 0).tolist()])
         wait_for(lambda: plans.time == (1, 0), "the reader in epoch 1")
         third = set(streams(0, 2).tolist()) - first
-        from_peer = {f for f in third if plans.readers(f) == [1]}
-        assert from_peer == third and third   # two nodes: what node 0 did not read in epoch 0, node 1 did
+        assert third and all(plans.holder(f) == 1 for f in third)   # two nodes: what node 0 did not read, node 1 did
         wait_for(lambda: s.d.stats.copies == len(first | third), "epoch 2 placed")
         rel = sorted(files)
-        assert sorted(s.d.pfs_copies) == sorted(rel[f] for f in (first | third) - from_peer)
+        assert sorted(s.d.pfs_copies) == sorted(rel[f] for f in mine)
+        from_peer = (first | third) - mine
         assert s.d.stats.peer_fetches == len(from_peer) and s.d.stats.peer_fallbacks == {}
         assert peer.server.counters.snapshot()["served"] == len(from_peer)
         for f in first | third:

@@ -2,6 +2,7 @@
 now, and its answer is the other node's own plan."""
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 
 import numpy as np
@@ -9,9 +10,9 @@ import pytest
 
 from tiering.clairvoyant.feeds import ListFeed
 from tiering.clairvoyant.nodes import NodePlans, NodeStreams, node_ranks, plans_from_options, stream_time
-from tiering.clairvoyant.options import OrderOptions, _specs
+from tiering.clairvoyant.options import OrderOptions, rank_specs
 from tiering.clairvoyant.policy import Clairvoyant
-from tiering.clairvoyant.samplers import SamplerSpec, node_stream_array
+from tiering.clairvoyant.samplers import SamplerSpec, epoch_permutation, node_stream_array, rank_share
 from tiering.placement.api import NOT_PLACED
 
 N = 600          # data-set samples (catalog ids 0..N-1, mapped in reverse to test the mapping)
@@ -34,7 +35,7 @@ def streams_for(nodes: int, seed: int = 7) -> NodeStreams:
 def own_stream(node: int, nodes: int, epoch: int, seed: int = 7) -> np.ndarray:
     """What node computes for itself from its own launcher environment, as
     options.py does for its ListFeed."""
-    specs = _specs(OrderOptions(sampler="distributed", seed=seed), env_of(node, nodes, local_rank=1))
+    specs = rank_specs(OrderOptions(sampler="distributed", seed=seed), env_of(node, nodes, local_rank=1))
     return MAPPING[node_stream_array(specs, N, epoch)]
 
 
@@ -65,6 +66,18 @@ def test_one_permutation_per_epoch_gives_every_rank_s_order(n, options):
             specs = [SamplerSpec("distributed", seed=9, num_replicas=6, rank=r, **options)
                      for r in node_ranks(6, 2, node)]
             assert np.array_equal(streams(node, epoch), node_stream_array(specs, n, epoch))
+
+
+def test_an_epoch_s_permutation_is_drawn_once_and_sliced_per_rank():
+    spec = SamplerSpec("distributed", seed=3, num_replicas=4, rank=0)
+    perm = epoch_permutation(spec, 10, 2)
+    assert epoch_permutation(dataclasses.replace(spec, rank=3), 10, 2) is perm and not perm.flags.writeable
+    assert sorted(perm.tolist()) == list(range(10))
+    padded = np.concatenate([perm, perm[:2]])      # 4 ranks x 3: padded cyclically
+    shares = [rank_share(dataclasses.replace(spec, rank=r), perm) for r in range(4)]
+    assert [s.tolist() for s in shares] == [padded[r::4].tolist() for r in range(4)]
+    cut = dataclasses.replace(spec, rank=1, drop_last=True)   # 4 x 2: the last two dropped
+    assert rank_share(cut, perm).tolist() == perm[:8][1::4].tolist()
 
 
 class InstantPlacement:
@@ -101,88 +114,78 @@ class InstantPlacement:
                 policy.on_placed(i, tier)
 
 
-def own_policy(node: int, nodes: int, capacity: int, epochs: int) -> tuple[Clairvoyant, InstantPlacement]:
+def own_policy(node: int, nodes: int, capacity: int, epochs: int,
+               pinned: np.ndarray) -> tuple[Clairvoyant, InstantPlacement]:
     place = InstantPlacement(capacity)
     feed = ListFeed(iter([own_stream(node, nodes, e) for e in range(epochs)]))
-    policy = Clairvoyant(place, feed)   # type: ignore[arg-type]
+    policy = Clairvoyant(place, feed, pinned=pinned)   # type: ignore[arg-type]
     policy.start()
     place.land(policy)
     return policy, place
 
 
 @pytest.mark.parametrize("nodes", [2, 3])
-def test_node_0_names_the_files_each_other_node_s_own_plan_holds(nodes):
-    """Each other node runs its real clairvoyant policy on its own stream;
-    node 0 computes that node's plan from the sampler's parameters alone and,
-    at every point of the run, holds the same files for it, so a file that
-    node planned at position t is named by node 0 when the reader is at t."""
+def test_node_0_names_a_node_only_for_files_that_node_s_own_plan_holds(nodes):
+    """Each other node runs its real clairvoyant policy on its own stream,
+    its home files pinned; node 0 computes the homes from the sampler's
+    parameters alone and, at every point of the run, names node n for a file
+    only while node n holds it, and names it for every home file node n has
+    read (held from then to the end)."""
     epochs = 4
-    capacity = int(sum(SIZES) * 0.6 / nodes)      # a node's tiers hold 60% of what it reads per epoch... and more
-    mine = NodePlans(streams_for(nodes), nodes, 0, SIZES, [capacity], epochs=epochs)
-    others = {n: own_policy(n, nodes, capacity, epochs) for n in range(1, nodes)}
+    capacity = int(sum(SIZES) * 0.6 / nodes)      # a node's tiers hold 60% of what it reads per epoch
+    mine = NodePlans(streams_for(nodes), nodes, 0, SIZES, [capacity])
+    others = {n: own_policy(n, nodes, capacity, epochs, mine.pinned(n)) for n in range(1, nodes)}
     mine.move_to(stream_time(others[1][0]))
     per_epoch = N // nodes
-    named = evicted = read_here = 0
+    named = evicted = 0
     for pos in range(0, epochs * per_epoch, 23):
         times = set()
-        planned: dict[int, list[int]] = {}
         for n, (policy, place) in others.items():
             stop = min(pos + 23, epochs * per_epoch)
             files = np.concatenate([own_stream(n, nodes, e) for e in range(epochs)])[pos:stop]
-            planned_here = planned[n] = [int(f) for f in files if int(f) in policy.planner.resident]
             policy.on_opens(files, np.ones(len(files), bool), np.full(len(files), 100 + n))
             place.land(policy)
             times.add(stream_time(policy))
             evicted += policy.evictions
-            # node 0's answer for the files node n planned for these positions
-            named += len(planned_here)
-            assert all(n in mine.holders(f) for f in planned_here) or pos == 0
         assert len(times) == 1                     # the nodes are in lockstep
         mine.move_to(times.pop())
-        # what node n held and has now read is what node 0 asks node n for
-        for n, (policy, _) in others.items():
-            for f in planned[n]:
-                if f in policy.planner.resident:   # not evicted since
-                    read_here += 1
-                    assert n in mine.readers(f) and mine.holder(f) is not None
-        for n, (policy, _) in others.items():
-            assert mine.held(n).tolist() == sorted(policy.planner.resident)
-            for f in mine.held(n)[:50].tolist():
-                assert n in mine.holders(f)
-    assert named > epochs * per_epoch // 2 and evicted > 0   # the plans did hold files, and evicted some
-    assert read_here > epochs * per_epoch // 2
-    assert mine.resets == 1
+        for n, (policy, place) in others.items():
+            held = mine.held(n).tolist()
+            assert set(held) <= set(policy.planner.resident) and set(held) <= set(place.placed)
+            assert all(mine.holder(f) == n for f in held)
+            named += len(held)
+    for n, (policy, _) in others.items():
+        # every home file of node n was read there in epoch 0, named from then on, and is still held
+        assert mine.held(n).tolist() == np.flatnonzero(mine.home == n).tolist()
+        assert set(mine.held(n).tolist()) <= set(policy.planner.resident)
+    assert named > epochs * per_epoch and evicted > 0   # the plans did hold files, and evicted others
 
 
-def test_no_answer_while_this_node_follows_no_order_and_a_new_plan_starts_over():
+def test_the_home_is_named_whether_this_node_follows_its_order_or_not():
+    """The homes hold their files from the start to the end: held() follows
+    the readers, holder() does not need them."""
     mine = NodePlans(streams_for(2), 2, 0, SIZES, [sum(SIZES)])
     f = int(streams_for(2)(1, 0)[0])
-    assert mine.holder(f) is None                  # nothing followed yet
-    mine.move_to((0, 0))
-    assert mine.holders(f) == [1] and mine.readers(f) == [] and mine.holder(f) is None   # planned, not yet read
+    assert mine.holder(f) == 1 and len(mine.held(1)) == 0    # nothing followed yet
     mine.move_to((0, 10))
-    assert mine.holder(f) == 1 and mine.holders(f) == [1] and mine.readers(f) == [1]
-    assert mine.holders(int(streams_for(2)(0, 0)[0])) == []    # only node 0 reads it in epoch 0; 0 is this node
+    assert mine.holder(f) == 1 and f in mine.held(1).tolist() and len(mine.held(1)) == 10
+    assert mine.holder(int(streams_for(2)(0, 0)[0])) is None    # node 0's own home file
     mine.move_to(None)
-    assert mine.holder(f) is None
-    mine.move_to((2, 0))
-    mine.move_to((1, 5))                           # this node planned anew from an earlier epoch
-    assert mine.resets == 2 and mine.time == (1, 5)
-    assert mine.holder(int(streams_for(2)(1, 1)[0])) == 1
+    assert mine.holder(f) == 1 and len(mine.held(1)) == 0
 
 
-def test_three_nodes_ask_different_holders_first():
-    """A file two other nodes hold is asked of the first after this node in
-    rank order: node 0 asks node 1, node 1 asks node 2, node 2 asks node 0."""
-    firsts = {}
-    for me in range(3):
-        plans = NodePlans(streams_for(3), 3, me, SIZES, [sum(SIZES)])   # everything fits: files stay
-        for e in range(3):
-            plans.move_to((e, N // 3))
-        shared = [f for f in range(N) if len(plans.readers(f)) == 2]
-        assert len(shared) > N // 10
-        firsts[me] = {plans.holder(f) for f in shared}
-    assert firsts == {0: {1}, 1: {2}, 2: {0}}
+def test_a_follow_of_the_policy_moves_the_readers():
+    place = InstantPlacement(sum(SIZES))
+    policy = Clairvoyant(place, ListFeed(iter([own_stream(0, 2, e) for e in range(2)])))  # type: ignore[arg-type]
+    mine = NodePlans(streams_for(2), 2, 0, SIZES, [sum(SIZES)])
+    mine.follow(policy)
+    assert mine.time is None                       # not started: no order followed
+    policy.start()
+    place.land(policy)
+    files = own_stream(0, 2, 0)[:40]
+    policy.on_opens(files, np.ones(len(files), bool), np.full(len(files), 7))
+    mine.follow(policy)
+    assert mine.time == (0, 40)
 
 
 def test_plans_only_from_a_sampler_every_node_can_compute(tmp_path):

@@ -209,7 +209,8 @@ def setup(job: Job) -> None:
 
     def make_policy(d: Daemon) -> Policy:
         if job.policy == Clairvoyant.name:
-            return Clairvoyant(d, feed, window=opts.window)
+            plans = job.peer.links.plans if job.peer is not None else None
+            return Clairvoyant(d, feed, window=opts.window, pinned=plans.pinned() if plans is not None else None)
         return SIMPLE_POLICIES[job.policy](d)
 
     if opts.node.multi_node:
@@ -413,7 +414,7 @@ def _plan_peers(job: Job, cat: catalog_mod.Catalog) -> None:
         return
     try:
         links.plans = plans_from_options(opts.order, cat, opts.node.node_count, opts.node.node_rank,
-                                         [t.capacity for t in job.tiers], opts.window)
+                                         [t.capacity for t in job.tiers])
     except Exception as e:   # no peer fetch: this node reads the PFS
         log.warning("the other nodes' plans cannot be computed (%r): no copies from peers", e)
 

@@ -94,13 +94,13 @@ def hook_blocker(command: list[str]) -> str | None:
     return None
 
 
-def _layout(opts: OrderOptions) -> Layout:
+def layout_of(opts: OrderOptions) -> Layout:
     if opts.layout == "manifest" and opts.manifest is None:
         raise StreamError("--layout manifest needs the manifest file: --layout manifest FILE")
     return Layout(opts.layout, extensions=opts.extensions, manifest=opts.manifest, root=opts.layout_root)
 
 
-def _specs(opts: OrderOptions, env: Mapping[str, str]) -> list[SamplerSpec]:
+def rank_specs(opts: OrderOptions, env: Mapping[str, str]) -> list[SamplerSpec]:
     world, rank, local_world, _ = ranks_from_env(env)
     world = opts.world_size if opts.world_size is not None else world
     rank = opts.rank if opts.rank is not None else rank
@@ -127,8 +127,8 @@ def epoch_arrays_from_options(opts: OrderOptions, catalog: Catalog,
     if opts.order_file is not None:
         yield from _order_file_epochs(opts, catalog)
         return
-    mapping = dataset_ids(catalog, _layout(opts))
-    specs = _specs(opts, env)
+    mapping = dataset_ids(catalog, layout_of(opts))
+    specs = rank_specs(opts, env)
     n = len(mapping)
     if len(specs) == 1:
         for order in epoch_arrays(specs[0], n, opts.epochs):
@@ -157,7 +157,7 @@ def _order_file_epochs(opts: OrderOptions, catalog: Catalog) -> Iterator[np.ndar
         for order in _path_epochs(opts.order_file, catalog):
             yield np.asarray(order, dtype=np.int64)
         return
-    mapping = dataset_ids(catalog, _layout(opts))
+    mapping = dataset_ids(catalog, layout_of(opts))
     for k, order in enumerate(epochs):
         idx = np.asarray(order, dtype=np.int64)
         bad = np.flatnonzero((idx < 0) | (idx >= len(mapping)))

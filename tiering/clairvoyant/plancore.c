@@ -126,6 +126,8 @@ static tp_bits *idle_set(tp_plan *p, int64_t f, int tier)
 
 static void hold(tp_plan *p, int64_t f, int tier, int64_t need)
 {
+    if (p->pin && p->pin[f])
+        return;
     if (need != TP_INF) {
         bits_add(&p->by_need[tier], need - p->pos0);
     } else {
@@ -136,6 +138,8 @@ static void hold(tp_plan *p, int64_t f, int tier, int64_t need)
 
 static void unhold(tp_plan *p, int64_t f, int tier, int64_t need)
 {
+    if (p->pin && p->pin[f])
+        return;
     if (need != TP_INF) {
         bits_discard(&p->by_need[tier], need - p->pos0);
     } else {

@@ -23,6 +23,7 @@ typedef struct {
     const int64_t *alloc;      /* bytes a copy takes in a tier */
     const int64_t *size;       /* bytes read from the PFS */
     const uint8_t *fits;       /* some tier can hold it */
+    const uint8_t *pin;        /* kept once held: never a victim (NULL: none is) */
     /* per stream position held (base .. base + n) */
     int32_t *stream;
     int64_t *next;

@@ -27,6 +27,9 @@ Rules (Belady's rule with prefetching):
   room is needed, so a data set that fits stays in place from one epoch to
   the next even when the next epoch's order is only published when it starts.
 - Nothing is ever scheduled beyond a tier's capacity.
+- Pinned files (a node's home files in a multi-node job, NOTE [home
+  nodes]) are kept once held: never a victim.  Without pins every decision
+  is the rule above.
 
 State (NOTE [planner arrays] in docs/design.md): per file, numpy arrays of its
 tier, its next unconsumed use ("need") and its uses; per known stream position,
@@ -161,6 +164,7 @@ class _Core:
         c.tier, c.need, c.uses = _ptr("int8_t *", p._tier), _ptr("int64_t *", p._need), _ptr("int32_t *", p._uses)
         c.done, c.alloc, c.size = _ptr("int64_t *", p._done), _ptr("int64_t *", p._alloc), _ptr("int64_t *", p._size)
         c.fits = _ptr("uint8_t *", p._fits)
+        c.pin = _ffi.NULL if p._pin is None else _ptr("uint8_t *", p._pin)
         c.stream, c.next, c.cons = _ptr("int32_t *", p._stream), _ptr("int64_t *", p._next), _ptr("uint8_t *", p._cons)
         c.base, c.n, c.cursor, c.reader, c.pos0 = p.base, p._n, p.cursor, p.reader, p._pos0
         return c
@@ -379,6 +383,11 @@ def _greedy_take(allocs: np.ndarray, room: int) -> np.ndarray:
     return take
 
 
+def allocations(sizes: np.ndarray) -> np.ndarray:
+    """allocation() of each size (int64 array)."""
+    return np.maximum(BLOCK, (sizes + BLOCK - 1) // BLOCK * BLOCK)
+
+
 def _as_ids(order: Iterable[int] | np.ndarray) -> np.ndarray:
     if isinstance(order, np.ndarray):
         return order.astype(np.int64, copy=False).ravel()
@@ -389,7 +398,9 @@ def _as_ids(order: Iterable[int] | np.ndarray) -> np.ndarray:
 
 class Planner:
     def __init__(self, sizes: Sequence[int] | np.ndarray, capacities: Sequence[int], *,
-                 window: int | None = None, alloc: Callable[[int], int] = allocation):
+                 window: int | None = None, alloc: Callable[[int], int] = allocation,
+                 pinned: np.ndarray | None = None):
+        """pinned: a bool per file, the files kept once held (never evicted)."""
         self.sizes = sizes
         self.capacities = [int(c) for c in capacities]
         self.window = window
@@ -397,10 +408,13 @@ class Planner:
         self._size = np.ascontiguousarray(sizes, dtype=np.int64)
         n = len(self._size)
         if alloc is allocation:
-            self._alloc = np.maximum(BLOCK, (self._size + BLOCK - 1) // BLOCK * BLOCK)
+            self._alloc = allocations(self._size)
         else:
             self._alloc = np.fromiter((alloc(int(s)) for s in self._size), np.int64, n)
         self._fits = self._alloc <= max(self.capacities, default=-1)   # some tier can hold it
+        self._pin = None if pinned is None or not np.any(pinned) else np.ascontiguousarray(pinned, dtype=bool)
+        if self._pin is not None and len(self._pin) != n:
+            raise ValueError(f"pinned has {len(self._pin)} flags for {n} files")
         self._tier = np.full(n, -1, np.int8)
         self._need = np.full(n, INF, np.int64)
         self._uses = np.zeros(n, np.int32)
@@ -671,8 +685,8 @@ class Planner:
 
     def _mark(self, f: int, tier: int, need: int, add: bool) -> None:
         """Puts file f of this tier into the victim set its need gives it
-        (add), or takes it out: _move for one file."""
-        if self._stale:
+        (add), or takes it out: _move for one file.  A pinned file is in none."""
+        if self._stale or (self._pin is not None and self._pin[f]):
             return
         if need != INF:
             s, member = self._by_need[tier], need - self._pos0
@@ -709,6 +723,9 @@ class Planner:
         if not rebuild and len(files) > max(BULK, len(self._tier) >> 6):
             self._stale = True   # rebuilt when a victim is next needed
             return
+        if self._pin is not None:   # never victims
+            free = ~self._pin[files]
+            files, tiers, needs = files[free], tiers[free], needs[free]
         known = needs != INF
         for t in np.unique(tiers).tolist():
             mine = tiers == t
@@ -1085,4 +1102,4 @@ def simulate(epochs: Iterable[Sequence[int] | np.ndarray], sizes: Sequence[int] 
     return reports, Actions.concat(kept)
 
 
-__all__ = ["INF", "Action", "Actions", "EpochReport", "Planner", "allocation", "simulate"]
+__all__ = ["INF", "Action", "Actions", "EpochReport", "Planner", "allocation", "allocations", "simulate"]

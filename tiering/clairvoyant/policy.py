@@ -36,10 +36,14 @@ class Clairvoyant(Policy):
     regrow = 0.25        # the epoch being learnt is planned again when the indices learnt grew by this share
     least = 16           # ... and by this many, and as many of its positions ahead became known
 
-    def __init__(self, placement: Placement, feed: ListFeed | HookFeed | None = None, window: int = 64):
+    def __init__(self, placement: Placement, feed: ListFeed | HookFeed | None = None, window: int = 64,
+                 pinned: np.ndarray | None = None):
+        """pinned: a bool per file, the files this node keeps once it has
+        them (its home files in a multi-node job, NOTE [home nodes])."""
         super().__init__(placement)
         self.feed = feed
         self.window = window
+        self.pinned = pinned
         self.first_touch = FirstTouch(placement)
         self.planner: Planner | None = None
         self.progress: Progress | None = None
@@ -73,7 +77,7 @@ class Clairvoyant(Policy):
         """A new plan over what is placed now."""
         p = self.placement
         caps = [int(c * self.margin) for c in p.capacities]
-        self.planner = Planner(p.sizes, caps, window=self.window)
+        self.planner = Planner(p.sizes, caps, window=self.window, pinned=self.pinned)
         placed = np.array(list(p.placements()), np.int64).reshape(-1, 2)
         self.planner.adopt_many(placed[:, 0], placed[:, 1])
         self.progress = Progress(self.planner, window=max(256, 4 * self.window))

@@ -49,6 +49,7 @@ classes by tests/test_order.py:
 """
 from __future__ import annotations
 
+import functools
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -229,17 +230,17 @@ def _distributed_sizes(spec: SamplerSpec, n: int) -> tuple[int, int]:
     return per_rank, per_rank * r
 
 
-def _distributed_epoch(spec: SamplerSpec, n: int, epoch: int) -> np.ndarray:
-    """This rank's slots rank, rank + R, ... of the list padded cyclically to total_size."""
-    per_rank, total = _distributed_sizes(spec, n)
-    if not spec.shuffle:
-        return np.arange(spec.rank, total, spec.num_replicas, dtype=np.int64) % n
-    torch = _torch()
-    g = torch.Generator()
-    g.manual_seed((spec.seed or 0) + epoch)
-    perm = torch.randperm(n, generator=g)
-    slots = torch.arange(per_rank, dtype=torch.int64) * spec.num_replicas + spec.rank
-    return perm[slots % n].numpy()
+@functools.lru_cache(maxsize=2)   # the epoch asked and the next: the ranks of all nodes draw it once
+def _whole_order(seed: int, shuffle: bool, n: int, epoch: int) -> np.ndarray:
+    if not shuffle:
+        order = np.arange(n, dtype=np.int64)
+    else:
+        torch = _torch()
+        g = torch.Generator()
+        g.manual_seed(seed + epoch)
+        order = torch.randperm(n, generator=g).numpy()
+    order.setflags(write=False)
+    return order
 
 
 # ---------------------------------------------------------------- public API
@@ -257,8 +258,27 @@ def epoch_order_array(spec: SamplerSpec, dataset_len: int, epoch: int) -> np.nda
     if spec.kind == "random":
         return next(_random_orders(spec, dataset_len, epoch, 1))
     if spec.kind == "distributed":
-        return _batch_cut(spec, _distributed_epoch(spec, dataset_len, epoch))
+        return rank_share(spec, epoch_permutation(spec, dataset_len, epoch))
     return _batch_cut(spec, np.arange(dataset_len, dtype=np.int64))
+
+
+def epoch_permutation(spec: SamplerSpec, dataset_len: int, epoch: int) -> np.ndarray:
+    """A DistributedSampler's order of an epoch before it is split by rank
+    (torch.randperm under seed + epoch; range(n) without shuffle), the same
+    for every rank: rank_share slices each rank's part.  Read-only; the last
+    two epochs asked for are cached."""
+    _check_args(spec, dataset_len, epoch)
+    return _whole_order(spec.seed or 0, spec.shuffle, dataset_len, epoch)
+
+
+def rank_share(spec: SamplerSpec, permutation: np.ndarray) -> np.ndarray:
+    """What rank spec.rank reads of the epoch's permutation: slots rank,
+    rank + R, ... of the list padded cyclically to total_size (or cut, with
+    drop_last), less a BatchSampler's dropped tail."""
+    n = len(permutation)
+    per_rank, _ = _distributed_sizes(spec, n)
+    slots = np.arange(per_rank, dtype=np.int64) * spec.num_replicas + spec.rank
+    return _batch_cut(spec, permutation[slots % n])
 
 
 def epoch_order(spec: SamplerSpec, dataset_len: int, epoch: int) -> list[int]:

@@ -13,14 +13,15 @@ and most training samples are small).
 - metadata ``tiering-auth``: HMAC-SHA256 of method and request under the
   job's secret (the secret itself never crosses the network), compared in
   constant time; a call without it or with a wrong one ends UNAUTHENTICATED
-  and is counted;
+  and is counted; a call before this node knows the secret (the nodes are
+  still meeting) ends FAILED_PRECONDITION and is counted as early;
 - response: the copy's bytes, then status OK; NOT_FOUND at once when the
   copy is not published here or its source's identity differs from the
   request's; DATA_LOSS when the copy is shorter than catalogued.
 
 The client writes the stream into a staging file under a deadline and keeps
 it only when the stream ended OK with exactly the expected size; it raises
-PeerUnavailable (absent, refused, deadline, stopped, error) otherwise, after
+PeerUnavailable (absent, early, refused, deadline, stopped, error) otherwise, after
 removing the partial file.  The caller then reads the PFS.
 """
 from __future__ import annotations
@@ -62,8 +63,9 @@ class PeerError(Exception):
 
 
 class PeerUnavailable(Exception):
-    """No copy from this peer; read the PFS.  ``reason``: absent, refused,
-    deadline, stopped or error."""
+    """No copy from this peer; read the PFS.  ``reason``: absent, early
+    (the peer has not met the others yet), refused, deadline, stopped or
+    error."""
 
     def __init__(self, reason: str, detail: str = ""):
         super().__init__(f"{reason}: {detail}" if detail else reason)
@@ -113,8 +115,8 @@ def auth_token(secret: bytes, method: str, request: bytes) -> str:
 
 @dataclass
 class Counters:
-    """Thread-safe counts (server: served, bytes, absent, refused, errors;
-    client: fetched, bytes, absent, refused, deadline, stopped, errors)."""
+    """Thread-safe counts (server: served, bytes, absent, early, refused, errors;
+    client: fetched, bytes, absent, early, refused, deadline, stopped, errors)."""
     values: dict[str, int] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -147,7 +149,7 @@ class PeerServer:
     """Serves this node's published copies to the job's other nodes; listens
     on one address only, from start() to stop().  Without a secret (None:
     the address has to be published before the rendezvous gives the secret)
-    every call is refused."""
+    every call ends at once as early."""
 
     def __init__(self, host: str, secret: bytes | None, lookup: Lookup, port: int = 0, workers: int = 8,
                  chunk: int = CHUNK):
@@ -216,6 +218,9 @@ class PeerServer:
         the requested identity: an fd on the copy, else the call ends."""
         token = dict(context.invocation_metadata()).get(AUTH_KEY, "")
         secret = self.secret
+        if secret is None:
+            self.counters.add("early")
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, "the nodes of this job are still meeting")
         if secret is None or not isinstance(token, str) or not hmac.compare_digest(
                 token.encode(), auth_token(secret, method, request).encode()):
             self.counters.add("refused")
@@ -262,6 +267,7 @@ class PeerServer:
 # -- the client -----------------------------------------------------------------
 
 _REASONS = {grpc.StatusCode.NOT_FOUND: "absent", grpc.StatusCode.UNAUTHENTICATED: "refused",
+            grpc.StatusCode.FAILED_PRECONDITION: "early",
             grpc.StatusCode.DEADLINE_EXCEEDED: "deadline", grpc.StatusCode.CANCELLED: "stopped"}
 
 

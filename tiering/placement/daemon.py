@@ -168,7 +168,6 @@ class Daemon:
         return None
 
     def place(self, i: int, tier: int) -> bool:
-        self._follow_peers()   # the other nodes' plans at the reader this copy is planned for
         with self._lock:
             if not self.placeable(i):
                 return False
@@ -275,6 +274,7 @@ class Daemon:
     # -- the event thread -------------------------------------------------------
     def _event_loop(self) -> None:
         self._guarded(self.policy.start)
+        self._guarded(self._follow_peers)   # before the first copies ask the plans
         last_tail_move = time.monotonic()
         last_pending = -1
         while not self._stop.wait(0.005):
@@ -443,22 +443,27 @@ class Daemon:
 
     # -- the peer tier (NOTE [node-aware plan]) -----------------------------------
     def _follow_peers(self) -> None:
-        """The other nodes' plans follow this node's reader (the event thread:
-        the policy's, which places; cheap when the reader has not moved)."""
+        """The other nodes' plans follow this node's reader: in the event
+        thread (the policy's), after the policy starts and after each batch
+        of events."""
         if self.peers is not None and self.peers.plans is not None:
             self.peers.plans.follow(self.policy)
 
     def _from_peer(self, i: int, f: CatalogFile, t: TierState) -> int | None:
         """f copied from the node whose plan holds it now, put in place like a
         PFS copy (not yet published): the bytes it takes on the tier.  None:
-        read the PFS (no node holds it, no link yet, the network is not
-        faster for this size, or the fetch failed: counted by reason)."""
+        read the PFS (no node holds it; or counted by reason: the nodes have
+        not met, yet or at all, "unlinked"; the network is not faster for
+        this size; the fetch failed)."""
         peers = self.peers
-        if peers is None or peers.plans is None or not peers.ready.is_set():
+        if peers is None or peers.plans is None:
             return None
         node = peers.plans.holder(i)
-        client = peers.client(node) if node is not None else None
+        if node is None:
+            return None
+        client = peers.client(node) if peers.linked() else None
         if client is None:
+            self._peer_fallback("unlinked")
             return None
         from ..cluster.peer import PeerUnavailable, fetch_copy, fetch_deadline, peer_is_faster
         if not peer_is_faster(f.size, peers.network, peers.pfs_bandwidth, peers.pfs_latency_ms):

@@ -1,0 +1,162 @@
+"""The home rule of a multi-node job (NOTE [home nodes]): each file has at
+most one home node, the node that reads it first in the first epoch, within
+that node's share of its tiers; every node computes the same homes; a
+node's planner never evicts a home file (for a file that is not one), in C
+as in Python."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tiering.clairvoyant.nodes import NodePlans, NodeStreams, home_nodes
+from tiering.clairvoyant.planner import EVICT, FETCH, Planner, allocations
+from tiering.clairvoyant.policy import Clairvoyant
+from tiering.clairvoyant.samplers import SamplerSpec
+
+N = 600
+L = 2
+SIZES = (4096 * (1 + np.arange(N) % 3)).astype(np.int64)   # allocations 4, 8 and 12 KiB
+
+
+def streams_for(nodes: int, n: int = N, seed: int = 7) -> NodeStreams:
+    spec = SamplerSpec("distributed", seed=seed, num_replicas=nodes * L, rank=0)
+    return NodeStreams(spec, L, np.arange(n, dtype=np.int64))
+
+
+def test_home_rule_by_hand() -> None:
+    """The earlier read wins (then the lower node); each node takes the files
+    it reads first in that order while their allocations fit its budget
+    (a prefix: a later small file that would fit is not taken)."""
+    first = [np.array([0, 1, 2, 3, 9]), np.array([4, 0, 5, 6, 7, 8])]
+    allocs = np.full(10, 4096, np.int64)
+    allocs[2] = 3 * 4096
+    home, offset = home_nodes(first, allocs, [4 * 4096, 3 * 4096])
+    # node 0: 0 (4K), 1 (8K), 2 (20K > 16K: stop) -> 3 and 9 have no home though they would fit
+    # node 1: 4, 5, 6 (0 is node 0's: read at offset 0 there, 1 here); 7 and 8 beyond its budget
+    assert home.tolist() == [0, 0, -1, -1, 1, 1, 1, -1, -1, -1]
+    assert offset.tolist() == [0, 1, -1, -1, 0, 2, 3, -1, -1, -1]
+    tie, _ = home_nodes([np.array([5, 1]), np.array([1, 5])], np.full(6, 4096, np.int64), [1 << 20] * 2)
+    assert tie[[1, 5]].tolist() == [1, 0]   # each read at offset 0 by one node, at 1 by the other
+    assert tie[[0, 2, 3, 4]].tolist() == [-1] * 4   # read by nobody
+
+
+@pytest.mark.parametrize("nodes", [2, 3, 4])
+@pytest.mark.parametrize("capacity_share", [0.3, 0.6, 1.5])   # of what a node reads per epoch
+def test_the_home_rule_partitions_the_data_set_the_same_on_every_node(nodes: int, capacity_share: float) -> None:
+    per_node = int(SIZES.sum()) // nodes
+    capacity = int(per_node * capacity_share)
+    streams = streams_for(nodes)
+    plans = [NodePlans(streams_for(nodes), nodes, me, SIZES, [capacity // 2, capacity - capacity // 2])
+             for me in range(nodes)]
+    home = plans[0].home
+    for p in plans[1:]:
+        assert np.array_equal(p.home, home)   # the same answer on every node, without a message
+    budget = int((int(capacity // 2 * Clairvoyant.margin) + int((capacity - capacity // 2) * Clairvoyant.margin))
+                 * NodePlans.share)
+    allocs = allocations(SIZES)
+    homed = 0
+    for n in range(nodes):
+        mine = np.flatnonzero(home == n)
+        first = streams(n, 0)
+        assert int(allocs[mine].sum()) <= budget                 # capacity respected
+        assert np.isin(mine, first).all()                       # a node's home files are files it reads first
+        # in the order it reads them: a prefix of what it reads first
+        order = first[np.sort(np.unique(first, return_index=True)[1])]
+        assert np.array_equal(np.sort(order[:len(mine)]), mine)
+        assert np.array_equal(plans[n].pinned(), home == n) and np.array_equal(plans[0].pinned(n), home == n)
+        homed += len(mine)
+    assert ((home >= -1) & (home < nodes)).all()              # at most one home each
+    if capacity_share < 1 / NodePlans.share:    # the budget is below a node's share: some have no home
+        assert 0 < homed < N and int(allocs[home >= 0].sum()) <= nodes * budget
+    else:                                       # the aggregate holds the data set: every file has a home
+        assert homed == N
+
+
+def test_capacity_weighted_budgets() -> None:
+    """Nodes with unequal budgets home different amounts of what they read first."""
+    streams = streams_for(2)
+    first = [streams(0, 0), streams(1, 0)]
+    allocs = allocations(SIZES)
+    home, _ = home_nodes(first, allocs, [int(allocs.sum()) // 2, int(allocs.sum()) // 8])
+    assert int(allocs[home == 0].sum()) > 3 * int(allocs[home == 1].sum())
+    assert int(allocs[home == 1].sum()) <= int(allocs.sum()) // 8
+
+
+def test_holder_is_the_home_and_held_what_the_home_has_read() -> None:
+    streams = streams_for(2)
+    plans = NodePlans(streams, 2, 0, SIZES, [int(SIZES.sum())])   # every file has a home
+    f1, f0 = int(streams(1, 0)[5]), int(streams(0, 0)[5])
+    assert plans.home[f1] == 1 and plans.home[f0] == 0
+    assert plans.holder(f1) == 1 and plans.holder(f0) is None   # asked of its home; f0 is this node's own
+    assert len(plans.held(1)) == 0                                # not following yet
+    plans.move_to((0, 5))
+    assert f1 not in plans.held(1).tolist() and len(plans.held(1)) == 5   # node 1 reads it at offset 5
+    plans.move_to((0, 6))
+    assert f1 in plans.held(1).tolist() and len(plans.held(1)) == 6
+    plans.move_to((3, 0))
+    assert plans.holder(f1) == 1 and len(plans.held(1)) == N // 2
+    plans.move_to(None)
+    assert plans.holder(f1) == 1 and len(plans.held(1)) == 0
+
+
+def run_pinned(engine: str, monkeypatch: pytest.MonkeyPatch, pinned: np.ndarray | None, capacity: int,
+               epochs: list[np.ndarray], step: int = 17,
+               ahead: int = 1) -> tuple[list[tuple[int, int, int]], Planner]:
+    """The planner driven as the daemon drives it: extend (`ahead` epochs
+    beyond the reader's known), advance, the reader reads `step` positions,
+    and so on; the actions (kind, file, tier)."""
+    with monkeypatch.context() as m:
+        if engine == "python":
+            m.setenv("TIERING_PLANNER", "python")
+        else:
+            m.delenv("TIERING_PLANNER", raising=False)
+        p = Planner(SIZES, [capacity // 3, capacity - capacity // 3], window=64, pinned=pinned)
+        acts: list[tuple[int, int, int]] = []
+        known = 0
+        for e in range(len(epochs)):
+            while known < min(len(epochs), e + 1 + ahead):
+                p.extend(epochs[known])
+                known += 1
+            stop = p.reader + len(epochs[e])
+            while p.reader < stop:
+                a = p.advance()
+                acts += list(zip(a.kind.tolist(), a.file.tolist(), a.tier.tolist()))
+                p.consume_range(p.reader, min(stop, p.reader + step))
+        return acts, p
+
+
+@pytest.mark.parametrize("ahead", [1, 3])
+@pytest.mark.parametrize("engine", ["c", "python"])
+def test_home_files_are_never_evicted_for_files_that_are_not(engine: str, ahead: int,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Node 0's planner on its own stream, its tiers 60% of what it reads per
+    epoch, its home files pinned, the next epoch known or all of them: each
+    home file is fetched once and never evicted, while the other files come
+    and go in the rest of the tiers."""
+    streams = streams_for(2)
+    capacity = int(SIZES.sum() * 0.6 / 2)
+    plans = NodePlans(streams, 2, 0, SIZES, [capacity // 3, capacity - capacity // 3])
+    home = plans.pinned()
+    epochs = [streams(0, e) for e in range(4)]
+    acts, p = run_pinned(engine, monkeypatch, home, capacity, epochs, ahead=ahead)
+    fetched = [f for k, f, _ in acts if k == FETCH]
+    evicted = [f for k, f, _ in acts if k == EVICT]
+    assert home.sum() > 50 and len(evicted) > 100        # homes, and a window that is busy
+    assert not home[evicted].any()                       # no home file is ever evicted
+    homes_fetched = [f for f in fetched if home[f]]
+    assert sorted(homes_fetched) == np.flatnonzero(home).tolist()   # each fetched once
+    assert all(f in p.resident for f in np.flatnonzero(home).tolist())   # and held at the end
+    # without pins the same planner evicts some of them: the pins decide
+    free_acts, _ = run_pinned(engine, monkeypatch, None, capacity, epochs, ahead=ahead)
+    assert home[[f for k, f, _ in free_acts if k == EVICT]].any()
+
+
+def test_pins_make_the_same_decisions_in_c_and_in_python(monkeypatch: pytest.MonkeyPatch) -> None:
+    streams = streams_for(3)
+    capacity = int(SIZES.sum() * 0.5 / 3)
+    home = NodePlans(streams, 3, 1, SIZES, [capacity // 3, capacity - capacity // 3]).pinned()
+    epochs = [streams(1, e) for e in range(3)]
+    c_acts, c_p = run_pinned("c", monkeypatch, home, capacity, epochs, step=5, ahead=2)
+    py_acts, py_p = run_pinned("python", monkeypatch, home, capacity, epochs, step=5, ahead=2)
+    assert c_acts == py_acts and len(c_acts) > 200
+    assert c_p.resident == py_p.resident
