@@ -245,7 +245,12 @@ def test_copies_are_issued_at_most_a_horizon_of_reading_ahead_of_a_reading_reade
     furthest = max(np.flatnonzero(np.isin(order, issued)))
     assert read + 5000 - 1 <= furthest < read + 5000 + policy.chunk
     assert policy.report()["held_by_horizon"] > 0
+    assert policy._lead_bound() is not None
     clock.now += 1.0                                        # the reader pauses
     policy.poll()
     land()
     assert sorted(issued) == list(range(n))                  # the rest went out, each file once
+    policy.on_opens(order[read:read + 100], np.ones(100, bool), np.full(100, 7))
+    assert policy._lead_bound() is not None                  # reading again
+    policy._reset(0, [order])                               # a new plan: its reader's rate is not known yet
+    assert policy._lead_bound() is None

@@ -83,6 +83,7 @@ class Clairvoyant(Policy):
         self.progress = Progress(self.planner, window=max(256, 4 * self.window))
         self.epoch_starts, self.epochs = [], []
         self._actions.clear()
+        self._pace.clear()                  # positions of another plan: the rate is measured anew
 
     def _add(self, epoch: int, order: np.ndarray) -> None:
         if self.planner is None:
