@@ -254,3 +254,28 @@ def test_copies_are_issued_at_most_a_horizon_of_reading_ahead_of_a_reading_reade
     assert policy._lead_bound() is not None                  # reading again
     policy._reset(0, [order])                               # a new plan: its reader's rate is not known yet
     assert policy._lead_bound() is None
+
+
+class StoppingPlacement(FakePlacement):
+    """Refuses every copy once stopping, as the daemon does after COMMAND exited."""
+
+    def place(self, i: int, tier: int) -> bool:
+        return not self.stopping and super().place(i, tier)
+
+
+def test_a_stopping_daemon_is_handed_no_more_of_the_plan() -> None:
+    """When COMMAND exits while the plan is being handed over, the policy
+    stops at once instead of offering (and dropping from the plan) every
+    planned copy one by one: at 1.28 M files that took the job's exit 4-9 s."""
+    n = 20_000
+    fake = StoppingPlacement(n, 10 * 4096 * n)
+    policy = Clairvoyant(fake, ListFeed(iter([np.arange(n)])))  # type: ignore[arg-type]
+    policy.start()
+    assert len(fake.pending) == policy.in_flight
+    fake.stopping = True
+    fake.pending.clear()
+    policy.on_placed(0, 0)
+    policy.poll()
+    report = policy.report()
+    assert report["refused"] == 0 and report["fetches"] == policy.in_flight
+    assert report["planned_not_issued"] == n - policy.in_flight

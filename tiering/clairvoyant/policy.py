@@ -296,6 +296,8 @@ class Clairvoyant(Policy):
         p = self.placement
         bound = self._lead_bound()
         while self._actions and self.following:
+            if p.stopping:
+                return    # the job ended: nothing more is placed (not a refusal per planned copy)
             room = self.in_flight - p.copies_in_flight()
             if room <= 0:
                 return
