@@ -33,8 +33,10 @@ setup(
     ext_modules=[Extension("tiering.libtiershim", sources=["shim/tiershim.c", "shim/tiercopy.c", "shim/tierscan.c"],
                            depends=["shim/tiering.h"], extra_compile_args=SHIM_CFLAGS,
                            libraries=["dl"]),
-                 # the planner's core (tiering/clairvoyant/plancore.c), reached through cffi
-                 Extension("tiering.clairvoyant.libtierplan", sources=["tiering/clairvoyant/plancore.c"],
+                 # the planner's core (tiering/clairvoyant/plancore.c), reached through cffi, and
+                 # the replay of torch's generator (torchrng.c), through ctypes
+                 Extension("tiering.clairvoyant.libtierplan",
+                           sources=["tiering/clairvoyant/plancore.c", "tiering/clairvoyant/torchrng.c"],
                            depends=["tiering/clairvoyant/plancore.h"], extra_compile_args=PLAN_CFLAGS)],
     cmdclass={"build_ext": BuildShim, "build_py": BuildPy},
 )

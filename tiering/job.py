@@ -186,7 +186,7 @@ def setup(job: Job) -> None:
         log.warning("the data set is empty: no regular file under %s; nothing will be placed (check --data)",
                     ", ".join(cat.roots))
     # the index first, then the order: the catalog's columns only the index
-    # needs are let go before torch and the first epoch take their memory
+    # needs are let go before the first epoch (and torch, if imported) take their memory
     # (NOTE [catalog arrays])
     for t in opts.profile.tiers:
         try:

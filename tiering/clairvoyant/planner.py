@@ -67,6 +67,7 @@ KINDS = ("fetch", "evict")
 SCAN = 64            # positions looked at one by one before a scan switches to numpy
 BULK = 4096          # changes to the victim sets beyond which they are rebuilt when next needed
 CORE_LOG = 1 << 18   # actions the C core logs before simulate() takes them
+LOG_KEEP = 1 << 16   # log entries whose buffers the C core keeps after a take; larger ones are let go
 
 
 # -- the C core (NOTE [planner core] in docs/design.md) ---------------------------
@@ -202,8 +203,13 @@ class _Core:
         def arr(ptr: Any, dtype: type) -> np.ndarray:
             return np.frombuffer(_ffi.buffer(ptr, n * np.dtype(dtype).itemsize), dtype).copy()
 
-        return Actions(arr(c.log_kind, np.int8), arr(c.log_file, np.int64), arr(c.log_tier, np.int8),
-                       arr(c.log_position, np.int64), arr(c.log_need, np.int64))
+        taken = Actions(arr(c.log_kind, np.int8), arr(c.log_file, np.int64), arr(c.log_tier, np.int8),
+                        arr(c.log_position, np.int64), arr(c.log_need, np.int64))
+        if c.log_cap > LOG_KEEP:
+            # an epoch's fetches at once (26 B each, the buffers doubled past
+            # them): copied out, so the C buffers go; the core grows them anew
+            _lib.tp_free(self.addr)
+        return taken
 
 
 @dataclass(frozen=True)
@@ -491,6 +497,10 @@ class Planner:
         n = self._n
         if n + k <= len(self._stream):
             return
+        head = self.reader - self.base
+        if head >= TRIM_MIN and n - head + k <= len(self._stream):
+            self._drop_head(head)     # room without growing: the consumed head goes first
+            return
         size = max(2 * len(self._stream), n + k)
         stream, nxt, cons = np.zeros(size, np.int32), np.full(size, INF, np.int64), np.zeros(size, bool)
         stream[:n], nxt[:n], cons[:n] = self._stream[:n], self._next[:n], self._cons[:n]
@@ -504,7 +514,8 @@ class Planner:
             return
         start, base = self.end, self.base
         self._grow_victims(start + k)
-        self._reserve(k)
+        self._reserve(k)               # may drop the consumed head: base moves, the end does not
+        base = self.base
         rel = self._n
         self._stream[rel:rel + k] = files
         self._next[rel:rel + k] = INF
@@ -637,12 +648,16 @@ class Planner:
         so that memory follows the known future, not the whole run."""
         k = self.reader - self.base
         if k >= TRIM_MIN and k >= self._n - k:
-            n = self._n - k
-            self._stream[:n] = self._stream[k:self._n]
-            self._next[:n] = self._next[k:self._n]
-            self._cons[:n] = self._cons[k:self._n]
-            self._n = n
-            self.base += k
+            self._drop_head(k)
+
+    def _drop_head(self, k: int) -> None:
+        """Forgets the first k positions held (all consumed or skipped)."""
+        n = self._n - k
+        self._stream[:n] = self._stream[k:self._n]
+        self._next[:n] = self._next[k:self._n]
+        self._cons[:n] = self._cons[k:self._n]
+        self._n = n
+        self.base += k
 
     def skip_to(self, pos: int) -> int:
         """Treats every position below pos as consumed (lost events, a jump);

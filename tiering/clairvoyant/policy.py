@@ -5,6 +5,7 @@ is known, and again if the reads stop following it."""
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from typing import Any
 
@@ -35,6 +36,13 @@ class Clairvoyant(Policy):
     early = 256          # opens kept while the hook's first order is on its way (NOTE [early opens])
     regrow = 0.25        # the epoch being learnt is planned again when the indices learnt grew by this share
     least = 16           # ... and by this many, and as many of its positions ahead became known
+    # NOTE [prefetch horizon]: while the reader reads, copies are issued at most
+    # this many seconds of its reading ahead of it (never fewer than lead_floor
+    # positions); a reader that paused for rate_span seconds sets no bound
+    horizon = 30.0
+    lead_floor = 65536
+    rate_span = 2.0
+    clock = staticmethod(time.monotonic)
 
     def __init__(self, placement: Placement, feed: ListFeed | HookFeed | None = None, window: int = 64,
                  pinned: np.ndarray | None = None):
@@ -65,6 +73,8 @@ class Clairvoyant(Policy):
         self._partial: set[int] = set()     # epochs planned from a partly learnt mapping
         self._ahead = np.zeros(0, np.int64)   # opens beyond the epoch being learnt while no plan exists
         self._late: tuple[np.ndarray, np.ndarray] = (np.zeros(0, np.int64), np.zeros(0, np.int64))
+        self._pace: deque[tuple[float, int]] = deque()   # (time, reader position) of the last rate_span s
+        self.held = 0                       # turns that issued nothing because of the horizon
 
     # -- the stream ----------------------------------------------------------
     def start(self) -> None:
@@ -83,6 +93,7 @@ class Clairvoyant(Policy):
         self.progress = Progress(self.planner, window=max(256, 4 * self.window))
         self.epoch_starts, self.epochs = [], []
         self._actions.clear()
+        self._pace.clear()                  # positions of another plan: the rate is measured anew
 
     def _add(self, epoch: int, order: np.ndarray) -> None:
         if self.planner is None:
@@ -289,6 +300,7 @@ class Clairvoyant(Policy):
         got = self.progress.on_opens(files[planned], pids[planned])
         out[planned] = got
         if (got >= 0).any():
+            self._note_reader()
             if isinstance(self.feed, ListFeed):
                 self._extend_from_list()
             self._pump()
@@ -349,11 +361,17 @@ class Clairvoyant(Policy):
         in_flight copies are queued there (a plan of a million fetches is
         not a million queued copies; NOTE [event batches])."""
         p = self.placement
+        bound = self._lead_bound()
         while self._actions and self.following:
+            if p.stopping:
+                return    # the job ended: nothing more is placed (not a refusal per planned copy)
             room = self.in_flight - p.copies_in_flight()
             if room <= 0:
                 return
             head = self._actions[0]
+            if bound is not None and head.kind[0] == FETCH and int(head.need[0]) >= bound:
+                self.held += 1
+                return
             part = head[:min(self.chunk, room)]     # at most room fetches
             for kind, f, tier in zip(part.kind.tolist(), part.file.tolist(), part.tier.tolist()):
                 if kind != FETCH:
@@ -369,6 +387,27 @@ class Clairvoyant(Policy):
                 self._actions[0] = head[len(part):]
             else:
                 self._actions.popleft()
+
+    def _note_reader(self) -> None:
+        """The reader's position now, for its rate (NOTE [prefetch horizon])."""
+        assert self.planner is not None
+        now = self.clock()
+        self._pace.append((now, self.planner.reader))
+        while len(self._pace) > 2 and self._pace[1][0] <= now - self.rate_span:
+            self._pace.popleft()
+
+    def _lead_bound(self) -> int | None:
+        """The stream position copies are not issued at or beyond while the
+        reader reads (NOTE [prefetch horizon]); None: no bound (the reader
+        has not read for rate_span seconds, or its rate is not known yet)."""
+        if self.planner is None or len(self._pace) < 2:
+            return None
+        (t0, r0), (t1, r1) = self._pace[0], self._pace[-1]
+        now = self.clock()
+        if now - t1 > self.rate_span or t1 - t0 < self.rate_span / 2:
+            return None
+        rate = (r1 - r0) / (t1 - t0)
+        return self.planner.reader + max(self.lead_floor, int(rate * self.horizon))
 
     def on_placed(self, i: int, tier: int) -> None:
         if self.following and self.planner is not None and self.planner.resident.get(i) != tier:
@@ -401,6 +440,7 @@ class Clairvoyant(Policy):
             "late_opens": pr.late if pr else 0,
             "resyncs": pr.resyncs if pr else 0,
             "planned_not_issued": sum(len(a) for a in self._actions),
+            "held_by_horizon": self.held,
             "fetches": self.fetches,
             "evictions": self.evictions,
             "refused": self.refused,

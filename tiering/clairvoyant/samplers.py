@@ -1,13 +1,16 @@
 """The access stream, reproduced not guessed: for each epoch, the data-set indices the
 training reads, in order.
 
-PyTorch samplers reproduced bit for bit by running the same torch operations on the same
-generator (never a re-implemented RNG).  Order files are read in orderfile.py, the ranks
-a launcher (torchrun, Slurm) announces in launcher.py.
+PyTorch samplers reproduced bit for bit by making the same draws on the same generator:
+replayed without torch by torchrng.py for the versions of torch whose algorithms it
+reproduces (NOTE [torch replay] in docs/design.md), by torch's own operations on a
+torch.Generator for any other.  Order files are read in orderfile.py, the ranks a
+launcher (torchrun, Slurm) announces in launcher.py.
 
-torch is imported only when a shuffled order is asked for (it is not a core dependency
-of tiering); the torch installed here must be the training's version, since the
-permutation algorithm behind torch.randperm is what is being replayed.
+torch is imported only when a shuffled order is asked for and the installed version
+is not one torchrng.py replays (torch is not a core dependency of tiering); the torch
+installed here must be the training's version, since the permutation algorithm behind
+torch.randperm is what is being reproduced.
 
 How torch 2.13.0 (CPU generator, mt19937) consumes random numbers -- read in
 torch/utils/data/{sampler,distributed,dataloader}.py and checked against the real
@@ -54,15 +57,13 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import numpy as np
 
-if TYPE_CHECKING:  # torch is imported lazily, only when a shuffled order is asked for
-    from torch import Generator, Tensor
+from . import torchrng
 
 KINDS = ("random", "distributed", "sequential")
-RANDINT_CHUNK = 32          # RandomSampler draws with replacement in chunks of 32
 
 
 class OrderError(Exception):
@@ -116,6 +117,68 @@ def _torch():  # type: ignore[no-untyped-def]
     return torch
 
 
+class Draws(Protocol):
+    """What the samplers draw from a CPU torch.Generator: torchrng.Generator (the
+    replay) or TorchDraws (torch itself); arrays are numpy int64."""
+
+    def manual_seed(self, seed: int) -> Any: ...
+    def get_state(self) -> Any: ...
+    def set_state(self, state: Any) -> None: ...
+    def random64(self) -> None: ...
+    def randperm(self, n: int) -> np.ndarray: ...
+    def skip_randperm(self, n: int) -> None: ...
+    def randint(self, high: int, size: int) -> np.ndarray: ...
+    def skip_randint(self, size: int) -> None: ...
+
+
+class TorchDraws:
+    """The draws made by torch itself on a torch.Generator."""
+
+    def __init__(self) -> None:
+        self.torch = _torch()
+        self.g = self.torch.Generator()
+
+    def manual_seed(self, seed: int) -> TorchDraws:
+        self.g.manual_seed(seed)
+        return self
+
+    def get_state(self) -> Any:
+        return self.g.get_state()
+
+    def set_state(self, state: Any) -> None:
+        self.g.set_state(state)
+
+    def random64(self) -> None:
+        self.torch.empty((), dtype=self.torch.int64).random_(generator=self.g)
+
+    def randperm(self, n: int) -> np.ndarray:
+        return self.torch.randperm(n, generator=self.g).numpy()
+
+    def skip_randperm(self, n: int) -> None:
+        self.torch.randperm(n, generator=self.g)
+
+    def randint(self, high: int, size: int) -> np.ndarray:
+        return self.torch.randint(high=high, size=(size,), dtype=self.torch.int64, generator=self.g).numpy()
+
+    def skip_randint(self, size: int) -> None:
+        self.randint(1, size)
+
+
+def replayed(n: int) -> bool:
+    """Whether draws over n samples are replayed without torch (NOTE [torch replay])."""
+    return n < torchrng.RANDPERM_MAX and torchrng.replayable()
+
+
+def generator(n: int, seed: int) -> Draws:
+    """A CPU generator seeded as torch.Generator().manual_seed(seed), for draws over n samples."""
+    if not torchrng.SEED_MIN <= seed < torchrng.SEED_MAX:
+        raise OrderError(f"seed {seed} is outside the range torch.Generator.manual_seed accepts "
+                         f"({torchrng.SEED_MIN} to {torchrng.SEED_MAX - 1})")
+    g: Draws = torchrng.Generator() if replayed(n) else TorchDraws()
+    g.manual_seed(seed)
+    return g
+
+
 def _check_args(spec: SamplerSpec, dataset_len: int, epoch: int = 0) -> None:
     if not positive_int(dataset_len):
         raise OrderError(f"the data set has {dataset_len!r} samples; a sampler needs at least one")
@@ -135,22 +198,27 @@ def _batch_cut(spec: SamplerSpec, order: np.ndarray) -> np.ndarray:
 
 # ---------------------------------------------------------------- random sampler
 
-def _random_epoch(spec: SamplerSpec, n: int, g: Generator, epoch: int) -> Tensor:
-    """Run one epoch's draws on g, in torch's own order; return the indices yielded."""
-    torch = _torch()
+def _random_epoch(spec: SamplerSpec, n: int, g: Draws, epoch: int, keep: bool = True) -> np.ndarray | None:
+    """Run one epoch's draws on g, in torch's own order; return the indices yielded
+    (keep False: only the draws, nothing returned)."""
     if spec.dataloader and (epoch == 0 or not spec.persistent_workers):
-        torch.empty((), dtype=torch.int64).random_(generator=g)   # the iterator's base seed
+        g.random64()                                         # the iterator's base seed
     num = spec.num_samples if spec.num_samples is not None else n
-    parts: list[Tensor] = []
     if spec.replacement:
-        for _ in range(num // RANDINT_CHUNK):
-            parts.append(torch.randint(high=n, size=(RANDINT_CHUNK,), dtype=torch.int64, generator=g))
-        parts.append(torch.randint(high=n, size=(num % RANDINT_CHUNK,), dtype=torch.int64, generator=g))
+        if not keep:
+            g.skip_randint(num)                              # one word per element
+            return None
+        return g.randint(n, num)      # torch's chunks of 32 and the rest, word after word
+    if not keep:
+        for _ in range(num // n + 1):
+            g.skip_randperm(n)
+        return None
+    parts = [g.randperm(n) for _ in range(num // n)]
+    if num % n:
+        parts.append(g.randperm(n)[: num % n])
     else:
-        for _ in range(num // n):
-            parts.append(torch.randperm(n, generator=g))
-        parts.append(torch.randperm(n, generator=g)[: num % n])    # drawn even when num % n == 0
-    return torch.cat(parts)
+        g.skip_randperm(n)                                   # drawn even when num % n == 0
+    return np.concatenate(parts)
 
 
 class _StateCache:
@@ -158,7 +226,7 @@ class _StateCache:
     epoch k again, or k + 1 after k, does not replay every epoch from the seed."""
 
     def __init__(self, max_keys: int = 8, max_epochs: int = 1024) -> None:
-        self._states: OrderedDict[tuple, list[Tensor]] = OrderedDict()
+        self._states: OrderedDict[tuple, list[Any]] = OrderedDict()
         self._lock = threading.Lock()
         self.max_keys = max_keys
         self.max_epochs = max_epochs
@@ -166,9 +234,9 @@ class _StateCache:
     @staticmethod
     def key(spec: SamplerSpec, n: int) -> tuple:
         return (spec.seed, spec.replacement, spec.num_samples, spec.dataloader,
-                spec.persistent_workers, n)
+                spec.persistent_workers, n, replayed(n))
 
-    def nearest(self, key: tuple, epoch: int) -> tuple[int, Tensor | None]:
+    def nearest(self, key: tuple, epoch: int) -> tuple[int, Any]:
         """The latest known epoch <= epoch and the state at its start."""
         with self._lock:
             states = self._states.get(key)
@@ -178,7 +246,7 @@ class _StateCache:
             known = min(epoch, len(states) - 1)
             return known, states[known]
 
-    def record(self, key: tuple, epoch: int, state: Tensor) -> None:
+    def record(self, key: tuple, epoch: int, state: Any) -> None:
         with self._lock:
             states = self._states.setdefault(key, [])
             self._states.move_to_end(key)
@@ -191,19 +259,17 @@ class _StateCache:
 _STATES = _StateCache()
 
 
-def _generator_at(spec: SamplerSpec, n: int, epoch: int) -> Generator:
+def _generator_at(spec: SamplerSpec, n: int, epoch: int) -> Draws:
     """A generator in the state the training's generator has when `epoch` begins."""
-    torch = _torch()
     key = _StateCache.key(spec, n)
     start, state = _STATES.nearest(key, epoch)
-    g = torch.Generator()
+    g = generator(n, spec.seed if spec.seed is not None else 0)
     if state is None:
-        g.manual_seed(spec.seed)
         _STATES.record(key, 0, g.get_state())
     else:
         g.set_state(state)
     for e in range(start, epoch):
-        _random_epoch(spec, n, g, e)
+        _random_epoch(spec, n, g, e, keep=False)
         _STATES.record(key, e + 1, g.get_state())
     return g
 
@@ -212,7 +278,8 @@ def _random_orders(spec: SamplerSpec, n: int, first: int, epochs: int) -> Iterat
     g = _generator_at(spec, n, first)
     key = _StateCache.key(spec, n)
     for e in range(first, first + epochs):
-        order = _random_epoch(spec, n, g, e).numpy()
+        order = _random_epoch(spec, n, g, e)
+        assert order is not None
         _STATES.record(key, e + 1, g.get_state())
         yield _batch_cut(spec, order)
 
@@ -235,10 +302,7 @@ def _whole_order(seed: int, shuffle: bool, n: int, epoch: int) -> np.ndarray:
     if not shuffle:
         order = np.arange(n, dtype=np.int64)
     else:
-        torch = _torch()
-        g = torch.Generator()
-        g.manual_seed(seed + epoch)
-        order = torch.randperm(n, generator=g).numpy()
+        order = np.asarray(generator(n, seed + epoch).randperm(n), dtype=np.int64)
     order.setflags(write=False)
     return order
 

@@ -120,7 +120,9 @@ class Daemon:
         self.file_of_slot[np.asarray(slots, np.int64)] = np.arange(len(slots), dtype=np.int32)
         self._where = array("b", [NOT_PLACED]) * len(self.files)
         self._pending: dict[int, int] = {}    # file -> tier of a copy in flight
-        self._allocated: dict[int, int] = {}  # file -> bytes its published copy was counted for
+        # per file: bytes its published copy was counted for (-1: none); an
+        # array, not a dict: every file of the data set may have a copy
+        self._allocated = np.full(len(self.files), -1, np.int64)
         self._invalid: set[int] = set()
         # per tier: copies placed and not started (file, bytes reserved), and a
         # condition on the lock its idle workers wait on
@@ -372,7 +374,9 @@ class Daemon:
         self.index.cas_state(self.slots[i], tier + 1, lib.TIERING_STATE_NONE)
         t = self.tiers[tier]
         t.remove_copy(f)
-        t.used -= self._allocated.pop(i, allocation(f.size))
+        allocated = int(self._allocated[i])
+        self._allocated[i] = -1
+        t.used -= allocated if allocated >= 0 else allocation(f.size)
         t.files -= 1
         t.placed_bytes -= f.size
         self._where[i] = NOT_PLACED
