@@ -199,8 +199,9 @@ int tiering_copy_file(const char *src, int staging_fd, const char *name, int dst
                       const char *leaf, struct tiering_copy *c, tiering_progress_fn progress,
                       void *arg);
 /* The catalog scan (shim/tierscan.c, NOTE [scan in C]): the entries of one
- * directory but "." and "..", their names NUL-terminated one after another
- * and their d_type; freed with tiering_scan_list_free. */
+ * directory but "." and "..", in name order (bytes compared unsigned), their
+ * names NUL-terminated one after another and their d_type; freed with
+ * tiering_scan_list_free. */
 struct tiering_scan_list {
     char *names;
     uint64_t bytes;      /* of names, NULs included */

@@ -116,7 +116,7 @@ def _listing(path: str) -> _Listing:
         raise OSError(err, os.strerror(err), path)
     try:
         return _Listing(bytes(ffi.buffer(out.names, out.bytes)),
-                        np.frombuffer(ffi.buffer(out.types, out.count), np.uint8).copy())
+                        np.frombuffer(ffi.buffer(out.types, out.count), np.uint8).copy(), ordered=True)
     finally:
         lib.tiering_scan_list_free(out)
 
@@ -184,6 +184,8 @@ class _Listing:
     names: bytes            # NUL-terminated, one after another
     types: np.ndarray       # d_type per entry (0: unknown)
     entries: list[Any] | None = None    # os.scandir's entries (no C scanner)
+    ordered: bool = False   # names in byte order (the C scanner's)
+    first: int = 0          # index in the directory's listing of the first entry (a part of a listing)
 
     def bounds(self) -> np.ndarray:
         """Where each name ends (its NUL), so name k is names[ends[k-1]+1:ends[k]]."""
@@ -192,7 +194,7 @@ class _Listing:
     def part(self, a: int, b: int, ends: np.ndarray) -> _Listing:
         start = int(ends[a - 1]) + 1 if a else 0
         return _Listing(self.names[start:int(ends[b - 1]) + 1], self.types[a:b],
-                        self.entries[a:b] if self.entries is not None else None)
+                        self.entries[a:b] if self.entries is not None else None, self.ordered, self.first + a)
 
 
 @dataclass
@@ -326,6 +328,8 @@ class _Columns:
 
     def __init__(self) -> None:
         self.batches: list[tuple[str, bytes, np.ndarray, np.ndarray]] = []   # rel, names, files, their records
+        self.firsts: list[int] = []       # per batch: where in its directory's listing it begins
+        self.ordered = True               # every listing in name order
         self.count = 0
 
     def add(self, batch: _Batch, files: np.ndarray) -> int:
@@ -333,6 +337,8 @@ class _Columns:
         if n:
             recs = batch.recs if n == len(files) else batch.recs[files]
             self.batches.append((batch.rel, batch.listing.names, files, recs))
+            self.firsts.append(batch.listing.first)
+            self.ordered &= batch.listing.ordered
             self.count += n
         return n
 
@@ -340,8 +346,12 @@ class _Columns:
         """Sorted by path as str (code points: UTF-8's byte order, unless a
         name is not UTF-8), each file with the id of its directory in dirs."""
         batches, self.batches = self.batches, []
+        firsts, self.firsts = self.firsts, []
         if not batches:
             return FileTable.empty()
+        placed = _batch_order([b[0] for b in batches], firsts, dirs, batches) if self.ordered else None
+        if placed is not None:        # the files in path order already, batch after batch
+            batches = [batches[k] for k in placed]
         dir_id = {rel: k for k, (rel, *_) in enumerate(dirs)}
         prefixes = [encode_rel(rel) + b"/" if rel else b"" for rel, *_ in batches]
         names = np.frombuffer(b"".join(b[1] for b in batches), np.uint8)
@@ -355,12 +365,12 @@ class _Columns:
         del ends, files
         rels = [b[0] for b in batches]
         parent = np.array([dir_id.get(rel, -1) for rel in rels], np.int32)[per_file]
-        order = _leaf_order(rels, dirs, names, per_file, starts, lengths)
+        order = None if placed is not None else _leaf_order(rels, dirs, names, per_file, starts, lengths)
         if order is not None:         # the paths made in their order
             per_file, starts, lengths, parent = per_file[order], starts[order], lengths[order], parent[order]
         paths, offsets = _join_paths(prefixes, per_file, names, starts, lengths)
         del names, starts, lengths, per_file
-        if order is None:
+        if order is None and placed is None:
             order = _path_order(paths, offsets)
             if order is not None:
                 paths, offsets = _gather(paths, offsets, order)
@@ -375,6 +385,34 @@ class _Columns:
         return FileTable(paths, offsets, np.zeros(len(offsets) - 1, np.int32), parent, cols)
 
 
+def _batch_order(rels: list[str], firsts: list[int], dirs: list[tuple[str, int, int, int]],
+                 batches: list[tuple[str, bytes, np.ndarray, np.ndarray]]) -> list[int] | None:
+    """The order of the batches that puts their files in path order, when
+    each listing is in name order (the C scanner's) and no directory that
+    holds files holds a directory too (ImageNet's classes): then path order
+    is the order of the directories (each as "rel/"), and within one, of its
+    batches (parts of one sorted listing) (NOTE [scan in C]).  None when that
+    does not hold or a name is not UTF-8 (str order is then not byte order)."""
+    if not _leaf_dirs(rels, dirs) or not all(_utf8(b[1]) for b in batches):
+        return None
+    place = {rel: k for k, rel in enumerate(sorted(set(rels), key=lambda r: encode_rel(r) + b"/"))}
+    return sorted(range(len(rels)), key=lambda k: (place[rels[k]], firsts[k]))
+
+
+def _leaf_dirs(rels: list[str], dirs: list[tuple[str, int, int, int]]) -> bool:
+    """No directory that holds files (rels) holds a directory too."""
+    holding = set(rels)
+    return not any(rel.rpartition("/")[0] in holding for rel, *_ in dirs if rel)
+
+
+def _utf8(blob: bytes) -> bool:
+    try:
+        blob.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 def _leaf_order(rels: list[str], dirs: list[tuple[str, int, int, int]], names: np.ndarray, per_file: np.ndarray,
                 starts: np.ndarray, lengths: np.ndarray) -> np.ndarray | None:
     """The order of the paths without making them first, when no directory
@@ -382,13 +420,11 @@ def _leaf_order(rels: list[str], dirs: list[tuple[str, int, int, int]], names: n
     order is the order of the directories (each as "rel/") and, within one,
     of the names.  None when that does not hold or a name is not UTF-8."""
     holding = set(rels)
-    if any(rel.rpartition("/")[0] in holding for rel, *_ in dirs if rel):
+    if not _leaf_dirs(rels, dirs):
         return None
     if len(starts) * int(lengths.max()) > 8 * int(lengths.sum()) + (64 << 20):
         return None               # a long name among short ones: no fixed-width array
-    try:
-        names.tobytes().decode("utf-8")
-    except UnicodeDecodeError:
+    if not _utf8(names.tobytes()):
         return None
     place = {rel: k for k, rel in enumerate(sorted(holding, key=lambda r: encode_rel(r) + b"/"))}
     rank = np.array([place[rel] for rel in rels], np.int64)     # per batch (a directory may have several)
@@ -462,11 +498,7 @@ def _path_order(paths: np.ndarray, offsets: np.ndarray) -> np.ndarray | None:
     lengths = np.diff(offsets)
     width = int(lengths.max())
     blob = paths.tobytes()
-    try:
-        blob.decode("utf-8")
-        escaped = False
-    except UnicodeDecodeError:
-        escaped = True
+    escaped = not _utf8(blob)
     if escaped or width * n > 8 * len(paths) + (64 << 20):
         o = offsets.tolist()
         key = (lambda k: decode_rel(blob[o[k]:o[k + 1]])) if escaped else (lambda k: blob[o[k]:o[k + 1]])
