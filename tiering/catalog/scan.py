@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from .cache import CacheRefused, cache_dir_problem, load_cache, save_cache
+from .cache import CacheRefused, PendingSave, SaveFn, cache_dir_problem, load_cache, save_now
 from .model import (
     FILE_COLUMNS,
     Catalog,
@@ -551,10 +551,12 @@ def _cached(cache_dir: Path, root: str, pool: ThreadPoolExecutor) -> tuple[RootS
 
 
 def scan(dirs: list[str], threads: int = 16, cache_dir: Path | None = None,
-         progress: ScanCallback | None = None) -> Catalog:
+         progress: ScanCallback | None = None, save: SaveFn = save_now) -> Catalog:
     """The catalog of the data roots `dirs`; with cache_dir, each root's
     catalog is reused from there when the root has not changed (module doc);
-    progress is called as the scan goes (module doc)."""
+    progress is called as the scan goes (module doc).  The catalogs of the
+    roots scanned are handed to save once the scan is done (default: written
+    to the cache before scan returns)."""
     roots = normalise_roots(dirs)
     report = progress or _no_progress
     prog = ScanProgress(roots=len(roots))
@@ -564,6 +566,7 @@ def scan(dirs: list[str], threads: int = 16, cache_dir: Path | None = None,
         cache = None
     parts: list[RootScan] = []
     from_cache: list[bool] = []
+    saves: list[PendingSave] = []
     with ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="tiering-scan") as pool:
         for r in roots:
             if cache is not None:
@@ -581,10 +584,11 @@ def scan(dirs: list[str], threads: int = 16, cache_dir: Path | None = None,
                 report(prog)
                 part = _walk_root(r, pool, prog, report)
                 if cache is not None and writable:
-                    save_cache(cache, r, part)
+                    saves.append(PendingSave(cache, r, part))
             prog.roots_done += 1
             report(prog)
             parts.append(part)
+    save(saves)
     prog.phase = "done"
     report(prog)
     bases = [0]
