@@ -1002,6 +1002,31 @@ def test_a_table_lets_go_of_the_columns_only_the_index_needs() -> None:
     assert t.take(np.array([1, 0])).rels() == ["b", "a"]
 
 
+def test_leaf_directories_with_entries_that_are_not_files_keep_their_order(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sorted listings of leaf directories that also hold a dangling
+    symlink, a fifo and a symlink to a file: the files in path order, the
+    others skipped, as the general sort gives them."""
+    root = tmp_path / "d"
+    for rel in ["a/f3", "a/f1", "a/f2", "b/g2", "b/g1", "c/zz"]:
+        touch(root / rel)
+    os.symlink("nowhere", root / "a" / "dangling")
+    os.mkfifo(root / "b" / "fifo")
+    os.symlink("../a/f1", root / "c" / "link")
+    scan_mod = importlib.import_module("tiering.catalog.scan")
+    calls: list[Any] = []
+    real = scan_mod._batch_order
+    monkeypatch.setattr(scan_mod, "_batch_order", lambda *a: calls.append(real(*a)) or calls[-1])
+    fast = scan([str(root)])
+    assert calls and calls[0] is not None
+    assert fast.files.rels() == ["a/f1", "a/f2", "a/f3", "b/g1", "b/g2", "c/link", "c/zz"]
+    assert fast.skipped == [(0, "a/dangling"), (0, "b/fifo")]
+    monkeypatch.setattr(scan_mod, "_batch_order", lambda *a: None)
+    monkeypatch.setattr(scan_mod, "_leaf_order", lambda *a: None)
+    general = scan([str(root)])
+    assert fast.files == general.files and np.array_equal(fast.files.dir, general.files.dir)
+
+
 @pytest.mark.parametrize("shortcut", ["_batch_order", "_leaf_order"])
 def test_a_tree_of_leaf_directories_is_ordered_as_its_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                             shortcut: str) -> None:
