@@ -209,8 +209,9 @@ int tiering_copy_open(const char *src, int staging_fd, const char *name, struct 
 int tiering_copy_finish(struct tiering_copy *c, int64_t copied, int staging_fd, const char *name,
                         int dst_fd, const char *leaf);
 /* The catalog scan (shim/tierscan.c, NOTE [scan in C]): the entries of one
- * directory but "." and "..", their names NUL-terminated one after another
- * and their d_type; freed with tiering_scan_list_free. */
+ * directory but "." and "..", in name order (bytes compared unsigned), their
+ * names NUL-terminated one after another and their d_type; freed with
+ * tiering_scan_list_free. */
 struct tiering_scan_list {
     char *names;
     uint64_t bytes;      /* of names, NULs included */

@@ -63,6 +63,47 @@ EXPORT void tiering_scan_list_free(struct tiering_scan_list *l)
     l->bytes = l->count = 0;
 }
 
+struct named {
+    const char *name;
+    uint8_t type;
+};
+
+static int by_name(const void *a, const void *b)
+{
+    /* strcmp compares unsigned bytes: UTF-8's code point order */
+    return strcmp(((const struct named *)a)->name, ((const struct named *)b)->name);
+}
+
+/* Puts a listing in name order (byte order), names and types together; -1
+ * when memory runs out (the listing is left as it was). */
+static int sort_list(struct tiering_scan_list *l)
+{
+    if (l->count < 2)
+        return 0;
+    struct named *at = malloc(l->count * sizeof *at);
+    char *names = malloc(l->bytes);
+    int err = !at || !names;
+    if (!err) {
+        const char *p = l->names;
+        for (uint64_t k = 0; k < l->count; k++, p += strlen(p) + 1)
+            at[k] = (struct named){p, l->types[k]};
+        qsort(at, l->count, sizeof *at, by_name);
+        char *q = names;
+        for (uint64_t k = 0; k < l->count; k++) {
+            size_t n = strlen(at[k].name) + 1;
+            memcpy(q, at[k].name, n);
+            q += n;
+            l->types[k] = at[k].type;
+        }
+        free(l->names);
+        l->names = names;
+        names = NULL;
+    }
+    free(at);
+    free(names);
+    return err ? -1 : 0;
+}
+
 EXPORT int tiering_scan_list(const char *dir, struct tiering_scan_list *out)
 {
     uint64_t ncap = 0, tcap = 0;
@@ -90,6 +131,8 @@ EXPORT int tiering_scan_list(const char *dir, struct tiering_scan_list *out)
     }
     free(dents);
     syscall(SYS_close, fd);
+    if (!err && sort_list(out))
+        err = ENOMEM;
     if (err)
         tiering_scan_list_free(out);
     return err;

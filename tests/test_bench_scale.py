@@ -81,6 +81,7 @@ def test_scale_bench_runs_every_case_on_the_data_set(tmp_path: Path):
 
     st = cases["startup"]
     assert st["find_count"] == FILES and st["find_s"] > 0
+    assert st["scan_count"] == FILES and st["scan_s"] > 0
     assert [st["runs"][k]["catalog_cached"] for k in ("cold", "cached", "cached-1-epoch")] == [False, True, True]
     for run in st["runs"].values():
         check_tier_run(run, FILES)

@@ -1011,9 +1011,39 @@ def test_a_table_lets_go_of_the_columns_only_the_index_needs() -> None:
         _ = t.no_such_column
 
 
-def test_a_tree_of_leaf_directories_is_ordered_as_its_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_leaf_directories_with_entries_that_are_not_files_keep_their_order(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sorted listings of leaf directories that also hold a dangling
+    symlink, a fifo and a symlink to a file: the files in path order, the
+    others skipped, as the general sort gives them."""
+    root = tmp_path / "d"
+    for rel in ["a/f3", "a/f1", "a/f2", "b/g2", "b/g1", "c/zz"]:
+        touch(root / rel)
+    os.symlink("nowhere", root / "a" / "dangling")
+    os.mkfifo(root / "b" / "fifo")
+    os.symlink("../a/f1", root / "c" / "link")
+    scan_mod = importlib.import_module("tiering.catalog.scan")
+    calls: list[Any] = []
+    real = scan_mod._batch_order
+    monkeypatch.setattr(scan_mod, "_batch_order", lambda *a: calls.append(real(*a)) or calls[-1])
+    fast = scan([str(root)])
+    assert calls and calls[0] is not None
+    assert fast.files.rels() == ["a/f1", "a/f2", "a/f3", "b/g1", "b/g2", "c/link", "c/zz"]
+    assert fast.skipped == [(0, "a/dangling"), (0, "b/fifo")]
+    monkeypatch.setattr(scan_mod, "_batch_order", lambda *a: None)
+    monkeypatch.setattr(scan_mod, "_leaf_order", lambda *a: None)
+    general = scan([str(root)])
+    assert fast.files == general.files and np.array_equal(fast.files.dir, general.files.dir)
+
+
+@pytest.mark.parametrize("shortcut", ["_batch_order", "_leaf_order"])
+def test_a_tree_of_leaf_directories_is_ordered_as_its_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            shortcut: str) -> None:
     """Files only in directories without subdirectories (ImageNet's shape):
-    the order comes from directories and names, without the whole paths."""
+    the order comes from directories and names, without the whole paths:
+    the sorted listings in directory order (_batch_order) or, when the
+    listings are not sorted, one sort of directory ranks and names
+    (_leaf_order)."""
     root = tmp_path / "d"
     for rel in ["a/b/x", "a/b/x-1", "a/b/x.1", "a/b-/y", "a/b.c/z", "a-/f", "a.b/g", "ab/h", "é/i", "z/0", "z/00",
                 "z/0-", "z/1", "a/b!/k"]:
@@ -1021,11 +1051,14 @@ def test_a_tree_of_leaf_directories_is_ordered_as_its_paths(tmp_path: Path, monk
     for k in range(3000):                    # a directory of several stat batches
         touch(root / "big" / f"{k * 7919 % 3001}.jpg", b"")
     scan_mod = importlib.import_module("tiering.catalog.scan")
+    if shortcut == "_leaf_order":
+        monkeypatch.setattr(scan_mod, "_batch_order", lambda *a: None)
     calls: list[Any] = []
-    real = scan_mod._leaf_order
-    monkeypatch.setattr(scan_mod, "_leaf_order", lambda *a: calls.append(real(*a)) or calls[-1])
+    real = getattr(scan_mod, shortcut)
+    monkeypatch.setattr(scan_mod, shortcut, lambda *a: calls.append(real(*a)) or calls[-1])
     leaf = scan([str(root)], threads=4)
     assert calls and calls[0] is not None               # the shortcut was taken
+    monkeypatch.setattr(scan_mod, "_batch_order", lambda *a: None)
     monkeypatch.setattr(scan_mod, "_leaf_order", lambda *a: None)
     general = scan([str(root)], threads=4)
     rels = leaf.files.rels()

@@ -772,3 +772,93 @@ def test_tiers_are_removed_in_the_background_and_nothing_is_left(tmp_path):
     wait_for(lambda: not list(ssd.iterdir()), "the ssd tier's directory to be removed")
     wait_job_dirs_removed(p.pid)
     assert list(ssd.iterdir()) == [] and job_dirs(p.pid) == []
+
+
+# -- the catalog cache, written beside COMMAND (NOTE [cache written aside]) -------------------
+
+def _settled(data: Path) -> None:
+    """The data set's directories modified long ago: a scan of it may be cached (cache.RACY_SECONDS)."""
+    old = os.stat(data).st_mtime - 3600
+    for d in [data, *(p for p in data.rglob("*") if p.is_dir())]:
+        os.utime(d, (old, old))
+
+
+def _cached_catalogs(cache: Path) -> list[Path]:
+    return sorted(p for p in (cache / "tiering" / "catalogs").glob("*.npz") if not p.name.startswith("."))
+
+
+# numpy.savez of tier-run's cache writer waits for the file `go` (at most 60 s), then writes
+SAVEZ_WAITS = ("import numpy, os, time\n"
+               "real_savez = numpy.savez\n"
+               "def savez(*a, **k):\n"
+               "    deadline = time.monotonic() + 60\n"
+               "    while not os.path.exists(os.environ['TEST_GO']) and time.monotonic() < deadline:\n"
+               "        time.sleep(0.01)\n"
+               "    real_savez(*a, **k)\n"
+               "numpy.savez = savez\n")
+
+
+def test_command_starts_before_the_catalog_cache_is_written(tmp_path):
+    """The catalog of a cold scan goes to the cache from a child of tier-run
+    while COMMAND runs (COMMAND does not wait for it); tier-run waits for the
+    writer when COMMAND is done, and the next run takes the catalog from the cache."""
+    data, cache, go, seen = tmp_path / "pfs", tmp_path / "cache", tmp_path / "go", tmp_path / "seen"
+    contents = dataset(data, n=6)
+    _settled(data)
+    env = dict(os.environ, XDG_CACHE_HOME=str(cache), TEST_GO=str(go))
+    command = ("import glob, pathlib, sys\n"
+               f"n = len(glob.glob({str(cache)!r} + '/tiering/catalogs/*.npz'))\n"
+               f"pathlib.Path({str(seen)!r}).write_text(str(n))\n"
+               f"pathlib.Path({str(go)!r}).touch()\n")
+    r = subprocess.run([PYTHON, "-c", patched_tier_run(SAVEZ_WAITS), "--profile", str(profile(tmp_path)),
+                        "--data", str(data), "--", PYTHON, "-c", command],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr
+    assert seen.read_text() == "0"                 # COMMAND ran before the cache was written
+    assert len(_cached_catalogs(cache)) == 1       # ... and it was written by tier-run's end
+    assert not list((cache / "tiering" / "catalogs").glob(".tmp-*"))
+    r = tier_run(["--profile", str(profile(tmp_path)), "--data", str(data), "--", PYTHON, "-c",
+                  READ_ALL, str(data)], env=env)
+    assert r.returncode == 0, r.stderr
+    assert "catalog from cache" in r.stderr
+    assert r.stdout.strip() == digest(contents)
+
+
+def test_a_tier_run_killed_while_the_cache_is_written_leaves_no_cache(tmp_path, reliability):
+    """tier-run SIGKILLed, with its cache writer, half-way through writing
+    the cache: no cache under its name (a temporary the next writer's
+    sweep removes), the next run scans and caches, the one after uses it."""
+    data, cache, go = tmp_path / "pfs", tmp_path / "cache", tmp_path / "go"
+    contents = dataset(data, n=6)
+    _settled(data)
+    half = ("import numpy, os, time\n"
+            "def savez(f, **arrays):\n"
+            "    f.write(b'PK\\x03\\x04' + b'\\0' * 4096)   # the start of a zip, no more\n"
+            "    f.flush()\n"
+            "    deadline = time.monotonic() + 120\n"
+            "    while time.monotonic() < deadline:\n"
+            "        time.sleep(0.05)\n"
+            "numpy.savez = savez\n")
+    env = dict(os.environ, XDG_CACHE_HOME=str(cache), TEST_GO=str(go))
+    p = subprocess.Popen([PYTHON, "-c", patched_tier_run(half), "--profile", str(profile(tmp_path)),
+                          "--data", str(data), "--", PYTHON, "-c", "print('ready', flush=True); "
+                          "import time; time.sleep(600)"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True)
+    try:
+        assert read_line(p.stdout) == b"ready\n"
+        catalogs = cache / "tiering" / "catalogs"
+        wait_for(lambda: any(t.stat().st_size > 0 for t in catalogs.glob(".tmp-*")), "the writer to begin")
+        os.killpg(p.pid, signal.SIGKILL)   # tier-run and its writer, as a job scheduler's kill does
+        p.wait(timeout=300)
+    finally:
+        p.kill()
+        p.wait()
+    assert _cached_catalogs(cache) == []
+    for expect in ("scanned", "catalog from cache"):
+        r = tier_run(["--profile", str(profile(tmp_path)), "--data", str(data), "--", PYTHON, "-c",
+                      READ_ALL, str(data)], env=env)
+        assert r.returncode == 0, r.stderr
+        assert expect in r.stderr and r.stdout.strip() == digest(contents)
+        assert len(_cached_catalogs(cache)) == 1
+    reliability.survived("tier-run SIGKILLed while writing the catalog cache (no half cache)")
+    reliability.checked(reads=2 * len(contents), nbytes=2 * sum(map(len, contents.values())))

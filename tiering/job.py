@@ -106,6 +106,7 @@ class Job:
     warm_order: np.ndarray | None = None   # the first epoch, when known before COMMAND (--warm)
     warmed: WarmResult | None = None
     peer: PeerTier | None = None        # the peer tier of a job that spans several nodes
+    cache_writer: int | None = None     # pid of the child writing the catalog cache (NOTE [cache written aside])
 
     @property
     def order_dir(self) -> Path | None:
@@ -143,6 +144,7 @@ def child_environment(env: dict[str, str], index_path: Path | None, lib: Path,
 
 # -- set-up --------------------------------------------------------------------
 
+CACHE_WRITER_WAIT = 10.0   # seconds the teardown waits for the catalog cache writer
 M_MMAP_THRESHOLD = -3      # mallopt(3)'s parameter
 MMAP_THRESHOLD = 1 << 20   # bytes: larger blocks are mapped on their own and unmapped when freed
 
@@ -172,9 +174,12 @@ def setup(job: Job) -> None:
     watch = job.watch = JobWatch(opts.display)
     watch.scanning_in(job.run_dir, {"job": job.run_dir.name, "pid": os.getpid(), "user": job.user,
                                     "command": opts.command, "data": opts.data, "policy": opts.policy or "default"})
+    def save(saves: list[catalog_mod.PendingSave]) -> None:
+        job.cache_writer = catalog_mod.save_in_child(saves)   # COMMAND does not wait for the cache
+
     try:
         job.catalog = catalog_mod.scan(opts.data, threads=opts.scan_threads, cache_dir=opts.scan_cache,
-                                       progress=watch.on_scan)
+                                       progress=watch.on_scan, save=save)
     except catalog_mod.CatalogError as e:
         raise JobError(str(e)) from None
     finally:
@@ -298,6 +303,9 @@ def _check_hook(job: Job, command_done: bool) -> None:
 
 
 def cleanup(job: Job) -> None:
+    if job.cache_writer is not None:     # the next run finds the cache (a writer that hangs is left to end alone)
+        catalog_mod.wait_writer(job.cache_writer, CACHE_WRITER_WAIT)
+        job.cache_writer = None
     if job.index is not None:
         job.index.set_disabled(True)  # processes COMMAND left behind stop using the tiers
     d, cat = job.daemon, job.catalog

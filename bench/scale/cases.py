@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -181,8 +182,11 @@ def case_startup(ctx: Context) -> dict[str, Any]:
     """Start-up to COMMAND with a cold (private, empty) and a cached catalog,
     against `find DIR -type f | wc -l` (dentries warm for both)."""
     d = ctx.run_dir("startup")
-    find = [monitor.timed_shell(f"find {ctx.tree.root} -type f | wc -l", d / f"find{k}.log", ctx.s.limit)
-            for k in range(2)]
+    find, scans = [], []
+    for k in range(2):      # side by side, each twice: the least of each
+        find.append(monitor.timed_shell(f"find {ctx.tree.root} -type f | wc -l", d / f"find{k}.log", ctx.s.limit))
+        scans.append(monitor.timed_shell(f"{shlex.quote(sys.executable)} -c {shlex.quote(SCAN_ALONE)} "
+                                         f"{shlex.quote(str(ctx.tree.root))}", d / f"scan{k}.log", ctx.s.limit))
     profile, parent = fits_profile(ctx, d)
     cache = d / "cache"
     runs: dict[str, Any] = {}
@@ -196,7 +200,12 @@ def case_startup(ctx: Context) -> dict[str, Any]:
         runs[label] = {"epochs": epochs, **run_facts(fin, stats, cached, t, t)}
     shutil.rmtree(parent, ignore_errors=True)
     return {"find_s": min(f[0] for f in find), "find_count": int(find[0][1] or -1) if find[0][2] else None,
-            "runs": runs}
+            "scan_s": min(t[0] for t in scans) if all(t[2] for t in scans) else None,
+            "scan_count": int(scans[0][1] or -1) if scans[0][2] else None, "runs": runs}
+
+
+# the cold scan alone, in a process of its own as find is: no cache, the catalog's file count
+SCAN_ALONE = "import sys; from tiering.catalog import scan; print(len(scan([sys.argv[1]]).files))"
 
 
 # ---- plan ----

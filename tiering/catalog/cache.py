@@ -53,7 +53,9 @@ import stat
 import tempfile
 import time
 import zipfile
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, cast
 
@@ -386,6 +388,73 @@ def save_cache(cache_dir: Path, root: str, p: RootScan) -> None:
                 os.unlink(tmp)
             except OSError:
                 pass
+
+
+@dataclass
+class PendingSave:
+    """A root's fresh catalog, to be written to the cache."""
+
+    cache_dir: Path
+    root: str
+    part: RootScan
+
+
+SaveFn = Callable[[list[PendingSave]], None]
+
+
+def save_now(saves: list[PendingSave]) -> None:
+    """Writes each catalog to the cache, one after another (scan's default)."""
+    for s in saves:
+        save_cache(s.cache_dir, s.root, s.part)
+
+
+WRITER_NICE = 10          # the cache writer yields the CPU to COMMAND's start
+
+
+def save_in_child(saves: list[PendingSave]) -> int | None:
+    """Writes the catalogs to the cache in a forked child, and returns its
+    pid at once (None: nothing to write, or written here because fork
+    failed), NOTE [cache written aside].  The child sees the catalogs as
+    they were at the fork whatever the caller does with them next, writes
+    each to a temporary file and renames it (a writer killed on the way
+    leaves a temporary, never a half cache) and exits with _exit (no
+    handler of the caller's runs twice)."""
+    if not saves:
+        return None
+    try:
+        pid = os.fork()
+    except OSError as e:
+        log.info("cannot start the catalog cache writer (%s); writing the cache now", e)
+        save_now(saves)
+        return None
+    if pid:
+        return pid
+    code = 1
+    try:
+        os.nice(WRITER_NICE)
+        save_now(saves)
+        code = 0
+    except BaseException:    # noqa: BLE001 - a child never returns into the caller
+        log.debug("the catalog cache writer failed", exc_info=True)
+    finally:
+        os._exit(code)
+
+
+def wait_writer(pid: int, timeout: float) -> bool:
+    """Waits up to timeout seconds for the cache writer (a child of this
+    process) to end and reaps it; False when it still runs (it then ends on
+    its own, an orphan)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return True       # reaped already
+        if done:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
 
 
 def drop_cache(cache_dir: Path, roots: list[str]) -> None:

@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from .cache import CacheRefused, cache_dir_problem, load_cache, save_cache
+from .cache import CacheRefused, PendingSave, SaveFn, cache_dir_problem, load_cache, save_now
 from .model import (
     FILE_COLUMNS,
     Catalog,
@@ -116,7 +116,7 @@ def _listing(path: str) -> _Listing:
         raise OSError(err, os.strerror(err), path)
     try:
         return _Listing(bytes(ffi.buffer(out.names, out.bytes)),
-                        np.frombuffer(ffi.buffer(out.types, out.count), np.uint8).copy())
+                        np.frombuffer(ffi.buffer(out.types, out.count), np.uint8).copy(), ordered=True)
     finally:
         lib.tiering_scan_list_free(out)
 
@@ -184,6 +184,8 @@ class _Listing:
     names: bytes            # NUL-terminated, one after another
     types: np.ndarray       # d_type per entry (0: unknown)
     entries: list[Any] | None = None    # os.scandir's entries (no C scanner)
+    ordered: bool = False   # names in byte order (the C scanner's)
+    first: int = 0          # index in the directory's listing of the first entry (a part of a listing)
 
     def bounds(self) -> np.ndarray:
         """Where each name ends (its NUL), so name k is names[ends[k-1]+1:ends[k]]."""
@@ -192,7 +194,7 @@ class _Listing:
     def part(self, a: int, b: int, ends: np.ndarray) -> _Listing:
         start = int(ends[a - 1]) + 1 if a else 0
         return _Listing(self.names[start:int(ends[b - 1]) + 1], self.types[a:b],
-                        self.entries[a:b] if self.entries is not None else None)
+                        self.entries[a:b] if self.entries is not None else None, self.ordered, self.first + a)
 
 
 @dataclass
@@ -326,6 +328,8 @@ class _Columns:
 
     def __init__(self) -> None:
         self.batches: list[tuple[str, bytes, np.ndarray, np.ndarray]] = []   # rel, names, files, their records
+        self.firsts: list[int] = []       # per batch: where in its directory's listing it begins
+        self.ordered = True               # every listing in name order
         self.count = 0
 
     def add(self, batch: _Batch, files: np.ndarray) -> int:
@@ -333,6 +337,8 @@ class _Columns:
         if n:
             recs = batch.recs if n == len(files) else batch.recs[files]
             self.batches.append((batch.rel, batch.listing.names, files, recs))
+            self.firsts.append(batch.listing.first)
+            self.ordered &= batch.listing.ordered
             self.count += n
         return n
 
@@ -340,30 +346,20 @@ class _Columns:
         """Sorted by path as str (code points: UTF-8's byte order, unless a
         name is not UTF-8), each file with the id of its directory in dirs."""
         batches, self.batches = self.batches, []
+        firsts, self.firsts = self.firsts, []
         if not batches:
             return FileTable.empty()
+        placed = _batch_order([b[0] for b in batches], firsts, dirs, batches) if self.ordered else None
+        if placed is not None:        # the files in path order already, batch after batch
+            batches = [batches[k] for k in placed]
         dir_id = {rel: k for k, (rel, *_) in enumerate(dirs)}
-        prefixes = [encode_rel(rel) + b"/" if rel else b"" for rel, *_ in batches]
-        names = np.frombuffer(b"".join(b[1] for b in batches), np.uint8)
-        ends = np.flatnonzero(names == 0)
-        starts = np.empty_like(ends)
-        starts[0] = 0
-        starts[1:] = ends[:-1] + 1
-        files = np.concatenate([b[2] for b in batches])
-        per_file = np.repeat(np.arange(len(batches)), [len(b[3]) for b in batches])
-        starts, lengths = starts[files], (ends - starts)[files]
-        del ends, files
-        rels = [b[0] for b in batches]
-        parent = np.array([dir_id.get(rel, -1) for rel in rels], np.int32)[per_file]
-        order = _leaf_order(rels, dirs, names, per_file, starts, lengths)
-        if order is not None:         # the paths made in their order
-            per_file, starts, lengths, parent = per_file[order], starts[order], lengths[order], parent[order]
-        paths, offsets = _join_paths(prefixes, per_file, names, starts, lengths)
-        del names, starts, lengths, per_file
-        if order is None:
-            order = _path_order(paths, offsets)
+        parent = np.repeat(np.array([dir_id.get(b[0], -1) for b in batches], np.int32), [len(b[3]) for b in batches])
+        order: np.ndarray | None = None
+        if placed is not None:
+            paths, offsets = _joined_paths(batches)
+        else:
+            paths, offsets, order = _sorted_paths(batches, dirs)
             if order is not None:
-                paths, offsets = _gather(paths, offsets, order)
                 parent = parent[order]
         recs_all = [b[3] for b in batches]
         del batches
@@ -375,6 +371,79 @@ class _Columns:
         return FileTable(paths, offsets, np.zeros(len(offsets) - 1, np.int32), parent, cols)
 
 
+def _joined_paths(batches: list[tuple[str, bytes, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """The files' paths, each its directory's prefix then its name, batch
+    after batch, in one blob cut by offsets: a few bytes operations per
+    batch, no index array per byte."""
+    segs = []
+    for rel, names, files, _ in batches:
+        prefix = encode_rel(rel) + b"/" if rel else b""
+        if not files.all():           # a listing with entries other than files (few)
+            names = b"".join(n + b"\0" for n, f in zip(names.split(b"\0"), files.tolist()) if f)
+        segs.append(prefix + names[:-1].replace(b"\0", b"\0" + prefix) + b"\0")
+    blob = b"".join(segs)
+    del segs
+    ends = np.flatnonzero(np.frombuffer(blob, np.uint8) == 0)
+    offsets = np.zeros(len(ends) + 1, np.int64)
+    offsets[1:] = ends - np.arange(len(ends))     # without the NULs before it
+    return np.frombuffer(blob.replace(b"\0", b""), np.uint8), offsets
+
+
+def _sorted_paths(batches: list[tuple[str, bytes, np.ndarray, np.ndarray]], dirs: list[tuple[str, int, int, int]]
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """The files' paths sorted as str, and the order that sorts them
+    (None: the batches' order), for listings that are not sorted or a tree
+    whose directories hold both files and directories."""
+    prefixes = [encode_rel(rel) + b"/" if rel else b"" for rel, *_ in batches]
+    names = np.frombuffer(b"".join(b[1] for b in batches), np.uint8)
+    ends = np.flatnonzero(names == 0)
+    starts = np.empty_like(ends)
+    starts[0] = 0
+    starts[1:] = ends[:-1] + 1
+    files = np.concatenate([b[2] for b in batches])
+    per_file = np.repeat(np.arange(len(batches)), [len(b[3]) for b in batches])
+    starts, lengths = starts[files], (ends - starts)[files]
+    del ends, files
+    order = _leaf_order([b[0] for b in batches], dirs, names, per_file, starts, lengths)
+    if order is not None:         # the paths made in their order
+        per_file, starts, lengths = per_file[order], starts[order], lengths[order]
+    paths, offsets = _join_paths(prefixes, per_file, names, starts, lengths)
+    del names, starts, lengths, per_file
+    if order is None:
+        order = _path_order(paths, offsets)
+        if order is not None:
+            paths, offsets = _gather(paths, offsets, order)
+    return paths, offsets, order
+
+
+def _batch_order(rels: list[str], firsts: list[int], dirs: list[tuple[str, int, int, int]],
+                 batches: list[tuple[str, bytes, np.ndarray, np.ndarray]]) -> list[int] | None:
+    """The order of the batches that puts their files in path order, when
+    each listing is in name order (the C scanner's) and no directory that
+    holds files holds a directory too (ImageNet's classes): then path order
+    is the order of the directories (each as "rel/"), and within one, of its
+    batches (parts of one sorted listing) (NOTE [scan in C]).  None when that
+    does not hold or a name is not UTF-8 (str order is then not byte order)."""
+    if not _leaf_dirs(rels, dirs) or not all(_utf8(b[1]) for b in batches):
+        return None
+    place = {rel: k for k, rel in enumerate(sorted(set(rels), key=lambda r: encode_rel(r) + b"/"))}
+    return sorted(range(len(rels)), key=lambda k: (place[rels[k]], firsts[k]))
+
+
+def _leaf_dirs(rels: list[str], dirs: list[tuple[str, int, int, int]]) -> bool:
+    """No directory that holds files (rels) holds a directory too."""
+    holding = set(rels)
+    return not any(rel.rpartition("/")[0] in holding for rel, *_ in dirs if rel)
+
+
+def _utf8(blob: bytes) -> bool:
+    try:
+        blob.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 def _leaf_order(rels: list[str], dirs: list[tuple[str, int, int, int]], names: np.ndarray, per_file: np.ndarray,
                 starts: np.ndarray, lengths: np.ndarray) -> np.ndarray | None:
     """The order of the paths without making them first, when no directory
@@ -382,13 +451,11 @@ def _leaf_order(rels: list[str], dirs: list[tuple[str, int, int, int]], names: n
     order is the order of the directories (each as "rel/") and, within one,
     of the names.  None when that does not hold or a name is not UTF-8."""
     holding = set(rels)
-    if any(rel.rpartition("/")[0] in holding for rel, *_ in dirs if rel):
+    if not _leaf_dirs(rels, dirs):
         return None
     if len(starts) * int(lengths.max()) > 8 * int(lengths.sum()) + (64 << 20):
         return None               # a long name among short ones: no fixed-width array
-    try:
-        names.tobytes().decode("utf-8")
-    except UnicodeDecodeError:
+    if not _utf8(names.tobytes()):
         return None
     place = {rel: k for k, rel in enumerate(sorted(holding, key=lambda r: encode_rel(r) + b"/"))}
     rank = np.array([place[rel] for rel in rels], np.int64)     # per batch (a directory may have several)
@@ -462,11 +529,7 @@ def _path_order(paths: np.ndarray, offsets: np.ndarray) -> np.ndarray | None:
     lengths = np.diff(offsets)
     width = int(lengths.max())
     blob = paths.tobytes()
-    try:
-        blob.decode("utf-8")
-        escaped = False
-    except UnicodeDecodeError:
-        escaped = True
+    escaped = not _utf8(blob)
     if escaped or width * n > 8 * len(paths) + (64 << 20):
         o = offsets.tolist()
         key = (lambda k: decode_rel(blob[o[k]:o[k + 1]])) if escaped else (lambda k: blob[o[k]:o[k + 1]])
@@ -488,10 +551,12 @@ def _cached(cache_dir: Path, root: str, pool: ThreadPoolExecutor) -> tuple[RootS
 
 
 def scan(dirs: list[str], threads: int = 16, cache_dir: Path | None = None,
-         progress: ScanCallback | None = None) -> Catalog:
+         progress: ScanCallback | None = None, save: SaveFn = save_now) -> Catalog:
     """The catalog of the data roots `dirs`; with cache_dir, each root's
     catalog is reused from there when the root has not changed (module doc);
-    progress is called as the scan goes (module doc)."""
+    progress is called as the scan goes (module doc).  The catalogs of the
+    roots scanned are handed to save once the scan is done (default: written
+    to the cache before scan returns)."""
     roots = normalise_roots(dirs)
     report = progress or _no_progress
     prog = ScanProgress(roots=len(roots))
@@ -501,6 +566,7 @@ def scan(dirs: list[str], threads: int = 16, cache_dir: Path | None = None,
         cache = None
     parts: list[RootScan] = []
     from_cache: list[bool] = []
+    saves: list[PendingSave] = []
     with ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="tiering-scan") as pool:
         for r in roots:
             if cache is not None:
@@ -518,10 +584,11 @@ def scan(dirs: list[str], threads: int = 16, cache_dir: Path | None = None,
                 report(prog)
                 part = _walk_root(r, pool, prog, report)
                 if cache is not None and writable:
-                    save_cache(cache, r, part)
+                    saves.append(PendingSave(cache, r, part))
             prog.roots_done += 1
             report(prog)
             parts.append(part)
+    save(saves)
     prog.phase = "done"
     report(prog)
     bases = [0]
