@@ -17,7 +17,19 @@ from pathlib import Path
 
 import pytest
 
-from helpers import N_FILES, PYTHON, READER, REPO, as_other_user, dataset, make_data, profile, tier_run, wait_for
+from helpers import (
+    N_FILES,
+    PYTHON,
+    READER,
+    REPO,
+    as_other_user,
+    dataset,
+    make_data,
+    patched_tier_run,
+    profile,
+    tier_run,
+    wait_for,
+)
 
 pytestmark = pytest.mark.usefixtures("no_leftovers")
 
@@ -106,6 +118,23 @@ def test_a_terminal_gets_a_bar_while_scanning_and_whole_lines_once_command_runs(
     assert [ln for ln in after.splitlines() if ln.startswith("step")] == ["step 0", "step 1", "step 2"]
     assert re.search(r"^tiering \d:\d\d copying what COMMAND opens", after, re.M)
     assert "tiering: policy first-touch, 2,000 files" in after
+
+
+def test_the_starting_line_comes_before_commands_first_line_however_slow_the_daemon_starts(tmp_path):
+    """tier-run says COMMAND starts before it forks it: a daemon slow to start
+    (a loaded machine, here a patched one) cannot let COMMAND's first line
+    come first on the terminal they share."""
+    data = tmp_path / "pfs"
+    dataset(data, n=20)
+    driver = patched_tier_run("import time\n"
+                              "import tiering.job as job\n"
+                              "start = job.start_service\n"
+                              "job.start_service = lambda j: (time.sleep(2), start(j))[1]\n")
+    code, out = run_in_pty([PYTHON, "-c", driver, "--profile", str(profile(tmp_path)), "--data", str(data),
+                            "--policy", "first-touch", "--", PYTHON, "-c", "print('step 0', flush=True)"])
+    assert code == 0, out
+    assert out.count("tiering: starting COMMAND") == 1
+    assert out.index("tiering: starting COMMAND") < out.index("step 0"), out
 
 
 def test_a_terminal_gets_a_bar_while_warming_up_and_the_tiers_are_full_when_command_starts(tmp_path):
