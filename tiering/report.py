@@ -161,11 +161,6 @@ def warnings(s: dict[str, Any]) -> list[str]:
     if o["fallbacks"] and o["fallbacks"] >= max(10, MANY_FALLBACKS * served):
         out.append(f"{o['fallbacks']:,} opens fell back to the PFS because their copy went away between lookup "
                    "and open (evicted while the reader came for it): the tiers are tight for this reader")
-    if o.get("closed_at_position_0"):
-        out.append(f"{o['closed_at_position_0']:,} of {o['total']:,} opens of data-set files were closed at file "
-                   "position 0 (pread or mmap readers, or nothing read): what they read is not in the PFS byte "
-                   f"figures; their files hold {human_bytes(o['bytes_of_files_closed_at_position_0'])} "
-                   "(an upper bound)")
     if s["events_dropped"]:
         out.append(f"{s['events_dropped']:,} of {s['events']:,} events dropped (ring full): the daemon missed "
                    "opens and closes, so the per-epoch numbers are undercounted (the totals are not)")
@@ -214,6 +209,10 @@ def summary_text(s: dict[str, Any]) -> str:
                  f"(of files of {human_bytes(p['bytes_of_files_opened_by_job'])} it opened: an upper bound) "
                  f"and {human_bytes(o['bytes_read_from_tiers'])} from the tiers, the copies read "
                  f"{human_bytes(p['bytes_read_by_daemon'])}")
+    if o.get("closed_at_position_0"):   # what the file positions cannot show (NOTE [read counters])
+        lines.append(f"           {o['closed_at_position_0']:,} of {o['total']:,} opens were closed at file position 0 "
+                     "(pread or mmap readers, or nothing read): not in these figures; their files hold "
+                     f"{human_bytes(o['bytes_of_files_closed_at_position_0'])} (an upper bound)")
     if s.get("warm"):
         w = s["warm"]
         lines.append(f"  warm-up  {w['files']:,} files ({human_bytes(w['bytes'])}) copied before COMMAND started "
