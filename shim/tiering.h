@@ -31,7 +31,7 @@
 
 /* BEGIN CDEF */
 #define TIERING_MAGIC 0x5845444e49524954
-#define TIERING_VERSION 6
+#define TIERING_VERSION 7
 #define TIERING_MAX_ROOTS 16
 #define TIERING_MAX_TIERS 4
 #define TIERING_PATH_MAX 512
@@ -112,8 +112,13 @@ struct tiering_event {
     uint32_t entry;  /* slot index in the entry table */
     uint32_t pid;
     uint16_t kind;   /* TIERING_EV_* */
-    uint16_t tier;   /* tier index for TIERING_EV_OPEN_TIER */
+    uint16_t tier;   /* tier index for TIERING_EV_OPEN_TIER; for
+                        TIERING_EV_CLOSE where the descriptor was opened:
+                        0 the PFS, k + 1 tier k */
     uint32_t tag;    /* the posting thread's tag (tiering_set_tag), 0: none */
+    uint64_t bytes;  /* TIERING_EV_CLOSE: bytes read through the descriptor's
+                        open file, by its file position, not yet posted by an
+                        earlier close of a duplicate (NOTE [read counters]) */
 };
 
 struct tiering_counters {
@@ -125,6 +130,13 @@ struct tiering_counters {
     uint64_t writes;                 /* write opens that reached catalogued
                                         files (by path or by identity)      */
     uint64_t events_dropped;         /* ring full (counted by the daemon)   */
+    /* NOTE [read counters], docs/design.md: the bytes read through the
+       descriptors of catalogued files, by their file position when they
+       are closed (a pread or mmap reader leaves it at 0) */
+    uint64_t read_pfs;               /* opened on the PFS                   */
+    uint64_t read_tier;              /* opened on a tier copy               */
+    uint64_t closed_at_zero;         /* open files closed at position 0     */
+    uint64_t closed_at_zero_bytes;   /* their catalogued sizes              */
 };
 
 struct tiering_header {
@@ -156,7 +168,7 @@ struct tiering_header {
     struct tiering_root roots[16];
     struct tiering_root tiers[4];  /* physical prefixes, fastest first */
     struct tiering_counters counters;
-    uint64_t pad[7];
+    uint64_t pad[3];
     uint64_t ring_head;      /* atomic; next position a producer takes (= events
                                 posted), on a cache line of its own */
     uint64_t pad2[7];
@@ -258,7 +270,7 @@ _Static_assert(sizeof(((struct tiering_counters *)0)->opens_tier) ==
                TIERING_MAX_TIERS * sizeof(uint64_t), "opens_tier size");
 _Static_assert(sizeof(struct tiering_entry) == 40, "entry size");
 _Static_assert(sizeof(struct tiering_file) == 72, "file record size");
-_Static_assert(sizeof(struct tiering_event) == 24, "event size");
+_Static_assert(sizeof(struct tiering_event) == 32, "event size");
 _Static_assert(offsetof(struct tiering_header, ring_head) % 64 == 0, "ring_head on a cache line of its own");
 
 static inline struct tiering_entry *tiering_entries(void *base)

@@ -350,7 +350,7 @@ EXPORT uint64_t tiering_ring_drain(void *base, uint64_t *tail, struct tiering_ev
 
 /* ---- events and fd bookkeeping ------------------------------------------ */
 
-static void post(uint16_t kind, uint32_t slot, uint16_t tier)
+static void post(uint16_t kind, uint32_t slot, uint16_t tier, uint64_t bytes)
 {
     uint64_t pos = __atomic_fetch_add(&idx->ring_head, 1, __ATOMIC_RELAXED);
     struct tiering_event *ev = &ring[pos & ring_mask];
@@ -361,6 +361,7 @@ static void post(uint16_t kind, uint32_t slot, uint16_t tier)
     ev->kind = kind;
     ev->tier = tier;
     ev->tag = thread_tag;
+    ev->bytes = bytes;
     __atomic_store_n(&ev->seq, pos + 1, __ATOMIC_RELEASE);
 }
 
@@ -384,13 +385,109 @@ static inline uint64_t tracked(int fd)
     return (fd >= 0 && fd < MAX_TRACKED_FDS) ? __atomic_load_n(&fd_book[fd], __ATOMIC_RELAXED) : 0;
 }
 
-/* fd is about to be closed (or replaced): forget it and post a close event */
-static inline void untrack(int fd)
+/* NOTE [read counters]: the descriptors of one open file (an fd and its
+ * duplicates) form a ring through next; each holds the file position up to
+ * which that open file's reads were posted already (credited) and the
+ * process that opened it (owner).  Meaningful while fd_book[fd] is set. */
+struct fd_share {
+    uint32_t next;
+    uint32_t owner;
+    uint64_t credited;
+};
+static struct fd_share fd_share[MAX_TRACKED_FDS];
+
+/* fd (tracked, in range) is an open file of its own, opened here */
+static inline void share_alone(int fd)
+{
+    fd_share[fd] = (struct fd_share){.next = (uint32_t)fd, .owner = my_pid, .credited = 0};
+}
+
+/* newfd, a duplicate of oldfd (both tracked, in range), joins its ring */
+static inline void share_join(int newfd, int oldfd)
+{
+    struct fd_share *o = &fd_share[oldfd];
+    fd_share[newfd] = (struct fd_share){.next = o->next, .owner = o->owner, .credited = o->credited};
+    o->next = (uint32_t)newfd;
+}
+
+/* fd leaves its ring: another member of it, or fd when it was the last.
+ * The walk is bounded: a ring that threads closing duplicates of one file
+ * at once broke costs counted bytes, never a hang. */
+static int share_leave(int fd)
+{
+    uint32_t k = (uint32_t)fd;
+    for (int n = 0; n < MAX_TRACKED_FDS; n++) {
+        uint32_t next = fd_share[k].next;
+        if (next >= MAX_TRACKED_FDS)
+            break;
+        if (next == (uint32_t)fd) {
+            fd_share[k].next = fd_share[fd].next;
+            fd_share[fd].next = (uint32_t)fd;
+            return (int)k == fd ? fd : (int)fd_share[k].next;
+        }
+        k = next;
+    }
+    fd_share[fd].next = (uint32_t)fd;
+    return fd;
+}
+
+/* The file position of fd, 0 when it has none (errno untouched). */
+static inline uint64_t position(int fd)
+{
+    int saved = errno;
+    int64_t pos = (int64_t)syscall(SYS_lseek, fd, (off_t)0, SEEK_CUR);
+    errno = saved;
+    return pos > 0 ? (uint64_t)pos : 0;
+}
+
+/* The descriptor fd, booked as v, is closed at file position pos: books
+ * the bytes read through its open file since the last close of one of its
+ * duplicates, and posts the close.  A descriptor inherited from the parent
+ * (a forked child) posts none: the parent's own close does. */
+static __attribute__((noinline)) void closed_at(int fd, uint64_t v, uint64_t pos)
+{
+    uint32_t slot = (uint32_t)v - 1, where = (uint32_t)(v >> 32);
+    struct fd_share *sh = &fd_share[fd];
+    uint64_t done = sh->credited, bytes = 0;
+    int mine = sh->owner == my_pid, other = share_leave(fd);
+    if (mine && pos > done) {
+        bytes = pos - done;
+        count(where ? &idx->counters.read_tier : &idx->counters.read_pfs, bytes);
+        int k = other;
+        for (int n = 0; k != fd && n < MAX_TRACKED_FDS; n++) {
+            fd_share[k].credited = pos;
+            if ((k = (int)fd_share[k].next) == other)
+                break;
+        }
+    }
+    if (mine && other == fd && !pos && !done) {
+        count(&idx->counters.closed_at_zero, 1);
+        count(&idx->counters.closed_at_zero_bytes, entries[slot].size);
+    }
+    post(TIERING_EV_CLOSE, slot, (uint16_t)where, bytes);
+}
+
+/* fd is about to be closed: forget it, book what was read through it and
+ * post a close event */
+static inline void closing(int fd)
 {
     if (idx && fd >= 0 && fd < MAX_TRACKED_FDS && __atomic_load_n(&fd_book[fd], __ATOMIC_RELAXED)) {
         uint64_t v = __atomic_exchange_n(&fd_book[fd], 0, __ATOMIC_RELAXED);
         if ((uint32_t)v)
-            post(TIERING_EV_CLOSE, (uint32_t)v - 1, 0);
+            closed_at(fd, v, position(fd));
+    }
+}
+
+/* fd's number now names another file (its file was closed behind our back,
+ * with no position left to read): forget it and post a close event */
+static inline void untrack(int fd)
+{
+    if (idx && fd >= 0 && fd < MAX_TRACKED_FDS && __atomic_load_n(&fd_book[fd], __ATOMIC_RELAXED)) {
+        uint64_t v = __atomic_exchange_n(&fd_book[fd], 0, __ATOMIC_RELAXED);
+        if ((uint32_t)v) {
+            share_leave(fd);
+            post(TIERING_EV_CLOSE, (uint32_t)v - 1, (uint16_t)(v >> 32), 0);
+        }
     }
 }
 
@@ -863,7 +960,7 @@ static void reached(struct written *wr, int64_t slot)
         if ((s = next_alias(s)) == (uint64_t)slot)
             break;
     }
-    post(TIERING_EV_WRITE, (uint32_t)slot, 0);
+    post(TIERING_EV_WRITE, (uint32_t)slot, 0, 0);
 }
 
 /* Before a write open of path (NULL: the file open on oldfd, as freopen
@@ -960,11 +1057,13 @@ static void opened(int fd, int64_t slot, int tier)
     if (tier >= 0) {
         count(&idx->counters.opens_tier[tier], 1);
         count(&idx->counters.bytes_tier, entries[slot].size);
-        post(TIERING_EV_OPEN_TIER, (uint32_t)slot, (uint16_t)tier);
+        post(TIERING_EV_OPEN_TIER, (uint32_t)slot, (uint16_t)tier, 0);
     } else {
-        post(TIERING_EV_OPEN_PFS, (uint32_t)slot, 0);
+        post(TIERING_EV_OPEN_PFS, (uint32_t)slot, 0, 0);
     }
     track(fd, fd_book_value(slot, tier));
+    if (fd >= 0 && fd < MAX_TRACKED_FDS)
+        share_alone(fd);
 }
 
 /* The catalogued part of a read-only open: everything below a data root,
@@ -1152,7 +1251,7 @@ static FILE *do_fopen(int is64, const char *path, const char *mode, FILE *stream
     ensure_init();
     struct tiering_header *h = __atomic_load_n(&idx, __ATOMIC_ACQUIRE);
     if (stream && path && h)
-        untrack(fileno(stream)); /* freopen closes the old fd */
+        closing(fileno(stream)); /* freopen closes the old fd */
     int flags = mode_flags(mode), root;
     size_t rl;
     if (h && UNLIKELY(opens_for_writing(flags)))
@@ -1186,7 +1285,7 @@ EXPORT FILE *freopen64(const char *path, const char *mode, FILE *stream)
 EXPORT int close(int fd)
 {
     ensure_init();
-    untrack(fd);
+    closing(fd);
     return real.close ? real.close(fd) : (int)syscall(SYS_close, fd);
 }
 
@@ -1194,7 +1293,7 @@ EXPORT int fclose(FILE *stream)
 {
     ensure_init();
     if (stream)
-        untrack(fileno(stream));
+        closing(fileno(stream));
     if (real.fclose)
         return real.fclose(stream);
     errno = ENOSYS;
@@ -1221,18 +1320,20 @@ EXPORT int close_range(unsigned int first, unsigned int last, int flags)
     ensure_init();
     if (idx && !(flags & (int)CLOSE_RANGE_CLOEXEC) && !in_vfork_child())
         for (unsigned int fd = first; fd <= last && fd < MAX_TRACKED_FDS; fd++)
-            untrack((int)fd);
+            closing((int)fd);
     if (real.close_range)
         return real.close_range(first, last, flags);
     return (int)syscall(SYS_close_range, first, last, flags);
 }
 
 /* newfd, a copy of oldfd, now tracks what oldfd tracked (s) */
-static inline void duplicated(int newfd, uint64_t s)
+static inline void duplicated(int newfd, int oldfd, uint64_t s)
 {
     if (idx && newfd >= 0 && !in_vfork_child()) {
-        untrack(newfd); /* a stale slot, or dup2's target that it closed */
+        untrack(newfd); /* a stale slot (dup2's target was booked by replaced()) */
         track(newfd, s);
+        if (s && newfd < MAX_TRACKED_FDS && oldfd >= 0 && oldfd < MAX_TRACKED_FDS)
+            share_join(newfd, oldfd);
     }
 }
 
@@ -1241,14 +1342,25 @@ EXPORT int dup(int fd)
     ensure_init();
     uint64_t s = tracked(fd);
     int nfd = real.dup ? real.dup(fd) : (int)syscall(SYS_dup, fd);
-    duplicated(nfd, s);
+    duplicated(nfd, fd, s);
     return nfd;
+}
+
+/* dup2 or dup3 made newfd a copy of another descriptor: the file newfd was
+ * booked on (v) was closed at position pos, read before the call */
+static inline void replaced(int newfd, uint64_t v, uint64_t pos)
+{
+    if (v && __atomic_compare_exchange_n(&fd_book[newfd], &v, 0, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED) &&
+        (uint32_t)v)
+        closed_at(newfd, v, pos);
 }
 
 static int dup_to(int oldfd, int newfd, int flags, int use3)
 {
     ensure_init();
     uint64_t s = tracked(oldfd);
+    uint64_t v = oldfd != newfd && idx && !in_vfork_child() ? tracked(newfd) : 0;
+    uint64_t pos = v ? position(newfd) : 0;
     int r;
     if (use3)
         r = real.dup3 ? real.dup3(oldfd, newfd, flags) : (int)syscall(SYS_dup3, oldfd, newfd, flags);
@@ -1258,8 +1370,10 @@ static int dup_to(int oldfd, int newfd, int flags, int use3)
         r = syscall(SYS_fcntl, oldfd, F_GETFD) < 0 ? -1 : newfd;
     else
         r = (int)syscall(SYS_dup3, oldfd, newfd, 0);
-    if (oldfd != newfd)
-        duplicated(r, s);
+    if (oldfd != newfd && r >= 0) {
+        replaced(r, v, pos);
+        duplicated(r, oldfd, s);
+    }
     return r;
 }
 
@@ -1273,7 +1387,7 @@ static int do_fcntl(fcntl_fn f, int fd, int cmd, void *arg)
     uint64_t s = tracked(fd);
     int r = f ? f(fd, cmd, arg) : (int)syscall(SYS_fcntl, fd, cmd, arg);
     if (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC)
-        duplicated(r, s);
+        duplicated(r, fd, s);
     return r;
 }
 

@@ -17,7 +17,19 @@ from pathlib import Path
 
 import pytest
 
-from helpers import N_FILES, PYTHON, READER, REPO, as_other_user, dataset, profile, tier_run, wait_for
+from helpers import (
+    N_FILES,
+    PYTHON,
+    READER,
+    REPO,
+    as_other_user,
+    dataset,
+    make_data,
+    patched_tier_run,
+    profile,
+    tier_run,
+    wait_for,
+)
 
 pytestmark = pytest.mark.usefixtures("no_leftovers")
 
@@ -108,6 +120,23 @@ def test_a_terminal_gets_a_bar_while_scanning_and_whole_lines_once_command_runs(
     assert "tiering: policy first-touch, 2,000 files" in after
 
 
+def test_the_starting_line_comes_before_commands_first_line_however_slow_the_daemon_starts(tmp_path):
+    """tier-run says COMMAND starts before it forks it: a daemon slow to start
+    (a loaded machine, here a patched one) cannot let COMMAND's first line
+    come first on the terminal they share."""
+    data = tmp_path / "pfs"
+    dataset(data, n=20)
+    driver = patched_tier_run("import time\n"
+                              "import tiering.job as job\n"
+                              "start = job.start_service\n"
+                              "job.start_service = lambda j: (time.sleep(2), start(j))[1]\n")
+    code, out = run_in_pty([PYTHON, "-c", driver, "--profile", str(profile(tmp_path)), "--data", str(data),
+                            "--policy", "first-touch", "--", PYTHON, "-c", "print('step 0', flush=True)"])
+    assert code == 0, out
+    assert out.count("tiering: starting COMMAND") == 1
+    assert out.index("tiering: starting COMMAND") < out.index("step 0"), out
+
+
 def test_a_terminal_gets_a_bar_while_warming_up_and_the_tiers_are_full_when_command_starts(tmp_path):
     data = tmp_path / "pfs"
     dataset(data, n=500)
@@ -130,6 +159,55 @@ def test_quiet_prints_nothing_but_the_json_has_everything(tmp_path):
     assert r.returncode == 0 and r.stderr == ""
     s = json.loads(stats.read_text())
     assert s["opens"]["total"] == 3 * N_FILES and len(s["series"]["t"]) >= 1
+
+
+# -- bytes read: what COMMAND read, not the sizes of the files it opened ---------------------
+
+MIB = 1 << 20
+
+
+def head_dataset(root: Path, n: int = 24) -> dict[str, bytes]:
+    return make_data(root, {f"c{i % 3}/f{i:03d}.bin": MIB for i in range(n)})
+
+
+def test_a_reader_of_the_first_4_kib_of_1_mib_files_from_the_pfs_reports_4_kib_an_open(tmp_path):
+    data = tmp_path / "pfs"
+    head_dataset(data)
+    stats = tmp_path / "s.json"
+    # tiers of 512 KiB: no file fits, every open reads the PFS
+    r = tier_run(["--profile", str(profile(tmp_path, capacity="512KiB")), "--data", str(data),
+                  "--policy", "first-touch", "--stats-json", str(stats), "--",
+                  *reader_args(data, tmp_path / "r.json", "--head", "4096")])
+    assert r.returncode == 0, r.stderr
+    s = json.loads(stats.read_text())
+    p, o = s["pfs"], s["opens"]
+    assert o["total"] == o["pfs"] == 3 * 24
+    assert p["bytes_read_by_job"] == p["bytes"] == p["bytes_without_tiering"] == 72 * 4096
+    assert p["bytes_of_files_opened_by_job"] == p["bytes_without_tiering_upper_bound"] == 72 * MIB
+    assert o["closed_at_position_0"] == 0
+    from tiering.report import pfs_line
+    assert "  PFS traffic: 288 KiB instead of 288 KiB (" in r.stderr and "  " + pfs_line(s) in r.stderr
+    assert "bytes read, by file position at close: COMMAND read 288 KiB there (of files of 72 MiB it opened: " \
+           "an upper bound)" in r.stderr
+
+
+def test_per_epoch_bytes_are_what_the_reader_read_from_the_pfs_and_from_the_tiers(tmp_path):
+    data = tmp_path / "pfs"
+    head_dataset(data)
+    stats, out = tmp_path / "s.json", tmp_path / "r.json"
+    r = tier_run(["--profile", str(profile(tmp_path)), "--data", str(data), "--stats-json", str(stats), "--",
+                  *reader_args(data, out, "--head", "4096", "--epoch-pause", "1.2")])
+    assert r.returncode == 0, r.stderr
+    s, rd = json.loads(stats.read_text()), json.loads(out.read_text())
+    ep = s["epochs"]
+    assert s["policy"] == "clairvoyant" and [e["opens"] for e in ep] == [e["opens"] for e in rd["epochs"]] == [24] * 3
+    assert [e["bytes"] for e in rd["epochs"]] == [24 * 4096] * 3
+    assert [e["pfs_bytes_read_by_job"] for e in ep] == [4096 * (24 - e["local"]) for e in rd["epochs"]]
+    assert [e["tier_bytes_read_by_job"] for e in ep] == [4096 * e["local"] for e in rd["epochs"]]
+    assert [e["pfs_bytes_of_files_opened_by_job"] for e in ep] == [MIB * (24 - e["local"]) for e in rd["epochs"]]
+    assert s["pfs"]["bytes_read_by_job"] == sum(e["pfs_bytes_read_by_job"] for e in ep)
+    assert s["opens"]["bytes_read_from_tiers"] == sum(e["tier_bytes_read_by_job"] for e in ep)
+    assert s["pfs"]["bytes_without_tiering"] == 3 * 24 * 4096
 
 
 # -- per-epoch numbers against the reader's own ---------------------------------------------
@@ -156,6 +234,11 @@ def check_epochs(stats: dict, rd: dict, contents: dict[str, bytes]) -> None:
     assert [e["pfs_bytes_of_files_opened_by_job"] for e in ep] == \
         [total - sum(len(contents[f]) for f in e["local_files"]) for e in rd["epochs"]]
     assert [e["pfs_opens_by_job"] for e in ep] == [N_FILES - e["local"] for e in rd["epochs"]]
+    # and what it read: whole files, from the PFS and from the tiers (NOTE [read counters])
+    assert [e["pfs_bytes_read_by_job"] for e in ep] == [e["pfs_bytes_of_files_opened_by_job"] for e in ep]
+    assert [e["tier_bytes_read_by_job"] for e in ep] == \
+        [sum(len(contents[f]) for f in e["local_files"]) for e in rd["epochs"]]
+    assert [e["pfs_bytes"] - e["pfs_bytes_read_by_daemon"] for e in ep] == [e["pfs_bytes_read_by_job"] for e in ep]
     assert sum(e["pfs_bytes_read_by_daemon"] for e in ep) == stats["pfs"]["bytes_read_by_daemon"]
     assert sum(e["pfs_opens"] for e in ep) == stats["pfs"]["opens"]
     assert stats["hit_ratio"] == round(sum(e["local"] for e in rd["epochs"]) / (3 * N_FILES), 4)
@@ -188,8 +271,12 @@ def test_the_summary_shows_the_epochs_and_the_net_pfs_traffic(tmp_path):
     assert r.returncode == 0, r.stderr
     s = json.loads(stats.read_text())
     p = s["pfs"]
-    assert p["bytes"] == p["bytes_read_by_daemon"] + p["bytes_of_files_opened_by_job"]
-    assert p["bytes_without_tiering"] == p["bytes_of_files_opened_by_job"] + s["opens"]["bytes_of_files_served"]
+    # a whole-file reader: what it read is the sizes of the files it opened
+    assert p["bytes_read_by_job"] == p["bytes_of_files_opened_by_job"]
+    assert s["opens"]["bytes_read_from_tiers"] == s["opens"]["bytes_of_files_served"]
+    assert p["bytes"] == p["bytes_read_by_daemon"] + p["bytes_read_by_job"]
+    assert p["bytes_without_tiering"] == p["bytes_read_by_job"] + s["opens"]["bytes_read_from_tiers"] == \
+        p["bytes_without_tiering_upper_bound"] == 3 * sum(f.stat().st_size for f in data.rglob("*.bin"))
     assert p["opens_without_tiering"] == 3 * N_FILES
     from tiering.report import pfs_line
     assert "  " + pfs_line(s) in r.stderr and f"{s['pfs']['opens']:,} opens instead of 600" in r.stderr

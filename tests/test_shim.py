@@ -363,6 +363,93 @@ def test_fd_bookkeeping_posts_one_close_per_descriptor(shimenv, cbin):
     assert len({e.pid for e in events}) == 1
 
 
+# -- bytes read, by the file position at close: NOTE [read counters] ------------------------
+
+def read_through(se, cbin: Path, rel: str, *how: str, placed: bool = False) -> tuple[int, dict, list]:
+    """Runs readpos on rel (placed in the tier first, if asked): what it says
+    it read, the index's counters, the close events."""
+    if placed:
+        se.place(rel)
+    r = se.run([str(cbin / "readpos"), str(se.root / rel), *how])
+    assert r.returncode == 0, r.stderr
+    closes = [e for e in se.index.drain() if e.kind == lib.TIERING_EV_CLOSE]
+    return int(r.stdout), se.index.counters(), closes
+
+
+def read_figures(c: dict) -> tuple[int, int, int]:
+    return c["read_pfs"], c["read_tier"], c["closed_at_zero"]
+
+
+def as_read(n: int, placed: bool) -> tuple[int, int, int]:
+    """read_figures after n bytes read from the tier copy or from the PFS"""
+    return (0, n, 0) if placed else (n, 0, 0)
+
+
+@pytest.mark.parametrize("placed", [False, True], ids=["pfs", "tier"])
+def test_a_reader_of_the_first_4_kib_counts_4_kib_not_the_file_size(shimenv, cbin, placed):
+    n, c, closes = read_through(shimenv, cbin, "c/big.bin", "head", "4096", placed=placed)   # 3,000,000 bytes
+    assert n == 4096
+    assert read_figures(c) == as_read(4096, placed)
+    assert [(e.bytes, e.tier) for e in closes] == [(4096, 1 if placed else 0)]
+
+
+@pytest.mark.parametrize("placed", [False, True], ids=["pfs", "tier"])
+def test_a_whole_file_reader_counts_the_file_size(shimenv, cbin, placed):
+    n, c, closes = read_through(shimenv, cbin, "a/two.bin", "whole", placed=placed)
+    assert n == len(shimenv.contents["a/two.bin"]) == 70_000
+    assert read_figures(c) == as_read(n, placed)
+    assert [e.bytes for e in closes] == [n]
+
+
+@pytest.mark.parametrize("placed", [False, True], ids=["pfs", "tier"])
+def test_duplicated_descriptors_count_their_open_file_once(shimenv, cbin, placed):
+    n, c, closes = read_through(shimenv, cbin, "a/two.bin", "dups", placed=placed)
+    assert n == 2000
+    assert read_figures(c) == as_read(2000, placed)
+    # five descriptors, each closed once (one of them by dup2); the bytes posted once
+    assert len(closes) == 5 and sum(e.bytes for e in closes) == 2000
+
+
+def test_a_file_closed_by_fclose_counts_once_at_its_position(shimenv, cbin):
+    rel = "c/big.bin"
+    n, c, closes = read_through(shimenv, cbin, rel, "stdio")
+    assert 100 <= n - 3_000_000 <= 65536      # fopen read to the end; fdopen's buffer read ahead of 100
+    assert read_figures(c) == (n, 0, 0)
+    assert len(closes) == 2 and sum(e.bytes for e in closes) == n
+
+
+def test_a_pread_reader_is_counted_as_closed_at_position_0_with_its_file_size(shimenv, cbin):
+    rel = "a/two.bin"
+    n, c, closes = read_through(shimenv, cbin, rel, "pread")
+    assert n == 70_000
+    assert read_figures(c) == (0, 0, 1) and c["closed_at_zero_bytes"] == 70_000
+    assert [e.bytes for e in closes] == [0]
+
+
+def test_a_forked_child_closing_an_inherited_descriptor_leaves_the_count_to_the_parent(shimenv, cbin):
+    rel = "a/two.bin"
+    n, c, closes = read_through(shimenv, cbin, rel, "fork")
+    assert n == 200
+    assert read_figures(c) == (200, 0, 0)
+    assert sorted(e.bytes for e in closes) == [0, 200] and len({e.pid for e in closes}) == 2
+
+
+def test_numpy_fromfile_of_a_python_file_counts_the_file_once(shimenv):
+    """np.fromfile(f) duplicates f's descriptor, reads through a FILE* of the
+    duplicate, fcloses it and moves f to where it stopped: one open file."""
+    rel = "a/two.bin"
+    shimenv.place(rel)
+    r = shimenv.run([PYTHON, "-c", textwrap.dedent(f"""
+        import numpy as np
+        with open({str(shimenv.root / rel)!r}, "rb") as f:
+            print(np.fromfile(f, dtype=np.uint8).size, f.tell())
+    """)])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["70000", "70000"]
+    c = shimenv.index.counters()
+    assert read_figures(c) == (0, 70_000, 0)
+
+
 def test_stale_descriptor_numbers_post_one_close(shimenv, tmp_path):
     """An fd number reused by an uncatalogued open must not carry the old entry:
     its file was closed, seen by the shim or not, so exactly one close is posted."""
@@ -526,12 +613,13 @@ def test_header_layout_agrees_between_c_and_python(tmp_path, cbin):
         #include <sys/stat.h>
         #include "tiering.h"
         int main(int argc, char **argv) {
-            printf("%zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu\n", sizeof(struct tiering_header),
+            printf("%zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu %zu\n", sizeof(struct tiering_header),
                    sizeof(struct tiering_entry), sizeof(struct tiering_event),
                    offsetof(struct tiering_header, roots), offsetof(struct tiering_header, tiers),
                    offsetof(struct tiering_header, counters), offsetof(struct tiering_header, ring_head),
                    offsetof(struct tiering_entry, opens), sizeof(struct tiering_file),
-                   offsetof(struct tiering_file, flags), offsetof(struct tiering_event, tag));
+                   offsetof(struct tiering_file, flags), offsetof(struct tiering_event, tag),
+                   offsetof(struct tiering_event, bytes), offsetof(struct tiering_counters, read_tier));
             int fd = open(argv[1], O_RDWR);
             struct stat st; fstat(fd, &st);
             struct tiering_header *h = mmap(0, st.st_size, PROT_READ|PROT_WRITE, MAP_SHARED, fd, 0);
@@ -540,6 +628,7 @@ def test_header_layout_agrees_between_c_and_python(tmp_path, cbin):
                    (unsigned long long)e[atoi(argv[2])].size,
                    (long long)tiering_files(h)[e[atoi(argv[2])].file].mtime_ns);
             h->counters.fallbacks = 4242;
+            h->counters.read_tier = 77;
             return 0;
         }
     """).replace("#include <stdio.h>", "#include <stdio.h>\n#include <stdlib.h>"))
@@ -555,12 +644,13 @@ def test_header_layout_agrees_between_c_and_python(tmp_path, cbin):
                      ffi.offsetof("struct tiering_header", "tiers"), ffi.offsetof("struct tiering_header", "counters"),
                      ffi.offsetof("struct tiering_header", "ring_head"), ffi.offsetof("struct tiering_entry", "opens"),
                      ffi.sizeof("struct tiering_file"), ffi.offsetof("struct tiering_file", "flags"),
-                     ffi.offsetof("struct tiering_event", "tag")]
-    assert sizes[-4:] == [36, 72, 68, 20]
+                     ffi.offsetof("struct tiering_event", "tag"), ffi.offsetof("struct tiering_event", "bytes"),
+                     ffi.offsetof("struct tiering_counters", "read_tier")]
+    assert sizes[-6:] == [36, 72, 68, 20, 24, 72]
     assert ffi.offsetof("struct tiering_header", "ring_head") % 64 == 0
     assert out[1].split() == [str(index.header.nslots), "1", str(tmp_path / "tierx"), "31337",
                               str((root / "f").stat().st_mtime_ns)]
-    assert index.counters()["fallbacks"] == 4242
+    assert index.counters()["fallbacks"] == 4242 and index.counters()["read_tier"] == 77
     index.close()
 
 

@@ -131,7 +131,10 @@ def test_off_places_nothing_but_counts(tmp_path):
     contents = dataset(data, n=50)
     stats, rd, _ = run_reader(tmp_path, data, profile(tmp_path), policy="off", reader_args=("--workers", "0"))
     assert stats["tiers"][0]["files"] == 0
-    assert stats["opens"] == {"total": 150, "pfs": 150, "by_tier": {"ram": 0}, "fallbacks": 0, "bytes_of_files_served": 0}
+    assert stats["opens"] == {"total": 150, "pfs": 150, "by_tier": {"ram": 0}, "fallbacks": 0, "bytes_of_files_served": 0,
+                              "bytes_read_from_tiers": 0, "closed_at_position_0": 0,
+                              "bytes_of_files_closed_at_position_0": 0}
+    assert stats["pfs"]["bytes_read_by_job"] == stats["pfs"]["bytes"] == 3 * sum(map(len, contents.values()))
     assert sum(e["local"] for e in rd["epochs"]) == 0
     assert rd["digest"] == digest(contents)
 

@@ -380,6 +380,8 @@ def run(job: Job) -> int:
             if job.watch is not None:
                 job.watch.command_started(pid)
 
+        if job.watch is not None:
+            job.watch.command_starting()   # before the fork: COMMAND's first lines come after it
         exit_code = run_command(opts.command, exe, env, ignored, started, _ticker(job))
         job.timings["command"] = time.monotonic() - t0
         _finish(job, exit_code, t_start)

@@ -16,6 +16,7 @@ from .placement.daemon import DaemonStats
 from .units import human_bytes, plain_number
 
 MANY_FALLBACKS = 0.01     # of the opens served from tiers: worth a warning
+BYTES_MEASURE = "bytes read, by file position at close"   # what the PFS byte figures count
 
 
 @dataclass
@@ -78,8 +79,8 @@ def to_json(r: JobRecord) -> dict[str, Any]:
     series = obs.get("series") or {}
     seconds: dict[str, float | None] = {k: round(v, 3) for k, v in r.seconds.items()}
     seconds["warm"] = round(obs["warm_after"], 3) if obs.get("warm_after") is not None else None
-    with_tiering = d.job_pfs_bytes + d.pfs_bytes
-    without = d.job_pfs_bytes + c.get("bytes_tier", 0)
+    # NOTE [read counters]: what COMMAND read, by the file positions of its descriptors at close
+    job_read, tier_read = c.get("read_pfs", 0), c.get("read_tier", 0)
     out = {
         "policy": policy,
         "policy_requested": r.policy,
@@ -96,8 +97,13 @@ def to_json(r: JobRecord) -> dict[str, Any]:
             "pfs": job_pfs,
             "by_tier": by_tier,
             "fallbacks": c.get("fallbacks", 0),
+            "bytes_read_from_tiers": tier_read,
             # what the shim knows at open time: an upper bound of the bytes read from tiers
             "bytes_of_files_served": c.get("bytes_tier", 0),
+            # open files closed at file position 0 (pread or mmap readers, or nothing read):
+            # what they read is in no "read" figure; their files' sizes
+            "closed_at_position_0": c.get("closed_at_zero", 0),
+            "bytes_of_files_closed_at_position_0": c.get("closed_at_zero_bytes", 0),
         },
         "hit_ratio": round(served / total, 4) if total else None,
         "pfs": {
@@ -105,12 +111,15 @@ def to_json(r: JobRecord) -> dict[str, Any]:
             "opens_by_job": job_pfs,
             "opens_by_daemon": d.pfs_opens,
             "bytes_read_by_daemon": d.pfs_bytes,
+            "bytes_read_by_job": job_read,
             # sizes of the files COMMAND opened on the PFS: an upper bound of what it read there
             "bytes_of_files_opened_by_job": d.job_pfs_bytes,
-            "bytes": with_tiering,
+            "bytes": job_read + d.pfs_bytes,
             "opens_without_tiering": total,
-            "bytes_without_tiering": without,
-            "bytes_are_upper_bounds": True,
+            # what COMMAND read, from the PFS and from the tiers: all of it from the PFS without tiering
+            "bytes_without_tiering": job_read + tier_read,
+            "bytes_without_tiering_upper_bound": d.job_pfs_bytes + c.get("bytes_tier", 0),
+            "bytes_measure": BYTES_MEASURE,
             "opens_avoided": served,
         },
         "placement": {
@@ -156,7 +165,7 @@ def warnings(s: dict[str, Any]) -> list[str]:
                    "and open (evicted while the reader came for it): the tiers are tight for this reader")
     if s["events_dropped"]:
         out.append(f"{s['events_dropped']:,} of {s['events']:,} events dropped (ring full): the daemon missed "
-                   "opens, so the per-epoch numbers and COMMAND's PFS bytes are undercounted")
+                   "opens and closes, so the per-epoch numbers are undercounted (the totals are not)")
     return out
 
 
@@ -173,7 +182,7 @@ def _seconds(v: float | None) -> str:
 
 
 def epoch_table(epochs: list[dict[str, Any]], limit: int = 8) -> list[str]:
-    head = ("  epoch   seconds     opens  from tiers   PFS opens      PFS bytes   lead (samples)")
+    head = ("  epoch   seconds     opens  from tiers   PFS opens  PFS bytes read   lead (samples)")
     rows = []
     for e in epochs:
         lead = "-" if e["prefetch_lead"] is None else f"{e['prefetch_lead']:,.0f}"
@@ -197,9 +206,15 @@ def summary_text(s: dict[str, Any]) -> str:
     lines.append(f"  hits     {pct(s['hit_ratio'])} of {o['total']:,} opens of data-set files from tiers"
                  f"{f' ({per_tier})' if per_tier else ''}, {o['pfs']:,} from the PFS")
     lines.append(f"  {pfs_line(s)}")
-    lines.append(f"           COMMAND opened files of {human_bytes(s['pfs']['bytes_of_files_opened_by_job'])} there, "
-                 f"the copies read {human_bytes(s['pfs']['bytes_read_by_daemon'])} (sizes of the files opened "
-                 "are upper bounds of the bytes read)")
+    p = s["pfs"]
+    lines.append(f"           {p['bytes_measure']}: COMMAND read {human_bytes(p['bytes_read_by_job'])} there "
+                 f"(of files of {human_bytes(p['bytes_of_files_opened_by_job'])} it opened: an upper bound) "
+                 f"and {human_bytes(o['bytes_read_from_tiers'])} from the tiers, the copies read "
+                 f"{human_bytes(p['bytes_read_by_daemon'])}")
+    if o.get("closed_at_position_0"):   # what the file positions cannot show (NOTE [read counters])
+        lines.append(f"           {o['closed_at_position_0']:,} of {o['total']:,} opens were closed at file position 0 "
+                     "(pread or mmap readers, or nothing read): not in these figures; their files hold "
+                     f"{human_bytes(o['bytes_of_files_closed_at_position_0'])} (an upper bound)")
     if s.get("warm"):
         w = s["warm"]
         lines.append(f"  warm-up  {w['files']:,} files ({human_bytes(w['bytes'])}) copied before COMMAND started "

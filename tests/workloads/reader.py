@@ -3,11 +3,13 @@ that every epoch sees the same bytes.
 
     python tests/workloads/reader.py --data DIR --epochs 3 [--workers 2]
         [--mp-context fork|spawn|forkserver] [--seed 0] [--batch-size 8]
-        [--mode dataloader|plain] [--out FILE.json] [--epoch-pause S] [--sample-delay S]
+        [--mode dataloader|plain] [--out FILE.json] [--epoch-pause S] [--sample-delay S] [--head N]
 
 * Files: every regular file under DIR (symlinks followed), skipping names that start
   with "." (files and directories), in sorted order of their path relative to DIR.
-* Each read is Python's ``open(path, "rb")`` + ``read()``, in a Dataset's __getitem__.
+* Each read is Python's ``open(path, "rb")`` + ``read()``, in a Dataset's __getitem__;
+  with --head N, ``open(path, "rb", buffering=0)`` + one ``read(N)``: the first N bytes
+  only (their checksum is the one kept).
 * dataloader mode: torch DataLoader(shuffle=True, generator seeded with --seed,
   num_workers, multiprocessing_context). plain mode: the same order in-process, without
   DataLoader: per epoch one int64 draw from the generator (the DataLoader iterator's base
@@ -54,8 +56,9 @@ def list_files(root: str) -> list[str]:
 
 
 class FileDataset(Dataset):
-    def __init__(self, root: str, relpaths: list[str]) -> None:
+    def __init__(self, root: str, relpaths: list[str], head: int = 0) -> None:
         self.root = root
+        self.head = head
         self.real_root = os.path.realpath(root)
         self.relpaths = relpaths
         self.files = [os.path.join(root, r) for r in relpaths]  # what the order hook maps indices with
@@ -64,8 +67,9 @@ class FileDataset(Dataset):
         return len(self.relpaths)
 
     def __getitem__(self, index: int) -> tuple[int, int, str, bool]:
-        with open(os.path.join(self.root, self.relpaths[index]), "rb") as f:
-            data = f.read()
+        path = os.path.join(self.root, self.relpaths[index])
+        with (open(path, "rb", buffering=0) if self.head else open(path, "rb")) as f:
+            data = f.read(self.head) if self.head else f.read()
             # where the descriptor really points: under the data root, or a local copy
             local = not os.readlink(f"/proc/self/fd/{f.fileno()}").startswith(self.real_root + "/")
         return index, len(data), hashlib.sha256(data).hexdigest(), local
@@ -111,6 +115,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="seconds of 'compute' per sample in the main process")
     p.add_argument("--epoch-pause", type=float, default=0.0,
                    help="seconds to sleep after each epoch (a validation phase)")
+    p.add_argument("--head", type=int, default=0, help="read only the first N bytes of each file")
     return p.parse_args(argv)
 
 
@@ -124,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     if not relpaths:
         print(f"reader: no files under {args.data}", file=sys.stderr)
         return 2
-    dataset = FileDataset(root, relpaths)
+    dataset = FileDataset(root, relpaths, args.head)
     generator = torch.Generator()
     generator.manual_seed(args.seed)
     loader = None

@@ -290,6 +290,9 @@ class Clairvoyant(Policy):
                 self.first_touch.on_opens(files[k:k + part][off], from_tier[k:k + part][off],
                                           pids[k:k + part][off])
 
+    def on_closes(self, files: np.ndarray, from_tier: np.ndarray, nbytes: np.ndarray) -> None:
+        self.epoch_log.closed_many(files, from_tier, nbytes)
+
     def _follow(self, files: np.ndarray, pids: np.ndarray) -> np.ndarray:
         """The stream position each open matched (-1: none)."""
         assert self.progress is not None
@@ -314,7 +317,7 @@ class Clairvoyant(Policy):
         position, else the reader's; none while no order is followed."""
         sizes = self._sizes[files]
         epochs = self._epochs_at(matched) if matched is not None else None
-        self.epoch_log.opened_many(epochs, from_tier, sizes, self.lead())
+        self.epoch_log.opened_many(epochs, from_tier, sizes, self.lead(), files)
 
     def _epochs_at(self, positions: np.ndarray) -> np.ndarray | None:
         """The epoch number of each stream position (-1: the reader's), None

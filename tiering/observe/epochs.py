@@ -6,7 +6,9 @@ position counts in the epoch the reader is in; opens made before the first
 epoch's order was known (the hook's order and the first opens race) count
 in the first epoch (in the one before it when the first order known is of a
 later epoch: a learnt mapping); after the reads stopped following the order, nothing is
-attributed (the totals of the summary still count them).
+attributed (the totals of the summary still count them).  The bytes read
+through a descriptor, known when it is closed (NOTE [read counters]), count
+in the epoch its file's last open counted in.
 
 Called on the daemon's event thread, read from any thread: one small lock.
 """
@@ -27,10 +29,17 @@ class EpochCount:
     opens: int = 0
     from_tiers: int = 0
     pfs_bytes: int = 0         # sizes of the files opened from the PFS (an upper bound of the bytes read)
+    pfs_read: int = 0          # bytes read through the descriptors opened on the PFS (file position at close)
+    tier_read: int = 0         # ... on tier copies
     first: float = 0.0         # time.monotonic() of the first and the last open
     last: float = 0.0
     lead_sum: int = 0          # prefetch lead (samples) summed over the opens that saw one
     lead_n: int = 0
+
+
+# where a file's last open counted (EpochLog._last): an epoch >= 0, or
+NOWHERE = -2                # no open of it counted (or after the reads stopped following)
+PENDING = -1                # with the opens before the first order
 
 
 class EpochLog:
@@ -38,22 +47,23 @@ class EpochLog:
         self._lock = threading.Lock()
         self._epochs: dict[int, EpochCount] = {}
         self._pending = EpochCount(-1)      # before any epoch was known
+        self._pending_into: int | None = None   # the epoch the pending opens went to
+        self._last = np.zeros(0, np.int32)  # by catalog id: where its last open counted
         self.unattributed = 0               # opens after the reads stopped following
+        self.unattributed_read = 0          # bytes read through them
         self._clock = clock
 
-    def opened(self, epoch: int | None, from_tier: bool, size: int, lead: int | None = None) -> None:
-        now = self._clock()
-        with self._lock:
-            rec = self._before_order() if epoch is None else self._epoch(epoch)
-            if rec is None:
-                self.unattributed += 1
-            else:
-                self._count(rec, now, 1, int(from_tier), 0 if from_tier else size, lead)
+    def opened(self, epoch: int | None, from_tier: bool, size: int, lead: int | None = None,
+               file: int | None = None) -> None:
+        files = None if file is None else np.array([file], np.int64)
+        self.opened_many(None if epoch is None else np.array([epoch]), np.array([from_tier]), np.array([size]),
+                         lead, files)
 
     def opened_many(self, epochs: np.ndarray | None, from_tier: np.ndarray, sizes: np.ndarray,
-                    lead: int | None = None) -> None:
+                    lead: int | None = None, files: np.ndarray | None = None) -> None:
         """opened() for a batch of opens (the policy's batches, from_tier a
-        bool array), one update per epoch in it."""
+        bool array; files their catalog ids, for closed_many), one update
+        per epoch in it."""
         if not len(from_tier):
             return
         now = self._clock()
@@ -64,12 +74,52 @@ class EpochLog:
                     self.unattributed += len(from_tier)
                 else:
                     self._count(rec, now, len(from_tier), int(from_tier.sum()), int(sizes[~from_tier].sum()), lead)
+                self._remember(files, None, NOWHERE if rec is None else PENDING)
                 return
             for e in np.unique(epochs).tolist():
                 sel = epochs == e
                 tier = from_tier[sel]
                 self._count(self._epoch(e), now, int(sel.sum()), int(tier.sum()),
                             int(sizes[sel][~tier].sum()), lead)
+            self._remember(files, epochs, 0)
+
+    def _remember(self, files: np.ndarray | None, epochs: np.ndarray | None, where: int) -> None:
+        """Notes where the opens of files counted (epochs, else where)."""
+        if files is None or not len(files):
+            return
+        need = int(files.max()) + 1
+        if need > len(self._last):
+            grown = np.full(max(need, 2 * len(self._last)), NOWHERE, np.int32)
+            grown[:len(self._last)] = self._last
+            self._last = grown
+        self._last[files] = where if epochs is None else epochs
+
+    def closed_many(self, files: np.ndarray, from_tier: np.ndarray, nbytes: np.ndarray) -> None:
+        """Descriptors of files closed (a batch of close events: catalog ids,
+        opened on a tier or not, bytes read through them): the bytes count
+        in the epoch where the file's last open counted."""
+        if not len(files):
+            return
+        with self._lock:
+            where = np.full(len(files), NOWHERE, np.int64)
+            known = files < len(self._last)
+            where[known] = self._last[files[known]]
+            for e in np.unique(where).tolist():
+                sel = where == e
+                rec = self._closed_in(e)
+                if rec is None:
+                    self.unattributed_read += int(nbytes[sel].sum())
+                    continue
+                tier = from_tier[sel]
+                rec.pfs_read += int(nbytes[sel][~tier].sum())
+                rec.tier_read += int(nbytes[sel][tier].sum())
+
+    def _closed_in(self, where: int) -> EpochCount | None:
+        if where == NOWHERE:
+            return None
+        if where == PENDING:
+            return self._pending if self._pending_into is None else self._epochs.get(self._pending_into)
+        return self._epochs.get(where)
 
     def _epoch(self, epoch: int) -> EpochCount:
         return self._epochs.get(epoch) or self._new(epoch)
@@ -100,8 +150,10 @@ class EpochLog:
             p = self._pending
             into = rec if epoch == 0 else self._epochs.setdefault(epoch - 1, EpochCount(epoch - 1))
             into.opens, into.from_tiers, into.pfs_bytes = p.opens, p.from_tiers, p.pfs_bytes
+            into.pfs_read, into.tier_read = p.pfs_read, p.tier_read
             into.first, into.last = p.first, p.last
             self._pending = EpochCount(-1)
+            self._pending_into = into.epoch
         return rec
 
     def records(self) -> list[dict[str, Any]]:
@@ -109,7 +161,7 @@ class EpochLog:
         time.monotonic() values; the report makes them relative)."""
         with self._lock:
             return [{"epoch": r.epoch, "opens": r.opens, "from_tiers": r.from_tiers, "pfs_bytes": r.pfs_bytes,
-                     "first": r.first, "last": r.last,
+                     "pfs_read": r.pfs_read, "tier_read": r.tier_read, "first": r.first, "last": r.last,
                      "lead": round(r.lead_sum / r.lead_n, 1) if r.lead_n else None}
                     for _, r in sorted(self._epochs.items())]
 
@@ -130,7 +182,8 @@ def _at(t: list[float], values: list[int], x: float) -> float:
 def epoch_records(per_epoch: list[dict[str, Any]], t0: float | None, series: dict[str, Any]) -> list[dict[str, Any]]:
     """The report's per-epoch records (epochs numbered from 1, times in
     seconds since COMMAND started).  COMMAND's opens are the policy's
-    counts; the daemon's PFS opens and bytes come from the time series,
+    counts, its bytes those read through its descriptors (NOTE [read
+    counters]); the daemon's PFS opens and bytes come from the time series,
     split at the epochs' first opens (what it read before the first epoch
     counts in the first, after the last in the last)."""
     if not per_epoch or t0 is None:
@@ -157,8 +210,10 @@ def epoch_records(per_epoch: list[dict[str, Any]], t0: float | None, series: dic
             "from_tiers": e["from_tiers"],
             "hit_ratio": round(e["from_tiers"] / e["opens"], 4) if e["opens"] else None,
             "pfs_opens": job_pfs + d_opens,
-            "pfs_bytes": e["pfs_bytes"] + d_bytes,
+            "pfs_bytes": e["pfs_read"] + d_bytes,
             "pfs_opens_by_job": job_pfs,
+            "pfs_bytes_read_by_job": e["pfs_read"],
+            "tier_bytes_read_by_job": e["tier_read"],
             "pfs_bytes_of_files_opened_by_job": e["pfs_bytes"],
             "pfs_bytes_read_by_daemon": d_bytes,
             "prefetch_lead": e["lead"],

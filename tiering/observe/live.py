@@ -167,6 +167,7 @@ class JobWatch:
     _scan_t0: float | None = None
     _scan_last: float = 0.0
     _last_line: float = 0.0
+    _announced: bool = False                 # "starting COMMAND" was said
     _phase: str | None = None
     _scan_dir: Path | None = None
     _scan_head: dict[str, Any] = field(default_factory=dict)
@@ -272,17 +273,25 @@ class JobWatch:
     def attach(self, info: JobInfo, probe: Probe, no_order: Callable[[], str | None]) -> None:
         self.info, self.probe, self.no_order = info, probe, no_order
 
+    def command_starting(self) -> None:
+        """Says that COMMAND starts, before it is forked: on a shared terminal
+        its first lines then come after this one, however long the daemon
+        takes to start once it is forked."""
+        if self.info is None or self.display.mode == "off" or self._announced:
+            return
+        self._announced = True
+        i = self.info
+        fits = "the data set fits" if i.fits_bytes >= i.bytes else \
+            f"{pct(i.fits_bytes / i.bytes if i.bytes else 0)} of the data set fits"
+        say("tiering: starting COMMAND; tiers " + ", ".join(f"{n} {human_bytes(c)}" for n, c in i.tiers) +
+            f": {fits}")
+
     def command_started(self, pid: int | None) -> None:
         self.t0 = self._last_line = self.clock()
         self.state = "running"
         if self.info is not None:
             self.info.command_pid = pid
-            if self.display.mode != "off":
-                i = self.info
-                fits = "the data set fits" if i.fits_bytes >= i.bytes else \
-                    f"{pct(i.fits_bytes / i.bytes if i.bytes else 0)} of the data set fits"
-                say("tiering: starting COMMAND; tiers " +
-                    ", ".join(f"{n} {human_bytes(c)}" for n, c in i.tiers) + f": {fits}")
+        self.command_starting()   # when it was not said before the fork (a node's service)
 
     def tick(self) -> dict[str, Any] | None:
         """Samples, writes the status file, says what changed; the status
@@ -316,7 +325,7 @@ class JobWatch:
         s = Sample(t=self.clock() - self.t0, tier_bytes=tiers, opens=c.get("opens", 0),
                    from_tiers=c.get("opens", 0) - c.get("opens_pfs", 0),
                    pfs_opens=c.get("opens_pfs", 0) + (snap.pfs_opens if snap else 0),
-                   pfs_bytes=(snap.pfs_bytes + snap.job_pfs_bytes) if snap else 0,
+                   pfs_bytes=(snap.pfs_bytes + snap.job_pfs_read) if snap else 0,
                    copies=snap.copies if snap else 0, copy_bytes=snap.pfs_bytes if snap else 0)
         return s, snap, rep, c
 

@@ -120,7 +120,7 @@ def _pfs_panel(ax: Any, s: dict[str, Any]) -> None:
         before = p["bytes_without_tiering"]
         diff = f" ({change(p['bytes'], before)})" if before else ""
         ax.set_title(f"PFS traffic: {human_bytes(p['bytes'])} instead of {human_bytes(before)}{diff} "
-                     "(file sizes: upper bounds)")
+                     f"({p.get('bytes_measure', 'sizes of the files opened: upper bounds')})")
     ax.set_xlabel("seconds since COMMAND started")
     ax.set_ylabel("PFS MiB/s")
     ax.set_ylim(bottom=0)

@@ -27,7 +27,7 @@ class Sample:
     opens: int                 # opens of data-set files by COMMAND, cumulative
     from_tiers: int            # of which served from a tier
     pfs_opens: int             # PFS opens of COMMAND and the daemon, cumulative
-    pfs_bytes: int             # PFS bytes: read by the daemon + sizes of the files COMMAND opened there
+    pfs_bytes: int             # PFS bytes read by the daemon and by COMMAND (NOTE [read counters])
     copies: int                # copies published, cumulative
     copy_bytes: int            # bytes the daemon read from the PFS, cumulative
 

@@ -96,6 +96,11 @@ class Policy:
         for i, t, pid in zip(files.tolist(), from_tier.tolist(), pids.tolist()):
             self.on_open(i, bool(t), pid)
 
+    def on_closes(self, files: np.ndarray, from_tier: np.ndarray, nbytes: np.ndarray) -> None:
+        """A batch of closes of descriptors of catalogued files (catalog ids,
+        opened on a tier or not, bytes read through each: NOTE [read
+        counters]), after the batch's opens."""
+
     def on_tagged(self, files: np.ndarray, tags: np.ndarray, pids: np.ndarray | None = None) -> None:
         """The opens of a batch made under a thread tag (NOTE [open tags]):
         catalog ids, tags and pids, in order; called before on_opens of the batch."""

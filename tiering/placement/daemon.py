@@ -57,6 +57,7 @@ class DaemonStats:
     events: int = 0
     placement_errors: int = 0       # exceptions raised by the policy (the job goes on)
     job_pfs_bytes: int = 0          # sizes of the files COMMAND opened from the PFS (from the events)
+    job_pfs_read: int = 0           # bytes COMMAND read through them (close events: NOTE [read counters])
     peer_fetches: int = 0           # copies fetched from another node instead of the PFS
     peer_bytes: int = 0             # their sizes
     peer_fallbacks: dict[str, int] = field(default_factory=dict)   # fetches given up, by reason: PFS copy
@@ -93,6 +94,7 @@ class DaemonSnapshot:
     events: int
     invalidated: int
     changed_sources: int
+    job_pfs_read: int = 0  # bytes COMMAND read through the files it opened from the PFS (at their closes)
 
 
 class Daemon:
@@ -338,6 +340,7 @@ class Daemon:
         from_pfs = files[opens & (kinds == lib.TIERING_EV_OPEN_PFS)]
         if from_pfs.size:   # observation (snapshot): sizes of the files COMMAND opened on the PFS
             self.stats.job_pfs_bytes += int(self._sizes_array[from_pfs].sum())
+        closes = catalogued & (kinds == lib.TIERING_EV_CLOSE)
         tagged = opens & (events["tag"] != 0)
         if tagged.any():
             self._guarded(self.policy.on_tagged, files[tagged], events["tag"][tagged].astype(np.int64),
@@ -348,6 +351,9 @@ class Daemon:
             if seg.size:
                 self._guarded(self.policy.on_opens, files[seg], kinds[seg] == lib.TIERING_EV_OPEN_TIER,
                               events["pid"][seg].astype(np.int64))
+            shut = start + np.flatnonzero(closes[start:w])
+            if shut.size:
+                self._closed(files[shut], events["tier"][shut] != 0, events["bytes"][shut].astype(np.int64))
             if w < n:
                 self._invalidate(int(files[w]))
                 # the file's other paths: NOTE [alias invalidation] in docs/design.md
@@ -355,6 +361,11 @@ class Daemon:
                     if self.file_of_slot[slot] >= 0:
                         self._invalidate(int(self.file_of_slot[slot]))
             start = w + 1
+
+    def _closed(self, files: np.ndarray, from_tier: np.ndarray, nbytes: np.ndarray) -> None:
+        """Closes of a segment of a batch, after its opens: the bytes read."""
+        self.stats.job_pfs_read += int(nbytes[~from_tier].sum())
+        self._guarded(self.policy.on_closes, files, from_tier, nbytes)
 
     def _invalidate(self, i: int) -> None:
         with self._lock:
@@ -544,6 +555,7 @@ class Daemon:
                 copies=st.copies, copy_failures=st.copy_failures, evictions=st.evictions,
                 in_flight=len(self._pending), reading=self._reading,
                 pfs_opens=st.pfs_opens, pfs_bytes=st.pfs_bytes, job_pfs_bytes=st.job_pfs_bytes,
+                job_pfs_read=st.job_pfs_read,
                 events=st.events, invalidated=st.invalidated, changed_sources=st.changed_sources)
 
     # -- reporting -------------------------------------------------------------

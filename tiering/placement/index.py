@@ -24,8 +24,8 @@ if TYPE_CHECKING:
     from ..catalog import Catalog
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent     # tiering/
-RING_MIN = 1 << 16        # ring slots at least (1.5 MiB)
-RING_MAX = 1 << 21        # ... and at most (48 MiB)
+RING_MIN = 1 << 16        # ring slots at least (2 MiB)
+RING_MAX = 1 << 21        # ... and at most (64 MiB)
 DRAIN = 1 << 16           # events copied out of the ring per call of the C helper
 
 
@@ -92,6 +92,7 @@ class Event:
     pid: int
     tier: int
     tag: int = 0     # the posting thread's tag (NOTE [open tags]), 0: none
+    bytes: int = 0   # a close: bytes read through the open file (NOTE [read counters])
 
 
 @dataclass(frozen=True)
@@ -136,7 +137,7 @@ class Credentials:
 
 # struct tiering_event as numpy sees it (checked against the header's size below)
 EVENT_DTYPE = np.dtype([("seq", "<u8"), ("entry", "<u4"), ("pid", "<u4"), ("kind", "<u2"), ("tier", "<u2"),
-                        ("tag", "<u4")])
+                        ("tag", "<u4"), ("bytes", "<u8")])
 assert EVENT_DTYPE.itemsize == ffi.sizeof("struct tiering_event"), "struct tiering_event changed"
 
 
@@ -153,7 +154,7 @@ def events_array(events: Sequence[Event]) -> np.ndarray:
     """Event records as the ring's drain gives them."""
     out = np.zeros(len(events), EVENT_DTYPE)
     for k, e in enumerate(events):
-        out[k] = (0, e.slot, e.pid, e.kind, e.tier, e.tag)
+        out[k] = (0, e.slot, e.pid, e.kind, e.tier, e.tag, e.bytes)
     return out
 
 
@@ -445,6 +446,11 @@ class SharedIndex:
             "writes": int(c.writes),
             "events_posted": int(self.header.ring_head),
             "events_dropped": int(c.events_dropped),
+            # NOTE [read counters]: by the file position at close
+            "read_pfs": int(c.read_pfs),
+            "read_tier": int(c.read_tier),
+            "closed_at_zero": int(c.closed_at_zero),
+            "closed_at_zero_bytes": int(c.closed_at_zero_bytes),
         }
 
     def drain_batch(self, force: bool = False) -> np.ndarray:
@@ -466,7 +472,7 @@ class SharedIndex:
 
     def drain(self, force: bool = False) -> list[Event]:
         """drain_batch as Event objects (for tests and tools)."""
-        return [Event(int(e["kind"]), int(e["entry"]), int(e["pid"]), int(e["tier"]), int(e["tag"]))
+        return [Event(int(e["kind"]), int(e["entry"]), int(e["pid"]), int(e["tier"]), int(e["tag"]), int(e["bytes"]))
                 for e in self.drain_batch(force)]
 
     def pending_events(self) -> int:
