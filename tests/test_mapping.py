@@ -139,6 +139,7 @@ class Tiers:
         self.capacities = [1 << 30]
         self.stopping = False
         self.pending: list[int] = []
+        self.evicted: list[int] = []
 
     def where(self, i: int) -> int:
         return -1
@@ -157,6 +158,7 @@ class Tiers:
         return True
 
     def evict(self, i: int) -> bool:
+        self.evicted.append(i)
         return False
 
     def placements(self):
@@ -193,6 +195,10 @@ def test_an_epoch_planned_from_a_partly_learnt_mapping_copies_the_other_files_on
         policy.on_opens(np.array([f[i]]), np.array([False]), np.array([8]))
     assert sorted(tiers.pending) == sorted(f)                   # every file copied, none twice
     assert len(tiers.pending) == 6
+    for i in tiers.pending:                                     # the copies land: the plan keeps them all
+        policy.on_placed(i, 0)
+    assert tiers.evicted == []
+    assert policy.planner is not None and sorted(policy.planner.resident) == sorted(f)
 
 
 def test_feed_learns_when_the_attribute_names_other_files(tmp_path, catalog):

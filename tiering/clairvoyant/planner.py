@@ -928,6 +928,19 @@ class Planner:
             return
         self._enter(f, tier)
 
+    def adopt_if_room(self, f: int, tier: int) -> bool:
+        """Whether a copy that landed on tier is held by the plan there: a
+        copy the plan did not ask for (copied on first touch, or left out by
+        a new plan while it was copied) is adopted when the plan has room for
+        it on that tier (a victim like any other later); False: it is held
+        elsewhere or does not fit."""
+        if self._tier_mv[f] >= 0:
+            return int(self._tier_mv[f]) == tier
+        if self.capacities[tier] - self.used[tier] < self._alloc_mv[f]:
+            return False
+        self._enter(f, tier)
+        return True
+
     def adopt_many(self, files: np.ndarray, tiers: np.ndarray) -> None:
         """adopt() of each (file, tier), the first of a file only, in one pass."""
         files, first = np.unique(np.asarray(files, np.int64), return_index=True)

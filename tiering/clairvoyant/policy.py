@@ -413,8 +413,8 @@ class Clairvoyant(Policy):
         return self.planner.reader + max(self.lead_floor, int(rate * self.horizon))
 
     def on_placed(self, i: int, tier: int) -> None:
-        if self.following and self.planner is not None and self.planner.resident.get(i) != tier:
-            self.placement.evict(i)  # the plan changed while it was copied
+        if self.following and self.planner is not None and not self.planner.adopt_if_room(i, tier):
+            self.placement.evict(i)  # the plan holds it elsewhere or has no room for it
         self._refill()
 
     def on_failed(self, i: int) -> None:
