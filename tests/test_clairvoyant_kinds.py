@@ -107,6 +107,9 @@ def test_a_path_built_in_getitem_is_learnt_in_epoch_1_and_followed_after(tmp_pat
     m = stats["order"]["mapping"]
     assert m["indices"] == n and m["mapped"] == n
     assert m["tagged_opens"] >= 3 * n      # every fetch of every epoch was tagged
+    # the data set fits: each file copied once and kept (a copy made on first touch while the
+    # learning epoch was planned is the plan's too)
+    assert stats["placement"]["evictions"] == 0 and stats["placement"]["copies"] == n, stats["placement"]
     assert_followed(stats, "learnt in epoch 1", 2, n, err)
     assert_served_from_epoch_2(got, n)
 
