@@ -1326,10 +1326,18 @@ EXPORT int close_range(unsigned int first, unsigned int last, int flags)
     return (int)syscall(SYS_close_range, first, last, flags);
 }
 
+/* A descriptor newfd that becomes a copy of one booked as s changes the fd
+ * book: not when neither is booked (then no system call is made), nor in a
+ * vfork child. */
+static inline int rebooks(int newfd, uint64_t s)
+{
+    return idx && newfd >= 0 && (s || tracked(newfd)) && !in_vfork_child();
+}
+
 /* newfd, a copy of oldfd, now tracks what oldfd tracked (s) */
 static inline void duplicated(int newfd, int oldfd, uint64_t s)
 {
-    if (idx && newfd >= 0 && !in_vfork_child()) {
+    if (rebooks(newfd, s)) {
         untrack(newfd); /* a stale slot (dup2's target was booked by replaced()) */
         track(newfd, s);
         if (s && newfd < MAX_TRACKED_FDS && oldfd >= 0 && oldfd < MAX_TRACKED_FDS)
@@ -1359,7 +1367,7 @@ static int dup_to(int oldfd, int newfd, int flags, int use3)
 {
     ensure_init();
     uint64_t s = tracked(oldfd);
-    uint64_t v = oldfd != newfd && idx && !in_vfork_child() ? tracked(newfd) : 0;
+    uint64_t v = oldfd != newfd && rebooks(newfd, 0) ? tracked(newfd) : 0;
     uint64_t pos = v ? position(newfd) : 0;
     int r;
     if (use3)
