@@ -467,27 +467,32 @@ static __attribute__((noinline)) void closed_at(int fd, uint64_t v, uint64_t pos
     post(TIERING_EV_CLOSE, slot, (uint16_t)where, bytes);
 }
 
+/* What the fd book held for fd, now cleared (0: nothing; the book is
+ * written only when it held something). */
+static inline uint64_t unbook(int fd)
+{
+    if (idx && fd >= 0 && fd < MAX_TRACKED_FDS && __atomic_load_n(&fd_book[fd], __ATOMIC_RELAXED))
+        return __atomic_exchange_n(&fd_book[fd], 0, __ATOMIC_RELAXED);
+    return 0;
+}
+
 /* fd is about to be closed: forget it, book what was read through it and
  * post a close event */
 static inline void closing(int fd)
 {
-    if (idx && fd >= 0 && fd < MAX_TRACKED_FDS && __atomic_load_n(&fd_book[fd], __ATOMIC_RELAXED)) {
-        uint64_t v = __atomic_exchange_n(&fd_book[fd], 0, __ATOMIC_RELAXED);
-        if ((uint32_t)v)
-            closed_at(fd, v, position(fd));
-    }
+    uint64_t v = unbook(fd);
+    if ((uint32_t)v)
+        closed_at(fd, v, position(fd));
 }
 
 /* fd's number now names another file (its file was closed behind our back,
  * with no position left to read): forget it and post a close event */
 static inline void untrack(int fd)
 {
-    if (idx && fd >= 0 && fd < MAX_TRACKED_FDS && __atomic_load_n(&fd_book[fd], __ATOMIC_RELAXED)) {
-        uint64_t v = __atomic_exchange_n(&fd_book[fd], 0, __ATOMIC_RELAXED);
-        if ((uint32_t)v) {
-            share_leave(fd);
-            post(TIERING_EV_CLOSE, (uint32_t)v - 1, (uint16_t)(v >> 32), 0);
-        }
+    uint64_t v = unbook(fd);
+    if ((uint32_t)v) {
+        share_leave(fd);
+        post(TIERING_EV_CLOSE, (uint32_t)v - 1, (uint16_t)(v >> 32), 0);
     }
 }
 
