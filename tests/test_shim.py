@@ -434,6 +434,19 @@ def test_a_forked_child_closing_an_inherited_descriptor_leaves_the_count_to_the_
     assert sorted(e.bytes for e in closes) == [0, 200] and len({e.pid for e in closes}) == 2
 
 
+def test_threads_duplicating_and_closing_one_file_at_once_post_one_close_each(shimenv, cbin):
+    """The ring of an open file's duplicates is not locked: threads that dup
+    and close it at once may miscount its bytes, but every descriptor posts
+    exactly one close, the counters agree with the events, and no close
+    hangs (the walk of a broken ring is bounded)."""
+    rel = "a/two.bin"
+    n, c, closes = read_through(shimenv, cbin, rel, "threads")
+    assert n == 4 * 5000
+    assert len(closes) == 1 + 4 * 5000
+    assert all(e.slot == shimenv.slots[rel] and e.tier == 0 for e in closes)
+    assert c["read_pfs"] == sum(e.bytes for e in closes) and c["read_tier"] == 0
+
+
 def test_numpy_fromfile_of_a_python_file_counts_the_file_once(shimenv):
     """np.fromfile(f) duplicates f's descriptor, reads through a FILE* of the
     duplicate, fcloses it and moves f to where it stopped: one open file."""
