@@ -148,11 +148,12 @@ EXPORT int tiering_scan_stat(const char *dir, const char *names, const uint8_t *
     for (uint64_t k = 0; k < count; k++, names += strlen(names) + 1) {
         struct tiering_scan_stat *o = &out[k];
         struct stat st;
+        int have = 0; /* st holds the entry's stat: the lstat of one that is no symlink */
         if (types[k] == DT_LNK)
             o->link = 1;
         else if (types[k] == DT_UNKNOWN && syscall(SYS_newfstatat, fd, names, &st, AT_SYMLINK_NOFOLLOW) == 0)
-            o->link = S_ISLNK(st.st_mode);
-        if (syscall(SYS_newfstatat, fd, names, &st, 0) != 0)
+            have = !(o->link = S_ISLNK(st.st_mode));
+        if (!have && syscall(SYS_newfstatat, fd, names, &st, 0) != 0)
             continue;
         o->ok = 1;
         o->size = st.st_size;

@@ -385,50 +385,47 @@ static inline uint64_t tracked(int fd)
     return (fd >= 0 && fd < MAX_TRACKED_FDS) ? __atomic_load_n(&fd_book[fd], __ATOMIC_RELAXED) : 0;
 }
 
-/* NOTE [read counters]: the descriptors of one open file (an fd and its
- * duplicates) form a ring through next; each holds the file position up to
- * which that open file's reads were posted already (credited) and the
- * process that opened it (owner).  Meaningful while fd_book[fd] is set. */
-struct fd_share {
-    uint32_t next;
+/* NOTE [read counters]: each open file a catalogued open made (an fd and
+ * its duplicates share it) has a cell: how many booked descriptors of this
+ * process refer to it (refs), the process that opened it (owner) and the
+ * file position up to which its reads were booked (credited, only raised,
+ * atomically, by the closes).  fd_cell[fd] names the cell of a booked fd
+ * (NO_CELL: none).  No lock, no walk: threads that dup and close one file
+ * at once book its bytes once. */
+struct open_file {
+    uint32_t refs;
     uint32_t owner;
     uint64_t credited;
 };
-static struct fd_share fd_share[MAX_TRACKED_FDS];
+#define NO_CELL UINT32_MAX
+static struct open_file open_files[MAX_TRACKED_FDS];
+static uint32_t fd_cell[MAX_TRACKED_FDS];
 
-/* fd (tracked, in range) is an open file of its own, opened here */
-static inline void share_alone(int fd)
-{
-    fd_share[fd] = (struct fd_share){.next = (uint32_t)fd, .owner = my_pid, .credited = 0};
-}
-
-/* newfd, a duplicate of oldfd (both tracked, in range), joins its ring */
-static inline void share_join(int newfd, int oldfd)
-{
-    struct fd_share *o = &fd_share[oldfd];
-    fd_share[newfd] = (struct fd_share){.next = o->next, .owner = o->owner, .credited = o->credited};
-    o->next = (uint32_t)newfd;
-}
-
-/* fd leaves its ring: another member of it, or fd when it was the last.
- * The walk is bounded: a ring that threads closing duplicates of one file
- * at once broke costs counted bytes, never a hang. */
-static int share_leave(int fd)
+/* fd (booked, in range) is an open file of its own, opened here: it takes
+ * a free cell, fd's own number first.  A cell is held by a booked fd each,
+ * fd not among them: one is free but after races of dup with close. */
+static inline void file_opened(int fd)
 {
     uint32_t k = (uint32_t)fd;
-    for (int n = 0; n < MAX_TRACKED_FDS; n++) {
-        uint32_t next = fd_share[k].next;
-        if (next >= MAX_TRACKED_FDS)
-            break;
-        if (next == (uint32_t)fd) {
-            fd_share[k].next = fd_share[fd].next;
-            fd_share[fd].next = (uint32_t)fd;
-            return (int)k == fd ? fd : (int)fd_share[k].next;
+    for (int n = 0; n < MAX_TRACKED_FDS; n++, k = (k + 1) % MAX_TRACKED_FDS) {
+        uint32_t unused = 0;
+        if (__atomic_compare_exchange_n(&open_files[k].refs, &unused, 1, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) {
+            open_files[k].owner = my_pid;
+            __atomic_store_n(&open_files[k].credited, 0, __ATOMIC_RELAXED);
+            fd_cell[fd] = k;
+            return;
         }
-        k = next;
     }
-    fd_share[fd].next = (uint32_t)fd;
-    return fd;
+    fd_cell[fd] = NO_CELL;
+}
+
+/* newfd, a duplicate of oldfd (both booked, in range), shares its cell */
+static inline void file_duplicated(int newfd, int oldfd)
+{
+    uint32_t k = fd_cell[oldfd];
+    fd_cell[newfd] = k;
+    if (k != NO_CELL)
+        __atomic_add_fetch(&open_files[k].refs, 1, __ATOMIC_RELAXED);
 }
 
 /* The file position of fd, 0 when it has none (errno untouched). */
@@ -443,51 +440,65 @@ static inline uint64_t position(int fd)
 /* The descriptor fd, booked as v, is closed at file position pos: books
  * the bytes read through its open file since the last close of one of its
  * duplicates, and posts the close.  A descriptor inherited from the parent
- * (a forked child) posts none: the parent's own close does. */
+ * (a forked child) books no bytes: the parent's own close does. */
 static __attribute__((noinline)) void closed_at(int fd, uint64_t v, uint64_t pos)
 {
-    uint32_t slot = (uint32_t)v - 1, where = (uint32_t)(v >> 32);
-    struct fd_share *sh = &fd_share[fd];
-    uint64_t done = sh->credited, bytes = 0;
-    int mine = sh->owner == my_pid, other = share_leave(fd);
-    if (mine && pos > done) {
-        bytes = pos - done;
-        count(where ? &idx->counters.read_tier : &idx->counters.read_pfs, bytes);
-        int k = other;
-        for (int n = 0; k != fd && n < MAX_TRACKED_FDS; n++) {
-            fd_share[k].credited = pos;
-            if ((k = (int)fd_share[k].next) == other)
-                break;
+    uint32_t slot = (uint32_t)v - 1, where = (uint32_t)(v >> 32), k = fd_cell[fd];
+    uint64_t bytes = 0;
+    if (k != NO_CELL) {
+        struct open_file *o = &open_files[k];
+        /* fd is the file's last descriptor (the common case): no other
+         * close can race with this one, which needs no atomic update */
+        int mine = o->owner == my_pid, last = __atomic_load_n(&o->refs, __ATOMIC_ACQUIRE) == 1;
+        uint64_t done = __atomic_load_n(&o->credited, __ATOMIC_RELAXED);
+        while (!last && mine && pos > done &&
+               !__atomic_compare_exchange_n(&o->credited, &done, pos, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+            ;
+        if (mine && pos > done) {
+            bytes = pos - done;
+            count(where ? &idx->counters.read_tier : &idx->counters.read_pfs, bytes);
+        }
+        /* the cell is free for another open once refs drops to 0 */
+        if (last)
+            __atomic_store_n(&o->refs, 0, __ATOMIC_RELEASE);
+        else
+            last = __atomic_sub_fetch(&o->refs, 1, __ATOMIC_RELEASE) == 0;
+        if (last && mine && !pos && !done) {
+            count(&idx->counters.closed_at_zero, 1);
+            count(&idx->counters.closed_at_zero_bytes, entries[slot].size);
         }
     }
-    if (mine && other == fd && !pos && !done) {
-        count(&idx->counters.closed_at_zero, 1);
-        count(&idx->counters.closed_at_zero_bytes, entries[slot].size);
-    }
     post(TIERING_EV_CLOSE, slot, (uint16_t)where, bytes);
+}
+
+/* What the fd book held for fd, now cleared (0: nothing; the book is
+ * written only when it held something). */
+static inline uint64_t unbook(int fd)
+{
+    if (idx && fd >= 0 && fd < MAX_TRACKED_FDS && __atomic_load_n(&fd_book[fd], __ATOMIC_RELAXED))
+        return __atomic_exchange_n(&fd_book[fd], 0, __ATOMIC_RELAXED);
+    return 0;
 }
 
 /* fd is about to be closed: forget it, book what was read through it and
  * post a close event */
 static inline void closing(int fd)
 {
-    if (idx && fd >= 0 && fd < MAX_TRACKED_FDS && __atomic_load_n(&fd_book[fd], __ATOMIC_RELAXED)) {
-        uint64_t v = __atomic_exchange_n(&fd_book[fd], 0, __ATOMIC_RELAXED);
-        if ((uint32_t)v)
-            closed_at(fd, v, position(fd));
-    }
+    uint64_t v = unbook(fd);
+    if ((uint32_t)v)
+        closed_at(fd, v, position(fd));
 }
 
 /* fd's number now names another file (its file was closed behind our back,
  * with no position left to read): forget it and post a close event */
 static inline void untrack(int fd)
 {
-    if (idx && fd >= 0 && fd < MAX_TRACKED_FDS && __atomic_load_n(&fd_book[fd], __ATOMIC_RELAXED)) {
-        uint64_t v = __atomic_exchange_n(&fd_book[fd], 0, __ATOMIC_RELAXED);
-        if ((uint32_t)v) {
-            share_leave(fd);
-            post(TIERING_EV_CLOSE, (uint32_t)v - 1, (uint16_t)(v >> 32), 0);
-        }
+    uint64_t v = unbook(fd);
+    if ((uint32_t)v) {
+        uint32_t k = fd_cell[fd];
+        if (k != NO_CELL)
+            __atomic_sub_fetch(&open_files[k].refs, 1, __ATOMIC_RELEASE);
+        post(TIERING_EV_CLOSE, (uint32_t)v - 1, (uint16_t)(v >> 32), 0);
     }
 }
 
@@ -1061,9 +1072,9 @@ static void opened(int fd, int64_t slot, int tier)
     } else {
         post(TIERING_EV_OPEN_PFS, (uint32_t)slot, 0, 0);
     }
-    track(fd, fd_book_value(slot, tier));
     if (fd >= 0 && fd < MAX_TRACKED_FDS)
-        share_alone(fd);
+        file_opened(fd);
+    track(fd, fd_book_value(slot, tier));
 }
 
 /* The catalogued part of a read-only open: everything below a data root,
@@ -1326,14 +1337,22 @@ EXPORT int close_range(unsigned int first, unsigned int last, int flags)
     return (int)syscall(SYS_close_range, first, last, flags);
 }
 
+/* A descriptor newfd that becomes a copy of one booked as s changes the fd
+ * book: not when neither is booked (then no system call is made), nor in a
+ * vfork child. */
+static inline int rebooks(int newfd, uint64_t s)
+{
+    return idx && newfd >= 0 && (s || tracked(newfd)) && !in_vfork_child();
+}
+
 /* newfd, a copy of oldfd, now tracks what oldfd tracked (s) */
 static inline void duplicated(int newfd, int oldfd, uint64_t s)
 {
-    if (idx && newfd >= 0 && !in_vfork_child()) {
+    if (rebooks(newfd, s)) {
         untrack(newfd); /* a stale slot (dup2's target was booked by replaced()) */
-        track(newfd, s);
         if (s && newfd < MAX_TRACKED_FDS && oldfd >= 0 && oldfd < MAX_TRACKED_FDS)
-            share_join(newfd, oldfd);
+            file_duplicated(newfd, oldfd);
+        track(newfd, s);
     }
 }
 
@@ -1359,7 +1378,7 @@ static int dup_to(int oldfd, int newfd, int flags, int use3)
 {
     ensure_init();
     uint64_t s = tracked(oldfd);
-    uint64_t v = oldfd != newfd && idx && !in_vfork_child() ? tracked(newfd) : 0;
+    uint64_t v = oldfd != newfd && rebooks(newfd, 0) ? tracked(newfd) : 0;
     uint64_t pos = v ? position(newfd) : 0;
     int r;
     if (use3)

@@ -942,6 +942,24 @@ def test_the_scan_in_c_gives_the_catalog_of_os_scandir(tmp_path: Path, monkeypat
         s.st_size, s.st_mtime_ns, s.st_dev, s.st_ino, s.st_mode, s.st_ctime_ns, s.st_blocks)
 
 
+def test_the_scan_in_c_stats_entries_of_unknown_type_as_those_of_known_type(tmp_path: Path) -> None:
+    """A file system that gives no d_type (DT_UNKNOWN, 0): each entry is
+    lstat'ed to tell a symlink; the records are those taken with d_type."""
+    root = tmp_path / "d"
+    odd_tree(root)
+    from tiering.catalog.scan import _listing, _stat_names
+
+    def stats(d: Path, known: bool) -> np.ndarray:
+        listing = _listing(str(d))
+        assert listing.types.all()               # this file system gives every d_type
+        return _stat_names(str(d), listing if known else replace(listing, types=np.zeros_like(listing.types)))
+    for d in [root, root / "big", root / "a"]:
+        assert np.array_equal(stats(d, False), stats(d, True))
+    big, top = stats(root / "big", False), stats(root, False)
+    assert big["link"].sum() == 1 and big["ok"].all()                # big/link.jpg
+    assert top["link"].sum() == 2 and (top["ok"] == 0).sum() == 1    # zlink, and the dangling link
+
+
 def test_the_scan_in_c_reports_an_unreadable_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = tmp_path / "d"
     touch(root / "ok" / "f.bin")

@@ -134,6 +134,53 @@ def test_a_source_growing_or_shrinking_while_copied_is_refused(tmp_path, reads, 
     assert list(tier.staging.iterdir()) == []
 
 
+def test_a_chunked_copy_that_fails_to_start_a_helper_ends_only_when_no_helper_copies(tmp_path, reads, monkeypatch):
+    """A helper of the chunk pool that cannot be started (a limit on threads)
+    fails the copy; the copy ends (closing its descriptors) only once no
+    helper copies a range through them any more: a helper's write through a
+    number that another copy reused would corrupt that copy."""
+    from tiering.placement import tiers
+    data, _ = _source(tmp_path, {"big.bin": 6 * MIB})
+    tier = _tier(tmp_path)
+    f = _file(data, "big.bin")
+    entered, release = threading.Event(), threading.Event()
+    real_submit, real_range = reads.submit, tiers._copy_range
+    submitted = [0]
+
+    def submit(fn):  # type: ignore[no-untyped-def]
+        submitted[0] += 1
+        if submitted[0] > 1:
+            assert entered.wait(60)      # the first helper is copying a range
+            raise RuntimeError("can't start new thread")
+        real_submit(fn)
+
+    def copy_range(*args):  # type: ignore[no-untyped-def]
+        if threading.current_thread().name.startswith("tiering-chunk"):
+            entered.set()
+            release.wait(60)
+        return real_range(*args)
+    monkeypatch.setattr(reads, "submit", submit)
+    monkeypatch.setattr(tiers, "_copy_range", copy_range)
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            copy_file(str(data / "big.bin"), f, tier, threading.Event(), lambda n: None, reads)
+        except RuntimeError as e:
+            errors.append(e)
+    t = threading.Thread(target=run)
+    t.start()
+    try:
+        assert entered.wait(60)
+        t.join(1.0)                      # a bound: the copy waits for its helper
+        assert t.is_alive(), "the copy ended while a helper was copying through its descriptors"
+    finally:
+        release.set()
+        t.join(60)
+    assert [str(e) for e in errors] == ["can't start new thread"]
+    assert not tier.copy_path(f).exists() and list(tier.staging.iterdir()) == []
+
+
 @pytest.mark.parametrize("size", [5 * MIB, 1000])
 def test_an_error_of_the_counting_callback_reaches_the_caller(tmp_path, reads, size):
     data, _ = _source(tmp_path, {"big.bin": size})

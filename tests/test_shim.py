@@ -434,6 +434,22 @@ def test_a_forked_child_closing_an_inherited_descriptor_leaves_the_count_to_the_
     assert sorted(e.bytes for e in closes) == [0, 200] and len({e.pid for e in closes}) == 2
 
 
+def test_threads_duplicating_and_closing_one_file_at_once_count_its_bytes_once(shimenv, cbin):
+    """Threads that dup, read and close one open file at once: every
+    descriptor posts exactly one close, and the bytes read through the file
+    are booked once (its cell is raised atomically, no lock, no walk)."""
+    rel = "a/two.bin"
+    booked = 0
+    for _ in range(3):   # a race: each run is one more chance for a miscount to show
+        n, c, closes = read_through(shimenv, cbin, rel, "threads")
+        assert n == 4 * 5000
+        assert len(closes) == 1 + 4 * 5000
+        assert all(e.slot == shimenv.slots[rel] and e.tier == 0 for e in closes)
+        assert sum(e.bytes for e in closes) == n
+        assert c["read_pfs"] - booked == n and c["read_tier"] == c["closed_at_zero"] == 0
+        booked = c["read_pfs"]
+
+
 def test_numpy_fromfile_of_a_python_file_counts_the_file_once(shimenv):
     """np.fromfile(f) duplicates f's descriptor, reads through a FILE* of the
     duplicate, fcloses it and moves f to where it stopped: one open file."""

@@ -11,9 +11,13 @@
  *   readpos PATH pread     open, pread the whole file, close (position 0)
  *   readpos PATH fork      open, read 100, fork: the child closes its copy of
  *                          the fd and exits, the parent reads 100 more, closes
+ *   readpos PATH threads   open; 4 threads at once, 5,000 times each: dup the
+ *                          fd, read 1 byte through the duplicate, close it;
+ *                          then close the fd
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +37,24 @@ static long take(int fd, long n)
         got += r;
     }
     return got;
+}
+
+#define THREADS 4
+#define ROUNDS 5000
+
+static int shared_fd;
+
+static void *dup_read_close(void *got)
+{
+    char c;
+    for (int k = 0; k < ROUNDS; k++) {
+        int d = dup(shared_fd);
+        if (d < 0)
+            break;
+        *(long *)got += read(d, &c, 1) == 1;
+        close(d);
+    }
+    return NULL;
 }
 
 int main(int argc, char **argv)
@@ -93,6 +115,18 @@ int main(int argc, char **argv)
         int status;
         waitpid(pid, &status, 0);
         total += take(fd, 100);
+        close(fd);
+    } else if (strcmp(mode, "threads") == 0) {
+        pthread_t t[THREADS];
+        long got[THREADS] = {0};
+        shared_fd = fd;
+        for (int k = 0; k < THREADS; k++)
+            if (pthread_create(&t[k], NULL, dup_read_close, &got[k]) != 0)
+                return 1;
+        for (int k = 0; k < THREADS; k++) {
+            pthread_join(t[k], NULL);
+            total += got[k];
+        }
         close(fd);
     } else {
         return 2;

@@ -115,7 +115,6 @@ class Daemon:
         self._lock = threading.Lock()
         self.pfs_threads = max(1, pfs_threads)
         self._reads = PfsReads(self.pfs_threads)   # NOTE [chunked copy]
-        self._pfs = self._reads.semaphore
         self._stop = threading.Event()
         # catalog index by slot, and where each file is (tier or NOT_PLACED)
         self.file_of_slot = np.full(int(index.header.nslots), -1, np.int32)
@@ -422,7 +421,7 @@ class Daemon:
 
     def _copy_from_pfs(self, src: str, f: CatalogFile, t: TierState) -> int | None:
         """A copy read from the PFS, inside its semaphore."""
-        with self._pfs:
+        with self._reads.semaphore:
             with self._lock:
                 self.stats.pfs_opens += 1
                 self._reading += 1

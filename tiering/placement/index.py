@@ -135,10 +135,20 @@ class Credentials:
         return cls(os.geteuid(), os.getegid(), tuple(sorted(set(os.getgroups()))))
 
 
-# struct tiering_event as numpy sees it (checked against the header's size below)
-EVENT_DTYPE = np.dtype([("seq", "<u8"), ("entry", "<u4"), ("pid", "<u4"), ("kind", "<u2"), ("tier", "<u2"),
-                        ("tag", "<u4"), ("bytes", "<u8")])
-assert EVENT_DTYPE.itemsize == ffi.sizeof("struct tiering_event"), "struct tiering_event changed"
+_NUMPY_OF_C = {"uint64_t": "<u8", "int64_t": "<i8", "uint32_t": "<u4", "uint16_t": "<u2", "uint8_t": "|u1"}
+
+
+def numpy_dtype(struct: str) -> np.dtype:
+    """The numpy dtype of a struct of tiering.h (its scalar fields), from
+    cffi's offsets: one definition of the layout for numpy too."""
+    fields = [(name, f) for name, f in ffi.typeof(struct).fields if f.type.cname in _NUMPY_OF_C]
+    return np.dtype({"names": [n for n, _ in fields], "formats": [_NUMPY_OF_C[f.type.cname] for _, f in fields],
+                     "offsets": [f.offset for _, f in fields], "itemsize": ffi.sizeof(struct)})
+
+
+# struct tiering_event as numpy sees it; events_array fills its fields in
+# the header's order
+EVENT_DTYPE = numpy_dtype("struct tiering_event")
 
 
 def ring_events(files: int) -> int:
@@ -175,17 +185,6 @@ def _table_slots(n: int) -> int:
     if slots > 1 << 31:
         raise ValueError(f"{n} files are more than the index can hold")
     return slots
-
-
-_NUMPY_OF_C = {"uint64_t": "<u8", "int64_t": "<i8", "uint32_t": "<u4", "uint16_t": "<u2", "uint8_t": "|u1"}
-
-
-def numpy_dtype(struct: str) -> np.dtype:
-    """The numpy dtype of a struct of tiering.h (its scalar fields), from
-    cffi's offsets: one definition of the layout for numpy too."""
-    fields = [(name, f) for name, f in ffi.typeof(struct).fields if f.type.cname in _NUMPY_OF_C]
-    return np.dtype({"names": [n for n, _ in fields], "formats": [_NUMPY_OF_C[f.type.cname] for _, f in fields],
-                     "offsets": [f.offset for _, f in fields], "itemsize": ffi.sizeof(struct)})
 
 
 U32 = 1 << 32

@@ -465,12 +465,14 @@ class _Ranges:
     def copy(self, reads: PfsReads) -> int | None:
         """Copies every range; the bytes copied up to the first short range
         (end of file: the source shrank), None when stopped or failed."""
-        for _ in range(min(len(self.ranges), max(1, reads.slots)) - 1):
-            reads.submit(lambda: self._help(reads.semaphore))
-        self._run()
-        with self._cond:
-            self._next = len(self.ranges)      # helpers not started yet take nothing
-            self._cond.wait_for(lambda: not self._busy)
+        try:
+            for _ in range(min(len(self.ranges), max(1, reads.slots)) - 1):
+                reads.submit(lambda: self._help(reads.semaphore))
+            self._run()
+        finally:   # a helper that failed to start ends the copy too: the fds close when no range is copied
+            with self._cond:
+                self._next = len(self.ranges)      # helpers not started yet take nothing
+                self._cond.wait_for(lambda: not self._busy)
         if self.progress.error is not None or self.progress.stop.is_set():
             return None
         total = 0
