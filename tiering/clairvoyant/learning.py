@@ -15,18 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .mapping import Learner
-
-
-def occurrences(indices: np.ndarray) -> np.ndarray:
-    """For each position, how many earlier positions hold the same index."""
-    by_index = np.argsort(indices, kind="stable")
-    s = indices[by_index]
-    starts = np.flatnonzero(np.r_[True, s[1:] != s[:-1]]) if len(s) else np.zeros(0, np.int64)
-    rank = np.arange(len(s)) - np.repeat(starts, np.diff(np.r_[starts, len(s)]))
-    out = np.empty(len(indices), np.int32)
-    out[by_index] = rank
-    return out
+from .mapping import Learner, occurrences
 
 
 @dataclass
@@ -67,14 +56,8 @@ class LiveEpoch:
             return inside
         first = learner.rows[indices, 0] == files
         fetch = first & ~np.r_[False, (tags[1:] == tags[:-1]) & (files[1:] == files[:-1])]
-        # the fetches of the same index before each open, this batch included
-        by_index = np.argsort(indices, kind="stable")
-        s = indices[by_index]
-        cum = np.cumsum(fetch[by_index])
-        starts = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])
-        before = np.r_[0, cum][starts]
-        nth = np.empty(len(indices), np.int64)
-        nth[by_index] = cum - np.repeat(before, np.diff(np.r_[starts, len(s)]))
+        # the fetches of the same index up to each open, this batch's included
+        nth = occurrences(indices, fetch) + fetch
         inside[np.flatnonzero(ok)] = self.taken[indices] + nth <= self.counts[indices]
         np.add.at(self.taken, indices[fetch], 1)
         return inside

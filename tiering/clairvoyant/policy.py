@@ -15,7 +15,7 @@ from ..observe.epochs import EpochLog
 from ..placement.api import Placement, Policy
 from ..placement.policies import FirstTouch
 from .feeds import EpochOrder, HookFeed, ListFeed
-from .learning import occurrences
+from .mapping import occurrences
 from .planner import FETCH, Actions, Planner
 from .progress import Progress
 
