@@ -4,8 +4,10 @@ of its positions have been read (from the tagged opens), and, as indices
 become known, the positions ahead of the reader that can now be planned.
 
 Memory: the epoch's indices (int64) and each position's occurrence number
-(int32) per position; per index its occurrences, those read and whether
-it was known when last planned: 13 bytes a position and 9 an index.  Work: numpy per
+(int32) per position, and the next epoch's indices (int64) when the hook
+predicted them; per index its occurrences, those read and whether it was
+known when last planned: 12 bytes a position (20 with the next epoch's)
+and 9 an index.  Work: numpy per
 drained batch over its tagged opens; numpy over the epoch only when enough
 new indices were learnt to be worth a new plan.
 """
