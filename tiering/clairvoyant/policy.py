@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -88,7 +89,7 @@ class Clairvoyant(Policy):
         p = self.placement
         caps = [int(c * self.margin) for c in p.capacities]
         self.planner = Planner(p.sizes, caps, window=self.window, pinned=self.pinned)
-        placed = np.array(list(p.placements()), np.int64).reshape(-1, 2)
+        placed = np.fromiter(chain.from_iterable(p.placements()), np.int64).reshape(-1, 2)   # no list of tuples
         self.planner.adopt_many(placed[:, 0], placed[:, 1])
         self.progress = Progress(self.planner, window=max(256, 4 * self.window))
         self.epoch_starts, self.epochs = [], []
