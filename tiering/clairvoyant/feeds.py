@@ -90,7 +90,7 @@ class HookFeed:
         self.dir = order_dir
         self.paths = PathIndex(catalog)
         self.catalog = catalog
-        self._dirs = np.asarray(catalog.files.dir, np.int64)
+        self._dirs = catalog.files.dir         # int32 per file, the catalog's own (no copy)
         self.loaders: dict[int, _Loader] = {}
         self.learners: dict[int, Learner] = {}   # tag space -> what its opens taught
         self.clashes: set[int] = set()           # spaces of two data sets of different lengths: not learnt
