@@ -336,3 +336,42 @@ def test_an_index_reading_an_image_and_a_mask_in_each_fetch_is_one_data_set(tmp_
 
 def message_to(d: Path, name: str, msg: dict) -> None:
     (d / f"{name}.json").write_text(json.dumps(msg))
+
+
+def test_the_gain_kept_batch_by_batch_is_the_count_over_the_whole_epoch():
+    """LiveEpoch.gain (what decides a new plan, looked at every poll) is kept
+    as batches teach and read, not counted over the epoch at each look: it
+    equals the count over the epoch after every batch, every plan and
+    whatever the draws (repeats, an index's second file, the same open
+    twice, opens of the next epoch, indices out of range)."""
+    from tiering.clairvoyant.learning import LiveEpoch
+    from tiering.clairvoyant.mapping import Learner
+
+    def counted(live: LiveEpoch, learner: Learner) -> int:
+        idx = live.indices
+        ahead = (learner.count > 0)[idx] & (live.occ >= live.taken[idx])
+        return int(np.count_nonzero(ahead & ~live.known[idx]))
+
+    rng = np.random.default_rng(5)
+    for trial in range(30):
+        n = int(rng.integers(5, 60))
+        learner = Learner(n)
+        learner.learn(rng.integers(0, n, 3), rng.integers(0, n, 3))     # a pass before: some indices known
+        live = LiveEpoch(0, 1, SPACE, rng.integers(-2, n + 2, int(rng.integers(1, 3 * n))), None, n)
+        live.start(learner)
+        assert live.gain == counted(live, learner), trial
+        stream = np.r_[live.indices, rng.integers(0, n, n)]      # then the next epoch's first reads
+        at = 0
+        while at < len(stream):
+            k = int(rng.integers(1, 12))
+            idx = stream[at:at + k]
+            at += k
+            idx = np.repeat(idx, rng.integers(1, 3, len(idx)))    # an open twice, or the second file
+            files = np.where(rng.random(len(idx)) < 0.8, idx, idx + n)
+            tags = (SPACE << TAG_BITS) | (idx + 1)
+            live.learn(learner, idx, files)
+            live.read(idx, files, tags, learner)
+            assert live.gain == counted(live, learner), (trial, at)
+            if rng.random() < 0.2:
+                live.planned(learner)
+                assert live.gain == counted(live, learner) == 0

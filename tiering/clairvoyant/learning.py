@@ -35,6 +35,7 @@ class LiveEpoch:
     taken: np.ndarray = field(init=False)    # per index: occurrences read so far
     known: np.ndarray = field(init=False)    # per index: mapped when the epoch was last planned
     marked: int = 0                          # indices learnt when the epoch was last planned
+    gain: int = 0       # positions not read yet whose index is mapped now and was not then (kept as it changes)
 
     def __post_init__(self) -> None:
         ok = (self.indices >= 0) & (self.indices < self.length)
@@ -43,6 +44,22 @@ class LiveEpoch:
         self.counts = np.bincount(self.indices, minlength=self.length).astype(np.int32)
         self.taken = np.zeros(self.length, np.int32)
         self.known = np.zeros(self.length, bool)
+
+    def start(self, learner: Learner) -> None:
+        """The epoch begins with what the learner knows now (none of it planned here)."""
+        self.marked = learner.learnt
+        self.gain = int(self.counts[learner.count > 0].sum())
+
+    def learn(self, learner: Learner, indices: np.ndarray, files: np.ndarray) -> None:
+        """learner.learn() of a batch's tagged opens of this space; the
+        positions of the indices it mapped first add to gain (none of them
+        was read: a read is a fetch, an open of the index's mapped first file)."""
+        ok = (indices >= 0) & (indices < self.length)
+        fresh = np.unique(indices[ok])
+        fresh = fresh[learner.count[fresh] == 0]
+        learner.learn(indices, files)
+        fresh = fresh[learner.count[fresh] > 0]
+        self.gain += int(self.counts[fresh].sum())
 
     def read(self, indices: np.ndarray, files: np.ndarray, tags: np.ndarray, learner: Learner) -> np.ndarray:
         """Counts the fetches among a batch's tagged opens of this space (an
@@ -60,7 +77,10 @@ class LiveEpoch:
         fetch = first & ~np.r_[False, (tags[1:] == tags[:-1]) & (files[1:] == files[:-1])]
         # the fetches of the same index up to each open, this batch's included
         nth = occurrences(indices, fetch) + fetch
-        inside[np.flatnonzero(ok)] = self.taken[indices] + nth <= self.counts[indices]
+        this = self.taken[indices] + nth <= self.counts[indices]
+        inside[np.flatnonzero(ok)] = this
+        # a fetch maps its index (its first file): a position read that gain counted
+        self.gain -= int(np.count_nonzero(this & fetch & ~self.known[indices]))
         np.add.at(self.taken, indices[fetch], 1)
         return inside
 
@@ -69,15 +89,13 @@ class LiveEpoch:
         grown = learner.learnt - self.marked
         return grown >= least and learner.learnt >= self.marked * (1 + share)
 
-    def upcoming(self, learner: Learner) -> tuple[np.ndarray, int]:
-        """The indices of the positions not read yet whose index is known
-        now, and how many of them were not known at the last plan."""
-        known = learner.count > 0
+    def upcoming(self, learner: Learner) -> np.ndarray:
+        """The indices of the positions not read yet whose index is known now."""
         idx = self.indices
-        ahead = known[idx] & (self.occ >= self.taken[idx])
-        return idx[ahead], int(np.count_nonzero(ahead & ~self.known[idx]))
+        return idx[(learner.count > 0)[idx] & (self.occ >= self.taken[idx])]
 
     def planned(self, learner: Learner) -> None:
         """The epoch was planned with what the learner knows now."""
         self.known = learner.count > 0
         self.marked = learner.learnt
+        self.gain = 0
