@@ -182,7 +182,7 @@ class Clairvoyant(Policy):
         assert isinstance(feed, HookFeed)
         if key != feed.main or self.diverged:
             return
-        if key != self._loader or again:  # a new main loader (e.g. after a validation pass)
+        if key != self._loader or again:  # a new main loader (e.g. after a validation pass), or a re-plan
             self._loader = key
             self.predicted.clear()
             self._partial.clear()
