@@ -265,6 +265,24 @@ def test_a_learning_epoch_without_repeats_is_not_planned_again(tmp_path):
     assert job.daemon.copies == 40 and job.daemon.evictions == 0
 
 
+def test_a_learning_epoch_without_repeats_is_not_scanned_at_each_poll(tmp_path, monkeypatch):
+    """The look that decides a new plan is a kept count, not numpy over the
+    epoch at every poll: a permutation, whose epoch is never planned again,
+    is never scanned (it was at each of the epoch's polls once 16 indices
+    were learnt)."""
+    from tiering.clairvoyant.learning import LiveEpoch
+    scans = []
+    upcoming = LiveEpoch.upcoming
+    monkeypatch.setattr(LiveEpoch, "upcoming", lambda self, learner: scans.append(1) or upcoming(self, learner))
+    n = 120
+    job = Job(tmp_path, n, capacity=40 * 4096)
+    e0, e1 = orders(n, 2)
+    job.epoch(0, e0, e1)
+    job.poll()
+    read_learning_epoch(job, e0, batch=8)
+    assert job.policy.report()["replans"] == 0 and scans == []
+
+
 def two_sets(tmp: Path, n: int, dirs: tuple[str, str]) -> tuple[HookFeed, Path, np.ndarray, np.ndarray]:
     """A catalog with n files in each of two directories: (a feed, its order
     directory, the catalog ids of the first directory's files, of the second's)."""
