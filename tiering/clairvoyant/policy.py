@@ -182,19 +182,20 @@ class Clairvoyant(Policy):
         assert isinstance(feed, HookFeed)
         if key != feed.main or self.diverged:
             return
+        orders = [eo.order] + ([eo.next] if eo.next is not None else [])
         if key != self._loader or again:  # a new main loader (e.g. after a validation pass), or a re-plan
             self._loader = key
             self.predicted.clear()
             self._partial.clear()
-            self._reset(eo.epoch, [eo.order] + ([eo.next] if eo.next is not None else []))
+            self._reset(eo.epoch, orders)
         elif eo.epoch in self.predicted:
             if not np.array_equal(self.predicted.pop(eo.epoch), eo.order):
                 log.info("epoch %d is not in the predicted order: planning anew", eo.epoch)
-                self._reset(eo.epoch, [eo.order] + ([eo.next] if eo.next is not None else []))
+                self._reset(eo.epoch, orders)
             elif eo.next is not None and eo.epoch + 1 not in self.epochs:
                 self._add(eo.epoch + 1, eo.next)
         elif not self.epochs or eo.epoch != self.epochs[-1] + 1:
-            self._reset(eo.epoch, [eo.order] + ([eo.next] if eo.next is not None else []))
+            self._reset(eo.epoch, orders)
         else:
             self._add(eo.epoch, eo.order)
             if eo.next is not None:
