@@ -265,6 +265,24 @@ def test_a_learning_epoch_without_repeats_is_not_planned_again(tmp_path):
     assert job.daemon.copies == 40 and job.daemon.evictions == 0
 
 
+def test_a_learning_epoch_without_repeats_is_not_scanned_at_each_poll(tmp_path, monkeypatch):
+    """The look that decides a new plan is a kept count, not numpy over the
+    epoch at every poll: a permutation, whose epoch is never planned again,
+    is never scanned (it was at each of the epoch's polls once 16 indices
+    were learnt)."""
+    from tiering.clairvoyant.learning import LiveEpoch
+    scans = []
+    upcoming = LiveEpoch.upcoming
+    monkeypatch.setattr(LiveEpoch, "upcoming", lambda self, learner: scans.append(1) or upcoming(self, learner))
+    n = 120
+    job = Job(tmp_path, n, capacity=40 * 4096)
+    e0, e1 = orders(n, 2)
+    job.epoch(0, e0, e1)
+    job.poll()
+    read_learning_epoch(job, e0, batch=8)
+    assert job.policy.report()["replans"] == 0 and scans == []
+
+
 def two_sets(tmp: Path, n: int, dirs: tuple[str, str]) -> tuple[HookFeed, Path, np.ndarray, np.ndarray]:
     """A catalog with n files in each of two directories: (a feed, its order
     directory, the catalog ids of the first directory's files, of the second's)."""
@@ -336,3 +354,42 @@ def test_an_index_reading_an_image_and_a_mask_in_each_fetch_is_one_data_set(tmp_
 
 def message_to(d: Path, name: str, msg: dict) -> None:
     (d / f"{name}.json").write_text(json.dumps(msg))
+
+
+def test_the_gain_kept_batch_by_batch_is_the_count_over_the_whole_epoch():
+    """LiveEpoch.gain (what decides a new plan, looked at every poll) is kept
+    as batches teach and read, not counted over the epoch at each look: it
+    equals the count over the epoch after every batch, every plan and
+    whatever the draws (repeats, an index's second file, the same open
+    twice, opens of the next epoch, indices out of range)."""
+    from tiering.clairvoyant.learning import LiveEpoch
+    from tiering.clairvoyant.mapping import Learner
+
+    def counted(live: LiveEpoch, learner: Learner) -> int:
+        idx = live.indices
+        ahead = (learner.count > 0)[idx] & (live.occ >= live.taken[idx])
+        return int(np.count_nonzero(ahead & ~live.known[idx]))
+
+    rng = np.random.default_rng(5)
+    for trial in range(30):
+        n = int(rng.integers(5, 60))
+        learner = Learner(n)
+        learner.learn(rng.integers(0, n, 3), rng.integers(0, n, 3))     # a pass before: some indices known
+        live = LiveEpoch(0, 1, SPACE, rng.integers(-2, n + 2, int(rng.integers(1, 3 * n))), None, n)
+        live.start(learner)
+        assert live.gain == counted(live, learner), trial
+        stream = np.r_[live.indices, rng.integers(0, n, n)]      # then the next epoch's first reads
+        at = 0
+        while at < len(stream):
+            k = int(rng.integers(1, 12))
+            idx = stream[at:at + k]
+            at += k
+            idx = np.repeat(idx, rng.integers(1, 3, len(idx)))    # an open twice, or the second file
+            files = np.where(rng.random(len(idx)) < 0.8, idx, idx + n)
+            tags = (SPACE << TAG_BITS) | (idx + 1)
+            live.learn(learner, idx, files)
+            live.read(idx, files, tags, learner)
+            assert live.gain == counted(live, learner), (trial, at)
+            if rng.random() < 0.2:
+                live.planned(learner)
+                assert live.gain == counted(live, learner) == 0

@@ -151,12 +151,12 @@ def job_tiers(parent: int, shm: str = "/dev/shm") -> list[str]:
     (pid and start time).  A directory of an earlier job whose pid was the
     same (pid numbers are reused; a remover takes a dead job's directory
     over while it deletes it) is not this job's."""
-    from tiering.rundirs import start_ticks
+    from tiering.rundirs import OWNER_FILE, start_ticks
     start = start_ticks(parent)
     out = []
     for d in glob.glob(f"{shm}/tiering-{getpass.getuser()}-{parent}-*/data"):
         try:
-            with open(os.path.join(os.path.dirname(d), "owner.json")) as f:
+            with open(os.path.join(os.path.dirname(d), OWNER_FILE)) as f:
                 owner = json.load(f)
         except (OSError, ValueError):
             continue

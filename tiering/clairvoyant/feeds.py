@@ -90,7 +90,7 @@ class HookFeed:
         self.dir = order_dir
         self.paths = PathIndex(catalog)
         self.catalog = catalog
-        self._dirs = np.asarray(catalog.files.dir, np.int64)
+        self._dirs = catalog.files.dir         # int32 per file, the catalog's own (no copy)
         self.loaders: dict[int, _Loader] = {}
         self.learners: dict[int, Learner] = {}   # tag space -> what its opens taught
         self.clashes: set[int] = set()           # spaces of two data sets of different lengths: not learnt
@@ -136,7 +136,11 @@ class HookFeed:
             learner = self.learners.get(space)
             if learner is not None and space not in self.clashes:
                 mine = spaces == space
-                learner.learn(indices[mine], files[mine])
+                live = self.lives.get(space)
+                if live is not None:
+                    live.learn(learner, indices[mine], files[mine])
+                else:
+                    learner.learn(indices[mine], files[mine])
                 if pids is not None:
                     learner.check_fetches(indices[mine], files[mine], np.asarray(pids, np.int64)[mine], self._dirs)
                     if learner.mixed():
@@ -304,7 +308,7 @@ class HookFeed:
         known = all(m.get("next") is not None for m in msgs.values())
         live = self.lives[space] = LiveEpoch(loader.key, epoch, space, self._indices(msgs, "indices"),
                                              self._indices(msgs, "next") if known else None, learner.length)
-        live.marked = learner.learnt
+        live.start(learner)
 
     def live(self) -> LiveEpoch | None:
         """The epoch being learnt of the main loader's tag space (of the
@@ -326,9 +330,9 @@ class HookFeed:
         learner = self.learners.get(live.space) if live is not None else None
         if live is None or learner is None or live.space in self.clashes or not live.due(learner, share, least):
             return None
-        indices, gain = live.upcoming(learner)
-        if gain < max(1, live.length // 1024):
+        if live.gain < max(1, live.length // 1024):
             return None     # (next to) nothing ahead that the plan does not hold: a new plan costs more
+        indices = live.upcoming(learner)
         live.planned(learner)
         m = learner.index_map()
         nxt = m.order(live.next) if live.next is not None else None

@@ -4,8 +4,10 @@ of its positions have been read (from the tagged opens), and, as indices
 become known, the positions ahead of the reader that can now be planned.
 
 Memory: the epoch's indices (int64) and each position's occurrence number
-(int32) per position; per index its occurrences, those read and whether
-it was known when last planned: 13 bytes a position and 9 an index.  Work: numpy per
+(int32) per position, and the next epoch's indices (int64) when the hook
+predicted them; per index its occurrences, those read and whether it was
+known when last planned: 12 bytes a position (20 with the next epoch's)
+and 9 an index.  Work: numpy per
 drained batch over its tagged opens; numpy over the epoch only when enough
 new indices were learnt to be worth a new plan.
 """
@@ -15,18 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .mapping import Learner
-
-
-def occurrences(indices: np.ndarray) -> np.ndarray:
-    """For each position, how many earlier positions hold the same index."""
-    by_index = np.argsort(indices, kind="stable")
-    s = indices[by_index]
-    starts = np.flatnonzero(np.r_[True, s[1:] != s[:-1]]) if len(s) else np.zeros(0, np.int64)
-    rank = np.arange(len(s)) - np.repeat(starts, np.diff(np.r_[starts, len(s)]))
-    out = np.empty(len(indices), np.int32)
-    out[by_index] = rank
-    return out
+from .mapping import Learner, occurrences
 
 
 @dataclass
@@ -44,6 +35,7 @@ class LiveEpoch:
     taken: np.ndarray = field(init=False)    # per index: occurrences read so far
     known: np.ndarray = field(init=False)    # per index: mapped when the epoch was last planned
     marked: int = 0                          # indices learnt when the epoch was last planned
+    gain: int = 0       # positions not read yet whose index is mapped now and was not then (kept as it changes)
 
     def __post_init__(self) -> None:
         ok = (self.indices >= 0) & (self.indices < self.length)
@@ -52,6 +44,22 @@ class LiveEpoch:
         self.counts = np.bincount(self.indices, minlength=self.length).astype(np.int32)
         self.taken = np.zeros(self.length, np.int32)
         self.known = np.zeros(self.length, bool)
+
+    def start(self, learner: Learner) -> None:
+        """The epoch begins with what the learner knows now (none of it planned here)."""
+        self.marked = learner.learnt
+        self.gain = int(self.counts[learner.count > 0].sum())
+
+    def learn(self, learner: Learner, indices: np.ndarray, files: np.ndarray) -> None:
+        """learner.learn() of a batch's tagged opens of this space; the
+        positions of the indices it mapped first add to gain (none of them
+        was read: a read is a fetch, an open of the index's mapped first file)."""
+        ok = (indices >= 0) & (indices < self.length)
+        fresh = np.unique(indices[ok])
+        fresh = fresh[learner.count[fresh] == 0]
+        learner.learn(indices, files)
+        fresh = fresh[learner.count[fresh] > 0]
+        self.gain += int(self.counts[fresh].sum())
 
     def read(self, indices: np.ndarray, files: np.ndarray, tags: np.ndarray, learner: Learner) -> np.ndarray:
         """Counts the fetches among a batch's tagged opens of this space (an
@@ -67,15 +75,12 @@ class LiveEpoch:
             return inside
         first = learner.rows[indices, 0] == files
         fetch = first & ~np.r_[False, (tags[1:] == tags[:-1]) & (files[1:] == files[:-1])]
-        # the fetches of the same index before each open, this batch included
-        by_index = np.argsort(indices, kind="stable")
-        s = indices[by_index]
-        cum = np.cumsum(fetch[by_index])
-        starts = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])
-        before = np.r_[0, cum][starts]
-        nth = np.empty(len(indices), np.int64)
-        nth[by_index] = cum - np.repeat(before, np.diff(np.r_[starts, len(s)]))
-        inside[np.flatnonzero(ok)] = self.taken[indices] + nth <= self.counts[indices]
+        # the fetches of the same index up to each open, this batch's included
+        nth = occurrences(indices, fetch) + fetch
+        this = self.taken[indices] + nth <= self.counts[indices]
+        inside[np.flatnonzero(ok)] = this
+        # a fetch maps its index (its first file): a position read that gain counted
+        self.gain -= int(np.count_nonzero(this & fetch & ~self.known[indices]))
         np.add.at(self.taken, indices[fetch], 1)
         return inside
 
@@ -84,15 +89,13 @@ class LiveEpoch:
         grown = learner.learnt - self.marked
         return grown >= least and learner.learnt >= self.marked * (1 + share)
 
-    def upcoming(self, learner: Learner) -> tuple[np.ndarray, int]:
-        """The indices of the positions not read yet whose index is known
-        now, and how many of them were not known at the last plan."""
-        known = learner.count > 0
+    def upcoming(self, learner: Learner) -> np.ndarray:
+        """The indices of the positions not read yet whose index is known now."""
         idx = self.indices
-        ahead = known[idx] & (self.occ >= self.taken[idx])
-        return idx[ahead], int(np.count_nonzero(ahead & ~self.known[idx]))
+        return idx[(learner.count > 0)[idx] & (self.occ >= self.taken[idx])]
 
     def planned(self, learner: Learner) -> None:
         """The epoch was planned with what the learner knows now."""
         self.known = learner.count > 0
         self.marked = learner.learnt
+        self.gain = 0

@@ -16,6 +16,21 @@ MAX_FILES = 8                  # files kept per index (image + mask + json ...),
 CHECK = 1024                   # indices checked of a mapping read from an attribute
 
 
+def occurrences(keys: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
+    """For each position, how many earlier positions hold the same key
+    (weights: the sum of their weights instead), as int32."""
+    out = np.zeros(len(keys), np.int32)
+    if not len(keys):
+        return out
+    by_key = np.argsort(keys, kind="stable")
+    s = keys[by_key]
+    w = np.ones(len(s), np.int64) if weights is None else np.asarray(weights, np.int64)[by_key]
+    before = np.cumsum(w) - w          # over the earlier positions in key order
+    starts = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])
+    out[by_key] = before - np.repeat(before[starts], np.diff(np.r_[starts, len(s)]))
+    return out
+
+
 @dataclass
 class IndexMap:
     """Each index's catalog ids, in open order (CSR: index k owns
@@ -104,11 +119,7 @@ class Learner:
         keep = np.sort(first)
         indices, files = indices[keep], files[keep]
         # the rank of each pair among the new pairs of its index: rounds of distinct indices
-        by_index = np.argsort(indices, kind="stable")
-        sorted_idx = indices[by_index]
-        starts = np.flatnonzero(np.r_[True, sorted_idx[1:] != sorted_idx[:-1]])
-        rank = np.empty(len(indices), np.int64)
-        rank[by_index] = np.arange(len(indices)) - np.repeat(starts, np.diff(np.r_[starts, len(indices)]))
+        rank = occurrences(indices)
         added = 0
         for r in range(int(rank.max()) + 1):
             mine = rank == r

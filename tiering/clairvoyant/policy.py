@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -15,7 +16,7 @@ from ..observe.epochs import EpochLog
 from ..placement.api import Placement, Policy
 from ..placement.policies import FirstTouch
 from .feeds import EpochOrder, HookFeed, ListFeed
-from .learning import occurrences
+from .mapping import occurrences
 from .planner import FETCH, Actions, Planner
 from .progress import Progress
 
@@ -88,7 +89,7 @@ class Clairvoyant(Policy):
         p = self.placement
         caps = [int(c * self.margin) for c in p.capacities]
         self.planner = Planner(p.sizes, caps, window=self.window, pinned=self.pinned)
-        placed = np.array(list(p.placements()), np.int64).reshape(-1, 2)
+        placed = np.fromiter(chain.from_iterable(p.placements()), np.int64).reshape(-1, 2)   # no list of tuples
         self.planner.adopt_many(placed[:, 0], placed[:, 1])
         self.progress = Progress(self.planner, window=max(256, 4 * self.window))
         self.epoch_starts, self.epochs = [], []
@@ -181,19 +182,20 @@ class Clairvoyant(Policy):
         assert isinstance(feed, HookFeed)
         if key != feed.main or self.diverged:
             return
-        if key != self._loader or again:  # a new main loader (e.g. after a validation pass)
+        orders = [eo.order] + ([eo.next] if eo.next is not None else [])
+        if key != self._loader or again:  # a new main loader (e.g. after a validation pass), or a re-plan
             self._loader = key
             self.predicted.clear()
             self._partial.clear()
-            self._reset(eo.epoch, [eo.order] + ([eo.next] if eo.next is not None else []))
+            self._reset(eo.epoch, orders)
         elif eo.epoch in self.predicted:
             if not np.array_equal(self.predicted.pop(eo.epoch), eo.order):
                 log.info("epoch %d is not in the predicted order: planning anew", eo.epoch)
-                self._reset(eo.epoch, [eo.order] + ([eo.next] if eo.next is not None else []))
+                self._reset(eo.epoch, orders)
             elif eo.next is not None and eo.epoch + 1 not in self.epochs:
                 self._add(eo.epoch + 1, eo.next)
         elif not self.epochs or eo.epoch != self.epochs[-1] + 1:
-            self._reset(eo.epoch, [eo.order] + ([eo.next] if eo.next is not None else []))
+            self._reset(eo.epoch, orders)
         else:
             self._add(eo.epoch, eo.order)
             if eo.next is not None:

@@ -11,8 +11,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from ..placement.api import allocation
 from ..placement.daemon import Daemon
+from .planner import allocations
 from .policy import Clairvoyant
 
 IN_FLIGHT = 256       # copies queued at a time
@@ -49,8 +49,7 @@ def warm_files(order: np.ndarray, sizes: np.ndarray, budget: int) -> np.ndarray:
     order = np.asarray(order, np.int64)
     _, first = np.unique(order, return_index=True)
     order = order[np.sort(first)]
-    blocks = np.maximum(allocation(0), (sizes[order] + allocation(0) - 1) // allocation(0) * allocation(0))
-    return order[np.cumsum(blocks) <= budget]
+    return order[np.cumsum(allocations(np.asarray(sizes, np.int64)[order])) <= budget]
 
 
 def warm_up(daemon: Daemon, order: np.ndarray | None, percent: int,
