@@ -171,4 +171,4 @@ def plans_from_options(opts: OrderOptions, catalog: Catalog, nodes: int, node_ra
     if node_count(world, local_world) != nodes or specs[0].rank // local_world != node_rank:
         return None
     streams = NodeStreams(specs[0], local_world, dataset_ids(catalog, layout_of(opts)))
-    return NodePlans(streams, nodes, node_rank, [f.size for f in catalog.files], capacities)
+    return NodePlans(streams, nodes, node_rank, catalog.files.size, capacities)   # the column: no object per file
