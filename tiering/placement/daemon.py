@@ -278,7 +278,7 @@ class Daemon:
     # -- the event thread -------------------------------------------------------
     def _event_loop(self) -> None:
         self._guarded(self.policy.start)
-        self._guarded(self._follow_peers)   # before the first copies ask the plans
+        self._guarded(self._follow_peers)   # the readers' time (NodePlans.held); holder() does not use it
         last_tail_move = time.monotonic()
         last_pending = -1
         while not self._stop.wait(0.005):
