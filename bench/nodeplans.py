@@ -44,7 +44,7 @@ def run(files: int, nodes: int, local_world: int, epochs: int, step: int, seed: 
     t0 = time.perf_counter()
     plans = NodePlans(streams, nodes, 0, sizes, [capacity])
     plans_s = time.perf_counter() - t0
-    own = Planner(sizes, [int(capacity * Clairvoyant.margin)], window=64, pinned=plans.pinned())
+    own = Planner(sizes, Clairvoyant.plan_capacities([capacity]), window=64, pinned=plans.pinned())
     own_s = 0.0
     starts: list[int] = []
     per_epoch: list[dict[str, int]] = []

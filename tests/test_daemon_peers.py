@@ -224,6 +224,20 @@ def test_a_copy_at_the_start_waits_for_the_nodes_to_meet(setups, peer):
     assert s.d.stats.peer_fetches == 1 and s.d.stats.pfs_opens == 0 and s.d.stats.peer_fallbacks == {}
 
 
+def test_a_copy_the_peer_would_not_serve_does_not_wait_for_the_nodes(setups, peer):
+    """Within link_wait of the start, a copy whose size the network does not
+    serve faster than the PFS is read from the PFS at once: it never waits
+    for the rendezvous."""
+    links = links_to(peer, Holders(), ready=False, pfs_mb_s=1e6, pfs_latency_ms=0.0)   # a PFS faster than the network
+    links.link_wait, links.ready = 2.0, Entered()
+    s = setups(files=FILES, daemon_cls=with_peers(links))
+    place_all(s)
+    assert_same_bytes_published(s)
+    assert not links.ready.waiting.is_set()
+    assert sorted(s.d.pfs_copies) == sorted(FILES) and s.d.stats.peer_fallbacks == {"slower": len(FILES)}
+    assert peer.server.counters.snapshot() == {}
+
+
 def test_the_plans_follow_the_reader_in_the_event_thread_only(setups, peer):
     """Once per batch of events, where the policy runs; a placement asked
     from another thread does not move them."""

@@ -203,3 +203,22 @@ def test_plans_only_from_a_sampler_every_node_can_compute(tmp_path):
     assert plans_from_options(dist, cat, 3, 1, [1 << 20], env=env) is None    # ranks of another node count
     assert plans_from_options(dist, cat, 2, 0, [1 << 20], env=env) is None    # this rank is on node 1
     assert plans_from_options(dist, cat, 1, 0, [1 << 20], env={}) is None     # one node: no peers
+
+
+def test_plans_from_options_home_the_catalog_s_files_by_their_sizes(tmp_path):
+    """The homes plans_from_options computes are those of the catalog's
+    files with their own sizes (a budget that binds: the sizes decide)."""
+    from helpers import make_data
+    from tiering.catalog import dataset_ids, scan
+    from tiering.clairvoyant.options import layout_of
+    make_data(tmp_path / "d", {f"c{k % 3}/f{k:03d}.jpg": 5000 * (1 + k % 4) for k in range(90)})
+    cat = scan([str(tmp_path / "d")])
+    dist = OrderOptions(sampler="distributed", seed=3)
+    caps = [60_000]
+    plans = plans_from_options(dist, cat, 2, 1, caps, env=env_of(1, 2))
+    assert plans is not None
+    spec = rank_specs(dist, env_of(1, 2))[0]
+    streams = NodeStreams(spec, L, dataset_ids(cat, layout_of(dist)))
+    by_hand = NodePlans(streams, 2, 1, [f.size for f in cat.files], caps)
+    assert np.array_equal(plans.home, by_hand.home)
+    assert 0 < int((plans.home >= 0).sum()) < 90        # some files homed, the budget cut the rest

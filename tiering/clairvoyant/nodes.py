@@ -112,11 +112,11 @@ class NodePlans:
     share = 7 / 8       # of a node's tiers (after the margin) its home files take at most; the rest is its window
 
     def __init__(self, streams: Streams, nodes: int, me: int, sizes: Sequence[int] | np.ndarray,
-                 capacities: Sequence[int], margin: float = Clairvoyant.margin, first_epoch: int = 0):
+                 capacities: Sequence[int], first_epoch: int = 0):
         if not 1 <= nodes <= MAX_NODES or not 0 <= me < nodes:
             raise ValueError(f"node {me} of {nodes}: the node-aware plan covers 1 to {MAX_NODES} nodes")
         self.nodes, self.me, self.first_epoch = nodes, me, first_epoch
-        budget = int(sum(int(c * margin) for c in capacities) * self.share)   # the same profile on every node
+        budget = int(sum(Clairvoyant.plan_capacities(capacities)) * self.share)   # the same profile on every node
         self.home, self._offset = home_nodes([streams(n, first_epoch) for n in range(nodes)],
                                              allocations(np.asarray(sizes, np.int64)), [budget] * nodes)
         self.time: tuple[int, int] | None = None                 # None: no answer (not following)
@@ -171,4 +171,4 @@ def plans_from_options(opts: OrderOptions, catalog: Catalog, nodes: int, node_ra
     if node_count(world, local_world) != nodes or specs[0].rank // local_world != node_rank:
         return None
     streams = NodeStreams(specs[0], local_world, dataset_ids(catalog, layout_of(opts)))
-    return NodePlans(streams, nodes, node_rank, [f.size for f in catalog.files], capacities)
+    return NodePlans(streams, nodes, node_rank, catalog.files.size, capacities)   # the column: no object per file

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from collections.abc import Sequence
 from itertools import chain
 from typing import Any
 
@@ -84,11 +85,15 @@ class Clairvoyant(Policy):
             if self.planner is not None:
                 self._pump()  # known from the start: begin now
 
+    @classmethod
+    def plan_capacities(cls, capacities: Sequence[int]) -> list[int]:
+        """The capacity of each tier the plan fills: its margin off."""
+        return [int(c * cls.margin) for c in capacities]
+
     def _fresh(self) -> None:
         """A new plan over what is placed now."""
         p = self.placement
-        caps = [int(c * self.margin) for c in p.capacities]
-        self.planner = Planner(p.sizes, caps, window=self.window, pinned=self.pinned)
+        self.planner = Planner(p.sizes, self.plan_capacities(p.capacities), window=self.window, pinned=self.pinned)
         placed = np.fromiter(chain.from_iterable(p.placements()), np.int64).reshape(-1, 2)   # no list of tuples
         self.planner.adopt_many(placed[:, 0], placed[:, 1])
         self.progress = Progress(self.planner, window=max(256, 4 * self.window))

@@ -4,9 +4,10 @@ PeerLinks the daemon fetches through ("Integration" in docs/design.md,
 NOTE [peer tier in the job]).
 
 The job never waits for and never fails because of this part: the server
-starts with no secret (it refuses everything) and the nodes meet while
-COMMAND runs; until they have met, and for good when they cannot (a
-warning), the daemon reads the PFS.
+starts with no secret (every call ends at once as "early") and the nodes
+meet while COMMAND runs; until they have met (a copy planned at a peer
+waits for them only in the first PeerLinks.link_wait seconds), and for
+good when they cannot (a warning), the daemon reads the PFS.
 """
 from __future__ import annotations
 
@@ -95,7 +96,7 @@ class PeerTier:
         self.links = PeerLinks(self.ident.node_rank, self.ident.node_count, self.network)
 
     def start(self) -> None:
-        """Listens (refusing every call until the nodes met) and starts the
+        """Listens (every call ends as "early" until the nodes met) and starts the
         rendezvous; a problem is a warning: the job reads the PFS."""
         base = Path(self.ident.rendezvous) if self.ident.rendezvous else default_base()
         try:

@@ -277,7 +277,7 @@ class Daemon:
     # -- the event thread -------------------------------------------------------
     def _event_loop(self) -> None:
         self._guarded(self.policy.start)
-        self._guarded(self._follow_peers)   # before the first copies ask the plans
+        self._guarded(self._follow_peers)   # the readers' time (NodePlans.held); holder() does not use it
         last_tail_move = time.monotonic()
         last_pending = -1
         while not self._stop.wait(0.005):
@@ -466,22 +466,22 @@ class Daemon:
     def _from_peer(self, i: int, f: CatalogFile, t: TierState) -> int | None:
         """f copied from the node whose plan holds it now, put in place like a
         PFS copy (not yet published): the bytes it takes on the tier.  None:
-        read the PFS (no node holds it; or counted by reason: the nodes have
-        not met, yet or at all, "unlinked"; the network is not faster for
-        this size; the fetch failed)."""
+        read the PFS (no node holds it; or counted by reason: the network is
+        not faster for this size; the nodes have not met, yet or at all,
+        "unlinked"; the fetch failed)."""
         peers = self.peers
         if peers is None or peers.plans is None:
             return None
         node = peers.plans.holder(i)
         if node is None:
             return None
+        from ..cluster.peer import PeerUnavailable, fetch_copy, fetch_deadline, peer_is_faster
+        if not peer_is_faster(f.size, peers.network, peers.pfs_bandwidth, peers.pfs_latency_ms):
+            self._peer_fallback("slower")   # before linked(): a copy the peer would not serve never waits
+            return None
         client = peers.client(node) if peers.linked() else None
         if client is None:
             self._peer_fallback("unlinked")
-            return None
-        from ..cluster.peer import PeerUnavailable, fetch_copy, fetch_deadline, peer_is_faster
-        if not peer_is_faster(f.size, peers.network, peers.pfs_bandwidth, peers.pfs_latency_ms):
-            self._peer_fallback("slower")
             return None
         try:
             allocated = fetch_copy(client, f, t, fetch_deadline(f.size, peers.network), self._stop)
