@@ -480,13 +480,25 @@ static inline uint64_t unbook(int fd)
     return 0;
 }
 
-/* fd is about to be closed: forget it, book what was read through it and
- * post a close event */
-static inline void closing(int fd)
+/* A vfork child shares our memory: what it closes or duplicates before exec
+ * (subprocess does just that) must not change the parent's bookkeeping. */
+static inline int in_vfork_child(void) { return (uint32_t)syscall(SYS_getpid) != my_pid; }
+
+/* fd is about to be closed (not in a vfork child): forget it, book what
+ * was read through it and post a close event */
+static inline void closed(int fd)
 {
     uint64_t v = unbook(fd);
     if ((uint32_t)v)
         closed_at(fd, v, position(fd));
+}
+
+/* closed(fd), unless in a vfork child, whose close leaves the parent's
+ * descriptor open (one getpid, only for a descriptor the book holds) */
+static inline void closing(int fd)
+{
+    if (tracked(fd) && !in_vfork_child())
+        closed(fd);
 }
 
 /* fd's number now names another file (its file was closed behind our back,
@@ -1322,16 +1334,12 @@ EXPORT int closedir(DIR *dir)
     return -1;
 }
 
-/* A vfork child shares our memory: what it closes or duplicates before exec
- * (subprocess does just that) must not change the parent's bookkeeping. */
-static inline int in_vfork_child(void) { return (uint32_t)syscall(SYS_getpid) != my_pid; }
-
 EXPORT int close_range(unsigned int first, unsigned int last, int flags)
 {
     ensure_init();
     if (idx && !(flags & (int)CLOSE_RANGE_CLOEXEC) && !in_vfork_child())
         for (unsigned int fd = first; fd <= last && fd < MAX_TRACKED_FDS; fd++)
-            closing((int)fd);
+            closed((int)fd);
     if (real.close_range)
         return real.close_range(first, last, flags);
     return (int)syscall(SYS_close_range, first, last, flags);

@@ -1,9 +1,11 @@
 /* vforkdup PATH: opens PATH (a catalogued file), then a vfork child
- * duplicates the descriptor with dup, dup2, dup3 and fcntl before it exits,
- * as a child does before exec.  The child shares the parent's memory: the
- * shim must leave the parent's bookkeeping alone.  The parent then reuses
- * the numbers the child's duplicates took and closes PATH once: exactly one
- * open and one close event are posted.  Prints "ok". */
+ * duplicates the descriptor with dup, dup2, dup3 and fcntl and closes it
+ * before it exits, as a child does before exec.  The child shares the
+ * parent's memory: the shim must leave the parent's bookkeeping alone.  The
+ * parent reads 100 bytes before the vfork and 50 after it, then reuses the
+ * numbers the child's duplicates took and closes PATH once: exactly one open
+ * and one close event are posted, the close with the 150 bytes read.
+ * Prints "ok". */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <stdio.h>
@@ -15,7 +17,8 @@ int main(int argc, char **argv)
     if (argc < 2)
         return 2;
     int fd = open(argv[1], O_RDONLY);
-    if (fd < 0)
+    char buf[100];
+    if (fd < 0 || read(fd, buf, 100) != 100)
         return 1;
     pid_t pid = vfork();
     if (pid == 0) {
@@ -24,9 +27,10 @@ int main(int argc, char **argv)
         fcntl(fd, F_DUPFD_CLOEXEC, 101);
         dup2(fd, 102);
         dup3(fd, 103, O_CLOEXEC);
+        close(fd);
         _exit(0);
     }
-    if (pid < 0 || waitpid(pid, NULL, 0) != pid)
+    if (pid < 0 || waitpid(pid, NULL, 0) != pid || read(fd, buf, 50) != 50)
         return 1;
     int n = open("/dev/null", O_RDONLY);  /* N again, in the parent */
     for (int k = 100; k <= 103; k++)
