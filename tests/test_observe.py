@@ -139,7 +139,6 @@ class FakeProbe:
         self.tier_bytes = 0
         self.tier_files = 0
         self.copies = 0
-        self.job_read = 0          # what the daemon learnt from close events COMMAND read on the PFS
         self.rep: dict = {"epochs_known": 0}
 
     def counters(self):
@@ -149,7 +148,7 @@ class FakeProbe:
         return DaemonSnapshot([TierFill("ram", 1000 * MIB, self.tier_bytes, self.tier_files, self.tier_bytes)],
                               copies=self.copies, copy_failures=0, evictions=0, in_flight=3, reading=2,
                               pfs_opens=self.copies, pfs_bytes=self.tier_bytes, job_pfs_bytes=0, events=0,
-                              invalidated=0, changed_sources=0, job_pfs_read=self.job_read)
+                              invalidated=0, changed_sources=0)
 
     def report(self):
         return dict(self.rep)
@@ -212,12 +211,11 @@ def test_the_series_pfs_bytes_are_the_totals_of_the_report_with_events_dropped(t
         now[0] = float(k)
         probe.tier_bytes, probe.copies = 10 * k * MIB, 10 * k
         probe.c = {"opens": 20 * k, "opens_pfs": 20 * k, "events_dropped": 5 * k, "read_pfs": 7 * k * MIB}
-        probe.job_read = 3 * k * MIB          # the closes of the dropped events are missing here
         w.tick()
     js = w.finish()["series"]
     assert js["pfs_bytes"][-1] == 30 * MIB + 21 * MIB
     record = JobRecord("clairvoyant", 0, ["x"], "test", ["/pfs/ds"], 100, 100 * MIB, counters=probe.counters(),
-                       daemon=DaemonStats(pfs_opens=30, pfs_bytes=30 * MIB, copies=30, job_pfs_read=9 * MIB))
+                       daemon=DaemonStats(pfs_opens=30, pfs_bytes=30 * MIB, copies=30))
     assert to_json(record)["pfs"]["bytes"] == js["pfs_bytes"][-1]
 
 
