@@ -865,3 +865,22 @@ def test_a_tier_run_killed_while_the_cache_is_written_leaves_no_cache(tmp_path, 
         assert len(_cached_catalogs(cache)) == 1
     reliability.survived("tier-run SIGKILLed while writing the catalog cache (no half cache)")
     reliability.checked(reads=2 * len(contents), nbytes=2 * sum(map(len, contents.values())))
+
+
+def test_the_teardown_stops_the_tiers_before_it_waits_for_the_cache_writer(monkeypatch):
+    """Processes COMMAND left behind stop using the tiers at once, not after
+    up to CACHE_WRITER_WAIT seconds of the writer; the writer is then waited for."""
+    from types import SimpleNamespace
+
+    import tiering.job as job_mod
+    done: list[tuple[str, object]] = []
+
+    class Index:
+        def set_disabled(self, value: bool) -> None:
+            done.append(("disabled", value))
+
+    monkeypatch.setattr(job_mod.catalog_mod, "wait_writer", lambda pid, timeout: done.append(("waited", pid)) or True)
+    job = SimpleNamespace(index=Index(), cache_writer=4242, daemon=None, catalog=None,
+                          opts=SimpleNamespace(keep=True, scan_cache=None))
+    job_mod.cleanup(job)
+    assert done == [("disabled", True), ("waited", 4242)] and job.cache_writer is None
