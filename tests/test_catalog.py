@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from helpers import alias_tree
+from helpers import age, alias_tree
 from tiering import catalog as catalog_mod
 from tiering.catalog import (
     IMG_EXTENSIONS,
@@ -57,15 +57,6 @@ def touch(path: Path, data: bytes | None = None) -> Path:
 def link_dir(link: Path, target: Path | str) -> None:
     link.parent.mkdir(parents=True, exist_ok=True)
     link.symlink_to(target, target_is_directory=True)
-
-
-def age(*roots: Path, seconds: float = 3600) -> None:
-    """Moves every directory's mtime into the past (a freshly made tree is too
-    recent to be cached, see RACY_SECONDS)."""
-    t = time.time() - seconds
-    for root in roots:
-        for d, _, _ in os.walk(root):
-            os.utime(d, (t, t))
 
 
 def reference(root: Path, extensions: tuple[str, ...] | None = None,
