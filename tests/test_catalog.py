@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import stat
+import subprocess
 import sys
 import threading
 import time
@@ -1055,3 +1056,22 @@ def test_a_tree_of_leaf_directories_is_ordered_as_its_paths(tmp_path: Path, monk
     assert leaf.files == general.files and np.array_equal(leaf.files.dir, general.files.dir)
     assert rels[:6] == ["a-/f", "a.b/g", "a/b!/k", "a/b-/y", "a/b.c/z", "a/b/x"]   # "-" and "." sort before "/"
     assert [leaf.dirs[d].rel for d in leaf.files.dir[:3]] == ["a-", "a.b", "a/b!"]
+
+
+def test_the_cache_writer_is_waited_for_and_reaped() -> None:
+    """wait_writer: False while the child runs (it is left to end alone),
+    True once it ended, reaped (no zombie), and True for a child reaped already."""
+    from tiering.catalog.cache import wait_writer
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],   # ends when stdin closes
+                             stdin=subprocess.PIPE)
+    pid = child.pid
+    try:
+        assert wait_writer(pid, 0.05) is False
+    finally:
+        assert child.stdin is not None
+        child.stdin.close()
+    assert wait_writer(pid, 300) is True
+    child.returncode = 0             # reaped by wait_writer, not by Popen
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)  # reaped
+    assert wait_writer(pid, 0.05) is True
