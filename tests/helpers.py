@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -331,3 +332,12 @@ def patched_tier_run(patch: str) -> str:
             "from tiering.entry import tier_run\n"
             "sys.argv = ['tier-run'] + sys.argv[1:]\n"
             "tier_run()\n")
+
+
+def age(*roots: Path, seconds: float = 3600) -> None:
+    """Moves every directory's mtime into the past (a freshly made tree is too
+    recent to be cached, see RACY_SECONDS)."""
+    t = time.time() - seconds
+    for root in roots:
+        for d, _, _ in os.walk(root):
+            os.utime(d, (t, t))

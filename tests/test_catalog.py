@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import stat
+import subprocess
 import sys
 import threading
 import time
@@ -22,7 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from helpers import alias_tree
+from helpers import age, alias_tree
 from tiering import catalog as catalog_mod
 from tiering.catalog import (
     IMG_EXTENSIONS,
@@ -57,15 +58,6 @@ def touch(path: Path, data: bytes | None = None) -> Path:
 def link_dir(link: Path, target: Path | str) -> None:
     link.parent.mkdir(parents=True, exist_ok=True)
     link.symlink_to(target, target_is_directory=True)
-
-
-def age(*roots: Path, seconds: float = 3600) -> None:
-    """Moves every directory's mtime into the past (a freshly made tree is too
-    recent to be cached, see RACY_SECONDS)."""
-    t = time.time() - seconds
-    for root in roots:
-        for d, _, _ in os.walk(root):
-            os.utime(d, (t, t))
 
 
 def reference(root: Path, extensions: tuple[str, ...] | None = None,
@@ -1049,19 +1041,17 @@ def test_leaf_directories_with_entries_that_are_not_files_keep_their_order(tmp_p
     assert fast.files.rels() == ["a/f1", "a/f2", "a/f3", "b/g1", "b/g2", "c/link", "c/zz"]
     assert fast.skipped == [(0, "a/dangling"), (0, "b/fifo")]
     monkeypatch.setattr(scan_mod, "_batch_order", lambda *a: None)
-    monkeypatch.setattr(scan_mod, "_leaf_order", lambda *a: None)
     general = scan([str(root)])
     assert fast.files == general.files and np.array_equal(fast.files.dir, general.files.dir)
 
 
-@pytest.mark.parametrize("shortcut", ["_batch_order", "_leaf_order"])
+@pytest.mark.parametrize("lister", ["c", "scandir"])
 def test_a_tree_of_leaf_directories_is_ordered_as_its_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                            shortcut: str) -> None:
+                                                            lister: str) -> None:
     """Files only in directories without subdirectories (ImageNet's shape):
     the order comes from directories and names, without the whole paths:
-    the sorted listings in directory order (_batch_order) or, when the
-    listings are not sorted, one sort of directory ranks and names
-    (_leaf_order)."""
+    the sorted listings in directory order (_batch_order), those of the C
+    scanner or of os.scandir (sorted by name bytes as the C scanner's)."""
     root = tmp_path / "d"
     for rel in ["a/b/x", "a/b/x-1", "a/b/x.1", "a/b-/y", "a/b.c/z", "a-/f", "a.b/g", "ab/h", "é/i", "z/0", "z/00",
                 "z/0-", "z/1", "a/b!/k"]:
@@ -1069,18 +1059,37 @@ def test_a_tree_of_leaf_directories_is_ordered_as_its_paths(tmp_path: Path, monk
     for k in range(3000):                    # a directory of several stat batches
         touch(root / "big" / f"{k * 7919 % 3001}.jpg", b"")
     scan_mod = importlib.import_module("tiering.catalog.scan")
-    if shortcut == "_leaf_order":
-        monkeypatch.setattr(scan_mod, "_batch_order", lambda *a: None)
+    if lister == "scandir":                  # a replaced os.scandir is used as given
+        real_scandir = os.scandir
+        monkeypatch.setattr(os, "scandir", lambda p: real_scandir(p))
     calls: list[Any] = []
-    real = getattr(scan_mod, shortcut)
-    monkeypatch.setattr(scan_mod, shortcut, lambda *a: calls.append(real(*a)) or calls[-1])
+    real = scan_mod._batch_order
+    monkeypatch.setattr(scan_mod, "_batch_order", lambda *a: calls.append(real(*a)) or calls[-1])
     leaf = scan([str(root)], threads=4)
     assert calls and calls[0] is not None               # the shortcut was taken
     monkeypatch.setattr(scan_mod, "_batch_order", lambda *a: None)
-    monkeypatch.setattr(scan_mod, "_leaf_order", lambda *a: None)
     general = scan([str(root)], threads=4)
     rels = leaf.files.rels()
     assert rels == sorted(rels) and len(rels) == 14 + 3000
     assert leaf.files == general.files and np.array_equal(leaf.files.dir, general.files.dir)
     assert rels[:6] == ["a-/f", "a.b/g", "a/b!/k", "a/b-/y", "a/b.c/z", "a/b/x"]   # "-" and "." sort before "/"
     assert [leaf.dirs[d].rel for d in leaf.files.dir[:3]] == ["a-", "a.b", "a/b!"]
+
+
+def test_the_cache_writer_is_waited_for_and_reaped() -> None:
+    """wait_writer: False while the child runs (it is left to end alone),
+    True once it ended, reaped (no zombie), and True for a child reaped already."""
+    from tiering.catalog.cache import wait_writer
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],   # ends when stdin closes
+                             stdin=subprocess.PIPE)
+    pid = child.pid
+    try:
+        assert wait_writer(pid, 0.05) is False
+    finally:
+        assert child.stdin is not None
+        child.stdin.close()
+    assert wait_writer(pid, 300) is True
+    child.returncode = 0             # reaped by wait_writer, not by Popen
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)  # reaped
+    assert wait_writer(pid, 0.05) is True

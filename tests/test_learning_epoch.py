@@ -127,6 +127,18 @@ def orders(n: int, epochs: int, seed: int = 5) -> list[np.ndarray]:
     return [rng.permutation(n) for _ in range(epochs)]
 
 
+def learning_epoch_read(tmp: Path, n: int, upto: int) -> tuple[Job, list[np.ndarray]]:
+    """A job whose learning epoch 0 (order e0, next e1) was read up to
+    position upto, its copies landed; and the orders of epochs 0 to 2."""
+    job = Job(tmp, n)
+    e0, e1, e2 = order = orders(n, 3)
+    job.epoch(0, e0, e1)
+    job.poll()
+    job.drain(e0[:upto])
+    job.daemon.land()
+    return job, order
+
+
 @pytest.mark.parametrize("interleaving", ["in order", "last opens after the message",
                                           "first opens before the message", "one late batch"])
 def test_a_data_set_that_fits_is_read_from_the_tiers_from_the_epoch_after_the_learning_one(tmp_path, interleaving):
@@ -135,12 +147,7 @@ def test_a_data_set_that_fits_is_read_from_the_tiers_from_the_epoch_after_the_le
     around it, epoch 1 keeps those copies (no eviction, no copy made again)
     and its reads are followed."""
     n = 80
-    job = Job(tmp_path, n)
-    e0, e1, e2 = orders(n, 3)
-    job.epoch(0, e0, e1)
-    job.poll()
-    job.drain(e0[:70])
-    job.daemon.land()
+    job, (e0, e1, e2) = learning_epoch_read(tmp_path, n, 70)
     if interleaving == "in order":
         job.drain(e0[70:])
         job.daemon.land()
@@ -393,3 +400,20 @@ def test_the_gain_kept_batch_by_batch_is_the_count_over_the_whole_epoch():
             if rng.random() < 0.2:
                 live.planned(learner)
                 assert live.gain == counted(live, learner) == 0
+
+
+def test_the_bytes_read_by_late_opens_count_in_their_epoch(tmp_path):
+    """Opens of the learning epoch drained after the next epoch's order was
+    read (late: counted in the learning epoch): the bytes their closes report
+    count there too (NOTE [read counters]), not nowhere."""
+    n = 80
+    job, (e0, e1, e2) = learning_epoch_read(tmp_path, n, 70)
+    job.epoch(1, e1, e2)
+    job.poll()                      # epoch 1's order is read before epoch 0's last opens are drained
+    job.drain(e0[70:])
+    late = job.file[e0[70:]]
+    job.policy.on_closes(late, np.zeros(len(late), bool), np.full(len(late), 7, np.int64))
+    log = job.policy.epoch_log
+    by_epoch = {r["epoch"]: r for r in log.records()}
+    assert by_epoch[0]["opens"] == n
+    assert by_epoch[0]["pfs_read"] == 7 * len(late) and log.unattributed_read == 0

@@ -201,6 +201,24 @@ def test_the_watch_says_what_changes_and_a_status_line_at_its_rate(tmp_path, mon
     assert finished["warm_after"] == 10.0 and finished["series"]["t"][-1] == 30.0
 
 
+def test_the_series_pfs_bytes_are_the_totals_of_the_report_with_events_dropped(tmp_path, monkeypatch):
+    """The series' PFS bytes are the copies' and COMMAND's by the shim's read
+    counter (NOTE [read counters]), the figure to_json's pfs.bytes adds, not
+    what the daemon learnt from close events: with events dropped the
+    series still ends on the report's totals."""
+    w, probe, now = make_watch(tmp_path, [], monkeypatch)
+    for k in range(1, 4):
+        now[0] = float(k)
+        probe.tier_bytes, probe.copies = 10 * k * MIB, 10 * k
+        probe.c = {"opens": 20 * k, "opens_pfs": 20 * k, "events_dropped": 5 * k, "read_pfs": 7 * k * MIB}
+        w.tick()
+    js = w.finish()["series"]
+    assert js["pfs_bytes"][-1] == 30 * MIB + 21 * MIB
+    record = JobRecord("clairvoyant", 0, ["x"], "test", ["/pfs/ds"], 100, 100 * MIB, counters=probe.counters(),
+                       daemon=DaemonStats(pfs_opens=30, pfs_bytes=30 * MIB, copies=30))
+    assert to_json(record)["pfs"]["bytes"] == js["pfs_bytes"][-1]
+
+
 def test_while_copies_go_on_the_status_line_has_their_rate_and_the_eta(tmp_path, monkeypatch):
     lines: list[str] = []
     w, probe, now = make_watch(tmp_path, lines, monkeypatch, every=1.0)

@@ -278,6 +278,7 @@ def test_the_summary_shows_the_epochs_and_the_net_pfs_traffic(tmp_path):
     assert p["bytes_without_tiering"] == p["bytes_read_by_job"] + s["opens"]["bytes_read_from_tiers"] == \
         p["bytes_without_tiering_upper_bound"] == 3 * sum(f.stat().st_size for f in data.rglob("*.bin"))
     assert p["opens_without_tiering"] == 3 * N_FILES
+    assert s["series"]["pfs_bytes"][-1] == p["bytes"]     # the series ends on the totals
     from tiering.report import pfs_line
     assert "  " + pfs_line(s) in r.stderr and f"{s['pfs']['opens']:,} opens instead of 600" in r.stderr
     table = r.stderr[r.stderr.index("  epoch   seconds"):].splitlines()[1:4]

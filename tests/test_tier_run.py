@@ -15,6 +15,7 @@ from helpers import (
     N_FILES,
     PYTHON,
     USER,
+    age,
     dataset,
     digest,
     job_dirs,
@@ -779,13 +780,6 @@ def test_tiers_are_removed_in_the_background_and_nothing_is_left(tmp_path):
 
 # -- the catalog cache, written beside COMMAND (NOTE [cache written aside]) -------------------
 
-def _settled(data: Path) -> None:
-    """The data set's directories modified long ago: a scan of it may be cached (cache.RACY_SECONDS)."""
-    old = os.stat(data).st_mtime - 3600
-    for d in [data, *(p for p in data.rglob("*") if p.is_dir())]:
-        os.utime(d, (old, old))
-
-
 def _cached_catalogs(cache: Path) -> list[Path]:
     return sorted(p for p in (cache / "tiering" / "catalogs").glob("*.npz") if not p.name.startswith("."))
 
@@ -807,7 +801,7 @@ def test_command_starts_before_the_catalog_cache_is_written(tmp_path):
     writer when COMMAND is done, and the next run takes the catalog from the cache."""
     data, cache, go, seen = tmp_path / "pfs", tmp_path / "cache", tmp_path / "go", tmp_path / "seen"
     contents = dataset(data, n=6)
-    _settled(data)
+    age(data)
     env = dict(os.environ, XDG_CACHE_HOME=str(cache), TEST_GO=str(go))
     command = ("import glob, pathlib, sys\n"
                f"n = len(glob.glob({str(cache)!r} + '/tiering/catalogs/*.npz'))\n"
@@ -833,7 +827,7 @@ def test_a_tier_run_killed_while_the_cache_is_written_leaves_no_cache(tmp_path, 
     sweep removes), the next run scans and caches, the one after uses it."""
     data, cache, go = tmp_path / "pfs", tmp_path / "cache", tmp_path / "go"
     contents = dataset(data, n=6)
-    _settled(data)
+    age(data)
     half = ("import numpy, os, time\n"
             "def savez(f, **arrays):\n"
             "    f.write(b'PK\\x03\\x04' + b'\\0' * 4096)   # the start of a zip, no more\n"
@@ -865,3 +859,22 @@ def test_a_tier_run_killed_while_the_cache_is_written_leaves_no_cache(tmp_path, 
         assert len(_cached_catalogs(cache)) == 1
     reliability.survived("tier-run SIGKILLed while writing the catalog cache (no half cache)")
     reliability.checked(reads=2 * len(contents), nbytes=2 * sum(map(len, contents.values())))
+
+
+def test_the_teardown_stops_the_tiers_before_it_waits_for_the_cache_writer(monkeypatch):
+    """Processes COMMAND left behind stop using the tiers at once, not after
+    up to CACHE_WRITER_WAIT seconds of the writer; the writer is then waited for."""
+    from types import SimpleNamespace
+
+    import tiering.job as job_mod
+    done: list[tuple[str, object]] = []
+
+    class Index:
+        def set_disabled(self, value: bool) -> None:
+            done.append(("disabled", value))
+
+    monkeypatch.setattr(job_mod.catalog_mod, "wait_writer", lambda pid, timeout: done.append(("waited", pid)) or True)
+    job = SimpleNamespace(index=Index(), cache_writer=4242, daemon=None, catalog=None,
+                          opts=SimpleNamespace(keep=True, scan_cache=None))
+    job_mod.cleanup(job)
+    assert done == [("disabled", True), ("waited", 4242)] and job.cache_writer is None

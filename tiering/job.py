@@ -303,11 +303,11 @@ def _check_hook(job: Job, command_done: bool) -> None:
 
 
 def cleanup(job: Job) -> None:
+    if job.index is not None:
+        job.index.set_disabled(True)  # processes COMMAND left behind stop using the tiers
     if job.cache_writer is not None:     # the next run finds the cache (a writer that hangs is left to end alone)
         catalog_mod.wait_writer(job.cache_writer, CACHE_WRITER_WAIT)
         job.cache_writer = None
-    if job.index is not None:
-        job.index.set_disabled(True)  # processes COMMAND left behind stop using the tiers
     d, cat = job.daemon, job.catalog
     if d is not None and cat is not None and cat.from_cache and d.stats.changed_sources and job.opts.scan_cache:
         catalog_mod.drop_cache(job.opts.scan_cache, cat.roots)  # rescan next time

@@ -60,6 +60,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, cast
 
 import numpy as np
+import psutil
 
 from .model import FILE_COLUMNS, FileTable, RootScan
 
@@ -444,17 +445,13 @@ def wait_writer(pid: int, timeout: float) -> bool:
     """Waits up to timeout seconds for the cache writer (a child of this
     process) to end and reaps it; False when it still runs (it then ends on
     its own, an orphan)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            done, _ = os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            return True       # reaped already
-        if done:
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.01)
+    try:
+        psutil.Process(pid).wait(timeout)   # a child of this process: reaped by waitpid
+    except psutil.TimeoutExpired:
+        return False
+    except psutil.NoSuchProcess:
+        pass                                # reaped already
+    return True
 
 
 def drop_cache(cache_dir: Path, roots: list[str]) -> None:

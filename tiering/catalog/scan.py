@@ -101,12 +101,12 @@ def normalise_roots(dirs: list[str]) -> list[str]:
 
 
 def _listing(path: str) -> _Listing:
-    """The entries of a directory (names and d_type), through the C scanner
-    (NOTE [scan in C]) or os.scandir (_c_scanner)."""
+    """The entries of a directory (names and d_type), sorted by name bytes,
+    through the C scanner (NOTE [scan in C]) or os.scandir (_c_scanner)."""
     c = _c_scanner()
     if c is None:
         with os.scandir(path) as it:
-            entries = list(it)
+            entries = sorted(it, key=lambda e: os.fsencode(e.name))   # as the C scanner's qsort
         return _Listing(b"".join(os.fsencode(e.name) + b"\0" for e in entries), np.zeros(len(entries), np.uint8),
                         entries)
     ffi, lib = c
@@ -116,7 +116,7 @@ def _listing(path: str) -> _Listing:
         raise OSError(err, os.strerror(err), path)
     try:
         return _Listing(bytes(ffi.buffer(out.names, out.bytes)),
-                        np.frombuffer(ffi.buffer(out.types, out.count), np.uint8).copy(), ordered=True)
+                        np.frombuffer(ffi.buffer(out.types, out.count), np.uint8).copy())
     finally:
         lib.tiering_scan_list_free(out)
 
@@ -184,7 +184,6 @@ class _Listing:
     names: bytes            # NUL-terminated, one after another
     types: np.ndarray       # d_type per entry (0: unknown)
     entries: list[Any] | None = None    # os.scandir's entries (no C scanner)
-    ordered: bool = False   # names in byte order (the C scanner's)
     first: int = 0          # index in the directory's listing of the first entry (a part of a listing)
 
     def bounds(self) -> np.ndarray:
@@ -194,7 +193,7 @@ class _Listing:
     def part(self, a: int, b: int, ends: np.ndarray) -> _Listing:
         start = int(ends[a - 1]) + 1 if a else 0
         return _Listing(self.names[start:int(ends[b - 1]) + 1], self.types[a:b],
-                        self.entries[a:b] if self.entries is not None else None, self.ordered, self.first + a)
+                        self.entries[a:b] if self.entries is not None else None, self.first + a)
 
 
 @dataclass
@@ -329,7 +328,6 @@ class _Columns:
     def __init__(self) -> None:
         self.batches: list[tuple[str, bytes, np.ndarray, np.ndarray]] = []   # rel, names, files, their records
         self.firsts: list[int] = []       # per batch: where in its directory's listing it begins
-        self.ordered = True               # every listing in name order
         self.count = 0
 
     def add(self, batch: _Batch, files: np.ndarray) -> int:
@@ -338,7 +336,6 @@ class _Columns:
             recs = batch.recs if n == len(files) else batch.recs[files]
             self.batches.append((batch.rel, batch.listing.names, files, recs))
             self.firsts.append(batch.listing.first)
-            self.ordered &= batch.listing.ordered
             self.count += n
         return n
 
@@ -349,18 +346,16 @@ class _Columns:
         firsts, self.firsts = self.firsts, []
         if not batches:
             return FileTable.empty()
-        placed = _batch_order([b[0] for b in batches], firsts, dirs, batches) if self.ordered else None
+        placed = _batch_order([b[0] for b in batches], firsts, dirs, batches)
         if placed is not None:        # the files in path order already, batch after batch
             batches = [batches[k] for k in placed]
         dir_id = {rel: k for k, (rel, *_) in enumerate(dirs)}
         parent = np.repeat(np.array([dir_id.get(b[0], -1) for b in batches], np.int32), [len(b[3]) for b in batches])
-        order: np.ndarray | None = None
-        if placed is not None:
-            paths, offsets = _joined_paths(batches)
-        else:
-            paths, offsets, order = _sorted_paths(batches, dirs)
-            if order is not None:
-                parent = parent[order]
+        paths, offsets = _joined_paths(batches)
+        order = None if placed is not None else _path_order(paths, offsets)   # else the general sort
+        if order is not None:
+            paths, offsets = _gather(paths, offsets, order)
+            parent = parent[order]
         recs_all = [b[3] for b in batches]
         del batches
         cols = {}
@@ -389,37 +384,10 @@ def _joined_paths(batches: list[tuple[str, bytes, np.ndarray, np.ndarray]]) -> t
     return np.frombuffer(blob.replace(b"\0", b""), np.uint8), offsets
 
 
-def _sorted_paths(batches: list[tuple[str, bytes, np.ndarray, np.ndarray]], dirs: list[tuple[str, int, int, int]]
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """The files' paths sorted as str, and the order that sorts them
-    (None: the batches' order), for listings that are not sorted or a tree
-    whose directories hold both files and directories."""
-    prefixes = [encode_rel(rel) + b"/" if rel else b"" for rel, *_ in batches]
-    names = np.frombuffer(b"".join(b[1] for b in batches), np.uint8)
-    ends = np.flatnonzero(names == 0)
-    starts = np.empty_like(ends)
-    starts[0] = 0
-    starts[1:] = ends[:-1] + 1
-    files = np.concatenate([b[2] for b in batches])
-    per_file = np.repeat(np.arange(len(batches)), [len(b[3]) for b in batches])
-    starts, lengths = starts[files], (ends - starts)[files]
-    del ends, files
-    order = _leaf_order([b[0] for b in batches], dirs, names, per_file, starts, lengths)
-    if order is not None:         # the paths made in their order
-        per_file, starts, lengths = per_file[order], starts[order], lengths[order]
-    paths, offsets = _join_paths(prefixes, per_file, names, starts, lengths)
-    del names, starts, lengths, per_file
-    if order is None:
-        order = _path_order(paths, offsets)
-        if order is not None:
-            paths, offsets = _gather(paths, offsets, order)
-    return paths, offsets, order
-
-
 def _batch_order(rels: list[str], firsts: list[int], dirs: list[tuple[str, int, int, int]],
                  batches: list[tuple[str, bytes, np.ndarray, np.ndarray]]) -> list[int] | None:
     """The order of the batches that puts their files in path order, when
-    each listing is in name order (the C scanner's) and no directory that
+    each listing is in name order (as _listing gives them) and no directory that
     holds files holds a directory too (ImageNet's classes): then path order
     is the order of the directories (each as "rel/"), and within one, of its
     batches (parts of one sorted listing) (NOTE [scan in C]).  None when that
@@ -444,32 +412,6 @@ def _utf8(blob: bytes) -> bool:
     return True
 
 
-def _leaf_order(rels: list[str], dirs: list[tuple[str, int, int, int]], names: np.ndarray, per_file: np.ndarray,
-                starts: np.ndarray, lengths: np.ndarray) -> np.ndarray | None:
-    """The order of the paths without making them first, when no directory
-    that holds files holds a directory too (ImageNet's classes): then path
-    order is the order of the directories (each as "rel/") and, within one,
-    of the names.  None when that does not hold or a name is not UTF-8."""
-    holding = set(rels)
-    if not _leaf_dirs(rels, dirs):
-        return None
-    if len(starts) * int(lengths.max()) > 8 * int(lengths.sum()) + (64 << 20):
-        return None               # a long name among short ones: no fixed-width array
-    if not _utf8(names.tobytes()):
-        return None
-    place = {rel: k for k, rel in enumerate(sorted(holding, key=lambda r: encode_rel(r) + b"/"))}
-    rank = np.array([place[rel] for rel in rels], np.int64)     # per batch (a directory may have several)
-    fixed = _fixed_width(names, starts, lengths)
-    n, width = len(fixed), fixed.dtype.itemsize
-    # one key per file, its directory's rank (4 bytes, big-endian) then its
-    # name: unique (no name twice in a directory), so the fast unstable sort
-    key = np.empty((n, 4 + width), np.uint8)
-    key[:, :4] = rank[per_file].astype(">u4").view(np.uint8).reshape(n, 4)
-    key[:, 4:] = fixed.view(np.uint8).reshape(n, width)
-    del fixed
-    return np.argsort(key.view(f"S{4 + width}").reshape(n))
-
-
 def _fixed_width(blob: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """Byte strings blob[starts[k]:starts[k] + lengths[k]] as one numpy "S"
     array (padded with NULs, which no path holds: a shorter string sorts
@@ -486,7 +428,7 @@ def _fixed_width(blob: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> n
 
 
 def _gather(paths: np.ndarray, offsets: np.ndarray, order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The paths in another order (in blocks of files, as _join_paths)."""
+    """The paths in another order (in blocks of files: the index arrays stay small)."""
     lengths = np.diff(offsets)[order]
     out_offsets = np.zeros(len(order) + 1, np.int64)
     np.cumsum(lengths, out=out_offsets[1:])
@@ -497,27 +439,7 @@ def _gather(paths: np.ndarray, offsets: np.ndarray, order: np.ndarray) -> tuple[
     return out, out_offsets
 
 
-def _join_paths(prefixes: list[bytes], per_file: np.ndarray, names: np.ndarray, starts: np.ndarray,
-                lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Each file's path, its directory's prefix then its name, in one blob
-    cut by offsets (in blocks of files: the index arrays stay small)."""
-    pre_len = np.fromiter(map(len, prefixes), np.int64, len(prefixes))
-    pre_start = np.zeros(len(prefixes), np.int64)
-    np.cumsum(pre_len[:-1], out=pre_start[1:])
-    pre_blob = np.frombuffer(b"".join(prefixes), np.uint8)
-    plen = pre_len[per_file]
-    offsets = np.zeros(len(per_file) + 1, np.int64)
-    np.cumsum(plen + lengths, out=offsets[1:])
-    out = np.empty(int(offsets[-1]), np.uint8)
-    for a in range(0, len(per_file), JOIN_BLOCK):
-        b = min(len(per_file), a + JOIN_BLOCK)
-        o, p, n = offsets[a:b], plen[a:b], lengths[a:b]
-        out[spans(o, p)] = pre_blob[spans(pre_start[per_file[a:b]], p)]
-        out[spans(o + p, n)] = names[spans(starts[a:b], n)]
-    return out, offsets
-
-
-JOIN_BLOCK = 1 << 16      # files per block of _join_paths and _path_order
+JOIN_BLOCK = 1 << 16      # files per block of _fixed_width and _gather
 
 
 def _path_order(paths: np.ndarray, offsets: np.ndarray) -> np.ndarray | None:

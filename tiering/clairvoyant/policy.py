@@ -259,7 +259,8 @@ class Clairvoyant(Policy):
         uniq, first, count = np.unique(late, return_index=True, return_counts=True)
         at = np.minimum(np.searchsorted(uniq, files), len(uniq) - 1)
         skip = (uniq[at] == files) & (occurrences(files) < count[at])
-        self.epoch_log.opened_many(epochs[first][at[skip]], from_tier[skip], self._sizes[files[skip]], None)
+        self.epoch_log.opened_many(epochs[first][at[skip]], from_tier[skip], self._sizes[files[skip]], None,
+                                   files[skip])   # their closes count there too
         return ~skip
 
     def _drop_early(self) -> None:

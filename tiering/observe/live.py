@@ -325,7 +325,8 @@ class JobWatch:
         s = Sample(t=self.clock() - self.t0, tier_bytes=tiers, opens=c.get("opens", 0),
                    from_tiers=c.get("opens", 0) - c.get("opens_pfs", 0),
                    pfs_opens=c.get("opens_pfs", 0) + (snap.pfs_opens if snap else 0),
-                   pfs_bytes=(snap.pfs_bytes + snap.job_pfs_read) if snap else 0,
+                   # COMMAND's by the shim's counter, as the report's (NOTE [read counters]): exact with events dropped
+                   pfs_bytes=c.get("read_pfs", 0) + (snap.pfs_bytes if snap else 0),
                    copies=snap.copies if snap else 0, copy_bytes=snap.pfs_bytes if snap else 0)
         return s, snap, rep, c
 

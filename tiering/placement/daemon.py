@@ -57,7 +57,6 @@ class DaemonStats:
     events: int = 0
     placement_errors: int = 0       # exceptions raised by the policy (the job goes on)
     job_pfs_bytes: int = 0          # sizes of the files COMMAND opened from the PFS (from the events)
-    job_pfs_read: int = 0           # bytes COMMAND read through them (close events: NOTE [read counters])
     peer_fetches: int = 0           # copies fetched from another node instead of the PFS
     peer_bytes: int = 0             # their sizes
     peer_fallbacks: dict[str, int] = field(default_factory=dict)   # fetches given up, by reason: PFS copy
@@ -94,7 +93,6 @@ class DaemonSnapshot:
     events: int
     invalidated: int
     changed_sources: int
-    job_pfs_read: int = 0  # bytes COMMAND read through the files it opened from the PFS (at their closes)
 
 
 class Daemon:
@@ -363,7 +361,6 @@ class Daemon:
 
     def _closed(self, files: np.ndarray, from_tier: np.ndarray, nbytes: np.ndarray) -> None:
         """Closes of a segment of a batch, after its opens: the bytes read."""
-        self.stats.job_pfs_read += int(nbytes[~from_tier].sum())
         self._guarded(self.policy.on_closes, files, from_tier, nbytes)
 
     def _invalidate(self, i: int) -> None:
@@ -554,7 +551,6 @@ class Daemon:
                 copies=st.copies, copy_failures=st.copy_failures, evictions=st.evictions,
                 in_flight=len(self._pending), reading=self._reading,
                 pfs_opens=st.pfs_opens, pfs_bytes=st.pfs_bytes, job_pfs_bytes=st.job_pfs_bytes,
-                job_pfs_read=st.job_pfs_read,
                 events=st.events, invalidated=st.invalidated, changed_sources=st.changed_sources)
 
     # -- reporting -------------------------------------------------------------
