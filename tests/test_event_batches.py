@@ -246,6 +246,7 @@ def test_copies_are_issued_at_most_a_horizon_of_reading_ahead_of_a_reading_reade
     assert read + 5000 - 1 <= furthest < read + 5000 + policy.chunk
     assert policy.report()["held_by_horizon"] > 0
     assert policy._lead_bound() is not None
+    assert policy.lead() == furthest - read + 1                # the copies handed out and landed, not the plan
     clock.now += 1.0                                        # the reader pauses
     policy.poll()
     land()

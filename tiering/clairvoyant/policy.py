@@ -339,11 +339,23 @@ class Clairvoyant(Policy):
 
     def lead(self) -> int | None:
         """Stream positions ahead of the reader whose copies have landed
-        (issued less in flight), None when no order is followed."""
+        (handed to the daemon less in flight: the plan's fetches still held
+        here, by the horizon or the in-flight bound, are not), None when no
+        order is followed."""
         if not self.following:
             return None
         assert self.planner is not None
-        return max(0, self.planner.cursor - self.planner.reader - self.placement.copies_in_flight())
+        return max(0, self._handed_to() - self.planner.reader - self.placement.copies_in_flight())
+
+    def _handed_to(self) -> int:
+        """The stream position of the first planned fetch not handed to the
+        daemon yet (the plan's cursor when all were)."""
+        assert self.planner is not None
+        for actions in self._actions:
+            fetch = np.flatnonzero(actions.kind == FETCH)
+            if len(fetch):
+                return int(actions.need[fetch[0]])
+        return self.planner.cursor
 
     def _give_up(self, why: str) -> None:
         """The mapping the plan was made with is wrong (the feed said why,
