@@ -115,6 +115,22 @@ static int check_source(int fd, const struct tiering_copy *c)
     return TIERING_COPY_OK;
 }
 
+/* NOTE [staging files]: the one way a copy's staging file is made, for the
+ * daemon's copies and the peer tier's: write-only, O_EXCL, never through a
+ * symlink, close-on-exec, mode 0600; one left by an earlier copy under the
+ * same name is removed first.  The fd, or -errno (-ENOENT: the staging
+ * directory is gone). */
+EXPORT int tiering_staging_create(int staging_fd, const char *name)
+{
+    const int flags = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
+    int out = (int)syscall(SYS_openat, staging_fd, name, flags, 0600);
+    if (out < 0 && errno == EEXIST) { /* left by an earlier copy of this thread */
+        syscall(SYS_unlinkat, staging_fd, name, 0);
+        out = (int)syscall(SYS_openat, staging_fd, name, flags, 0600);
+    }
+    return out < 0 ? -errno : out;
+}
+
 /* Opens src (O_NOFOLLOW unless c->follow, O_NONBLOCK so a fifo cannot
  * block), checks it against c->size and c->mtime_ns and creates the new
  * staging file name in staging_fd (O_EXCL; one left by an earlier copy is
@@ -138,16 +154,11 @@ static int copy_open(const char *src, int staging_fd, const char *name, struct t
         return r;
     }
     syscall(SYS_fcntl, in, F_SETFL, O_RDONLY); /* blocking reads from here on */
-    const int out_flags = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
-    int out = (int)syscall(SYS_openat, staging_fd, name, out_flags, 0600);
-    if (out < 0 && errno == EEXIST) { /* left by an earlier copy of this thread */
-        syscall(SYS_unlinkat, staging_fd, name, 0);
-        out = (int)syscall(SYS_openat, staging_fd, name, out_flags, 0600);
-    }
+    int out = tiering_staging_create(staging_fd, name);
     if (out < 0) {
-        c->error = errno;
+        c->error = -out;
         sys_close(in);
-        return errno == ENOENT ? TIERING_COPY_NO_STAGING : TIERING_COPY_TARGET_ERROR;
+        return out == -ENOENT ? TIERING_COPY_NO_STAGING : TIERING_COPY_TARGET_ERROR;
     }
     c->fd_in = in;
     c->fd_out = out;

@@ -220,6 +220,9 @@ int tiering_copy_file(const char *src, int staging_fd, const char *name, int dst
 int tiering_copy_open(const char *src, int staging_fd, const char *name, struct tiering_copy *c);
 int tiering_copy_finish(struct tiering_copy *c, int64_t copied, int staging_fd, const char *name,
                         int dst_fd, const char *leaf);
+/* A copy's staging file `name` in staging_fd (NOTE [staging files]): its fd,
+ * or -errno (-ENOENT: the staging directory is gone). */
+int tiering_staging_create(int staging_fd, const char *name);
 /* The catalog scan (shim/tierscan.c, NOTE [scan in C]): the entries of one
  * directory but "." and "..", in name order (bytes compared unsigned), their
  * names NUL-terminated one after another and their d_type; freed with

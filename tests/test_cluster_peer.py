@@ -182,6 +182,54 @@ def test_fetch_copy_puts_the_copy_in_place_on_the_tier(served):
     assert os.listdir(root / "staging") == [] and not tier.copy_path(CatalogFile(0, "missing.bin", 1, 1)).exists()
 
 
+def test_a_staging_file_is_made_as_the_c_copy_makes_its_own(tmp_path):
+    """TierDirs.create_staging (the peer tier's copies) goes through the C
+    copy's tiering_staging_create: the file is new and 0600, a leftover of
+    the same name is replaced, a symlink at the name is never followed, and
+    a staging directory that vanished is made again."""
+    from tiering.placement.index import lib
+    root = private_dir(tmp_path / "tier")
+    tier = TierState("ram", "memory", root, 1 << 30, 1)
+    dirs = tier.dirs
+    staging = root / "staging"
+    calls: list[str] = []
+    real = lib.tiering_staging_create
+
+    class Spy:
+        def __getattr__(self, name):
+            return getattr(lib, name)
+
+        def tiering_staging_create(self, fd, name):
+            calls.append(name)
+            return real(fd, name)
+
+    (staging / "a.part").write_bytes(b"left over")
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"not mine")
+    (staging / "b.part").symlink_to(victim)
+    import tiering.placement.tiers as tiers_mod
+    saved, tiers_mod.lib = tiers_mod.lib, Spy()
+    try:
+        for name in ("a.part", "b.part"):
+            fd, dir_fd = dirs.create_staging(name)
+            os.write(fd, b"new")
+            os.close(fd)
+            assert dir_fd == dirs.staging_fd
+            st = os.lstat(staging / name)
+            assert stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600
+            assert (staging / name).read_bytes() == b"new"
+        assert victim.read_bytes() == b"not mine"
+        for name in os.listdir(staging):
+            os.unlink(staging / name)
+        staging.rmdir()
+        fd, dir_fd = dirs.create_staging("c.part")
+        os.close(fd)
+        assert (staging / "c.part").is_file() and dir_fd == dirs.staging_fd
+    finally:
+        tiers_mod.lib = saved
+    assert calls == [b"a.part", b"b.part", b"c.part", b"c.part"]
+
+
 def test_interface_addresses():
     assert interface_address("lo") == "127.0.0.1"
     with pytest.raises(PeerError, match=r"'nosuch0' does not exist on .* \(there are: .*lo"):

@@ -40,7 +40,6 @@ CHUNK_ALIGN = 1 << 20      # the ranges of a chunked copy start at multiples of 
 CHUNKED_BYTES = 64 << 20   # files of this size or more are copied in parallel chunks (profile: large_file_mb)
 CHUNK_THREADS = 4          # ... by this many threads
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-STAGING_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class SourceChanged(Exception):
@@ -169,18 +168,25 @@ class TierDirs:
         self._retired: list[int] = []   # replaced staging fds: a copy may still hold one
 
     def create_staging(self, name: str) -> tuple[int, int]:
-        """A new staging file `name` (O_EXCL, never through a symlink) and the
-        fd of the directory it is in.  A staging directory that has gone
-        missing is made again."""
+        """A new staging file `name` and the fd of the directory it is in,
+        made as the C copy makes its own (NOTE [staging files]).  A staging
+        directory that has gone missing is made again."""
+        fd, dir_fd = self.in_staging(lambda d: int(lib.tiering_staging_create(d, os.fsencode(name))), -errno.ENOENT)
+        if fd < 0:
+            raise OSError(-fd, os.strerror(-fd), name)
+        return fd, dir_fd
+
+    def in_staging(self, attempt: Callable[[int], int], gone: int) -> tuple[int, int]:
+        """attempt(the staging directory's fd), made again (at most twice)
+        when it returns `gone` (the staging directory is gone): its result
+        and that fd."""
         for _ in range(3):
-            dir_fd = self.staging_fd
-            try:
-                return os.open(name, STAGING_FLAGS, 0o600, dir_fd=dir_fd), dir_fd
-            except FileExistsError:
-                unlink_at(name, dir_fd)       # left by an earlier copy of this thread
-            except FileNotFoundError:
-                self.remake_staging(dir_fd)
-        return os.open(name, STAGING_FLAGS, 0o600, dir_fd=self.staging_fd), self.staging_fd
+            staging_fd = self.staging_fd
+            result = attempt(staging_fd)
+            if result != gone:
+                break
+            self.remake_staging(staging_fd)
+        return result, staging_fd
 
     def remake_staging(self, missing_fd: int) -> None:
         with self._lock:
@@ -333,23 +339,12 @@ def copy_file(src: str, f: CatalogFile, tier: TierState, stop: threading.Event,
     data = tier.dirs.data
     dst_fd = data.acquire(key, create=True)
     try:
-        status, _ = _in_staging(tier, lambda staging_fd: _transfer(os.fsencode(src), staging_fd, name.encode(),
-                                                                   dst_fd, leaf.encode(), call))
+        status, _ = tier.dirs.in_staging(lambda staging_fd: _transfer(os.fsencode(src), staging_fd, name.encode(),
+                                                                      dst_fd, leaf.encode(), call),
+                                         lib.TIERING_COPY_NO_STAGING)
     finally:
         data.release(key)
     return _outcome(status, call.c, call.progress, src)
-
-
-def _in_staging(tier: TierState, attempt: Callable[[int], int]) -> tuple[int, int]:
-    """attempt(the staging directory's fd), made again (at most twice) when
-    it says the staging directory is gone: its status and that fd."""
-    for _ in range(3):
-        staging_fd = tier.dirs.staging_fd
-        status = attempt(staging_fd)
-        if status != lib.TIERING_COPY_NO_STAGING:
-            break
-        tier.dirs.remake_staging(staging_fd)
-    return status, staging_fd
 
 
 def _outcome(status: int, c: Any, progress: _Progress, src: str) -> int | None:
@@ -420,8 +415,9 @@ def _copy_chunked(src: str, f: CatalogFile, tier: TierState, stop: threading.Eve
     ends all of them and removes the staging file."""
     c = _Call.of_thread(f).c
     progress = _Progress(stop, on_read)
-    status, staging_fd = _in_staging(tier, lambda fd: int(lib.tiering_copy_open(os.fsencode(src), fd,
-                                                                                name.encode(), c)))
+    status, staging_fd = tier.dirs.in_staging(lambda fd: int(lib.tiering_copy_open(os.fsencode(src), fd,
+                                                                                   name.encode(), c)),
+                                              lib.TIERING_COPY_NO_STAGING)
     if status != lib.TIERING_COPY_OK:
         return _outcome(status, c, progress, src)
     key, leaf = TierDirs.key(f)
