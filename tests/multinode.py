@@ -100,12 +100,17 @@ def train_argv(spec: JobSpec) -> list[str]:
             "--batch-size", str(spec.batch), "--seed", str(spec.seed), "--step-ms", str(spec.step_ms)]
 
 
-def _base_env(net: netns.Network, node: int) -> dict[str, str]:
+def _base_env(spec: JobSpec, net: netns.Network, node: int) -> dict[str, str]:
+    """The node's environment: no launcher's variables of the caller, and a
+    TMPDIR of the node's own under spec.work (torchrun leaves its
+    torchelastic_* directories there, not in /tmp)."""
+    tmp = spec.work / f"tmp{node}"
+    tmp.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_", "PMI_", "TORCHELASTIC_"))}
     for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
               "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)
-    env.update(GLOO_SOCKET_IFNAME=net.node(node).iface, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env.update(GLOO_SOCKET_IFNAME=net.node(node).iface, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", TMPDIR=str(tmp))
     return env
 
 
@@ -117,7 +122,7 @@ def launches(spec: JobSpec, net: netns.Network) -> list[tuple[str, list[str], di
     master, k = net.node(0).address, spec.ranks_per_node
     out = []
     for node in range(spec.nodes):
-        env = _base_env(net, node)
+        env = _base_env(spec, net, node)
         if spec.form == 1:
             wrap = [] if spec.mode == "pfs" else tier_run_argv(spec, node, node * k)
             cmd = [PYTHON, "-m", "torch.distributed.run", "--nnodes", str(spec.nodes), "--node-rank", str(node),
@@ -217,6 +222,11 @@ def _load(path: Path) -> dict[str, Any]:
 def tier_files(work: Path, node: int) -> int:
     """Files left in node `node`'s tier directory (tier-run removes its own at exit)."""
     return sum(len(files) for _, _, files in os.walk(work / f"tiers{node}"))
+
+
+def torchelastic_dirs(work: Path, node: int) -> list[Path]:
+    """The directories torchrun made in node `node`'s TMPDIR."""
+    return sorted((work / f"tmp{node}").glob("torchelastic_*"))
 
 
 def expected_samples(root: Path, world: int, epochs: int, seed: int) -> list[list[tuple[int, str]]]:

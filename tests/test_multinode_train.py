@@ -97,6 +97,8 @@ def test_torchrun_across_nodes_reads_the_same_bytes_and_fetches_from_peers(tmp_p
     # and the job reads the PFS about once per file: those, and the reads that came before their copy
     assert got_pfs["bytes"] <= 5 * D // 4, [s["epochs"] for s in got.stats]
     wait_for(lambda: all(multinode.tier_files(tmp_path / "peers", n) == 0 for n in range(nodes)), "tiers removed")
+    # torchrun's scratch went to each node's TMPDIR under the test's directory, not /tmp
+    assert all(multinode.torchelastic_dirs(tmp_path / tag, n) for tag in ("ref", "peers") for n in range(nodes))
 
 
 def test_one_tier_run_per_rank_two_ranks_on_each_of_two_nodes(tmp_path: Path, pfs: SlowFs):
