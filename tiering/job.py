@@ -145,26 +145,24 @@ def child_environment(env: dict[str, str], index_path: Path | None, lib: Path,
 # -- set-up --------------------------------------------------------------------
 
 CACHE_WRITER_WAIT = 10.0   # seconds the teardown waits for the catalog cache writer
-M_MMAP_THRESHOLD = -3      # mallopt(3)'s parameter
-MMAP_THRESHOLD = 1 << 20   # bytes: larger blocks are mapped on their own and unmapped when freed
 
 
-def return_large_blocks() -> None:
-    """Makes malloc map every block of 1 MiB or more on its own (glibc), so
-    that the large arrays freed during start-up (the index's sources, the
-    scan's and the orders' temporaries) go back to the OS instead of staying
-    in the heap for the rest of the job: glibc's default threshold grows with
-    each such block freed, up to 32 MiB.  Nothing happens elsewhere."""
+def give_back_freed_memory() -> None:
+    """Returns the free pages of malloc's heaps to the OS (glibc's
+    malloc_trim), once the start-up's large temporaries are freed (the
+    index's sources, the scan's and the orders' temporaries; NOTE [catalog
+    arrays]).  malloc's thresholds are left as glibc sets them: its dynamic
+    mmap threshold keeps the job's repeated buffers of 1 MiB or more (copy
+    and peer chunks, gRPC messages) in the heap, where one costs no
+    mmap, page faults and munmap each.  Nothing happens elsewhere."""
     try:
-        libc = ctypes.CDLL(None)
-        libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+        ctypes.CDLL(None).malloc_trim(0)
     except (OSError, AttributeError):
         pass
 
 
 def setup(job: Job) -> None:
     opts = job.opts
-    return_large_blocks()
     sweep_leftovers([index_parent()] + [t.path for t in opts.profile.tiers], job.user)
     try:
         job.run_dir = make_private_dir(index_parent(), job.user)
@@ -204,6 +202,7 @@ def setup(job: Job) -> None:
     roots = [Root(prefix, i, cat.dir_links[i]) for prefix, i in catalog_mod.RootMap(cat.roots).prefixes]
     job.index, slots = SharedIndex.for_catalog(job.run_dir / "index", roots, [str(t.data) for t in job.tiers], cat)
     cat.files.release_indexed()   # the index holds the identities and stat
+    give_back_freed_memory()      # before the order and torch take theirs
     feed = _choose_policy(job)
     if isinstance(feed, ListFeed):
         job.warm_order = feed.first
@@ -230,6 +229,7 @@ def setup(job: Job) -> None:
                    len(cat.files), cat.total_bytes, fits_bytes(sizes, sum(t.capacity for t in job.tiers), allocation),
                    [(t.name, t.capacity) for t in job.tiers], job.run_dir)
     watch.attach(info, _Probe(job), lambda: job.no_order)
+    give_back_freed_memory()
 
 
 class _Probe:

@@ -1,0 +1,47 @@
+"""tier-run's malloc after its set-up: glibc's own thresholds, so that the
+job's repeated buffers of 1 MiB or more (copy and peer chunks, gRPC
+messages) come from the heap, not from an mmap and a munmap each."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from helpers import make_data
+
+SCRIPT = r"""
+import ctypes, sys
+from tiering import job as job_mod
+from tiering.profile import load_profile
+
+class Info(ctypes.Structure):   # glibc's struct mallinfo2
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+libc = ctypes.CDLL(None)
+libc.mallinfo2.restype = Info
+job = job_mod.Job(job_mod.JobOptions([sys.argv[1]], ["true"], load_profile(sys.argv[2]), policy="first-touch",
+                                     scan_cache=None))
+job_mod.setup(job)
+try:
+    freed = bytearray(2 << 20)    # glibc's dynamic threshold rises past a mapped block once freed
+    del freed
+    before = libc.mallinfo2().hblks
+    kept = [bytearray(2 << 20) for _ in range(4)]
+    print(libc.mallinfo2().hblks - before)
+finally:
+    job_mod.cleanup(job)
+"""
+
+
+def test_after_the_set_up_blocks_of_2_mib_come_from_the_heap(tmp_path: Path):
+    make_data(tmp_path / "data", {f"c{i % 3}/f{i}.bin": 1000 for i in range(30)})
+    tiers = tmp_path / "tiers"
+    tiers.mkdir()
+    prof = tmp_path / "p.yaml"
+    prof.write_text(f"name: test\ntiers:\n  - {{name: disk, kind: filesystem, path: {tiers}, capacity: 100MiB, "
+                    "threads: 2}\npfs: {read_threads: 2}\n")
+    out = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "data"), str(prof)], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["0"], out.stderr   # none of the four blocks was mapped on its own
