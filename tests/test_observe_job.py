@@ -103,12 +103,17 @@ def run_in_pty(cmd: list[str], timeout: float = 300) -> tuple[int, str]:
     return proc.wait(timeout=60), b"".join(chunks).decode(errors="replace")
 
 
+# COMMAND's lines, each in one write: print writes its pieces one by one when
+# PYTHONUNBUFFERED is set, and tier-run, which does not see what COMMAND writes
+# on the terminal they share, may then put a line of its own between them
+STEPS = "import os, time\nfor k in range(3):\n    os.write(1, b'step %d\\n' % k)\n    time.sleep(1)"
+
+
 def test_a_terminal_gets_a_bar_while_scanning_and_whole_lines_once_command_runs(tmp_path):
     data = tmp_path / "pfs"
     dataset(data, n=2000)
     code, out = run_in_pty([PYTHON, "-m", "tiering", "run", "--profile", str(profile(tmp_path)), "--data", str(data),
-                            "--policy", "first-touch", "--progress-every", "1", "--", PYTHON, "-c",
-                            "import time\nfor k in range(3):\n    print('step', k, flush=True)\n    time.sleep(1)"])
+                            "--policy", "first-touch", "--progress-every", "1", "--", PYTHON, "-c", STEPS])
     assert code == 0, out
     start = out.index("tiering: starting COMMAND")
     before, after = out[:start], out[start:]
