@@ -874,7 +874,7 @@ def test_the_teardown_stops_the_tiers_before_it_waits_for_the_cache_writer(monke
             done.append(("disabled", value))
 
     monkeypatch.setattr(job_mod.catalog_mod, "wait_writer", lambda pid, timeout: done.append(("waited", pid)) or True)
-    job = SimpleNamespace(index=Index(), cache_writer=4242, daemon=None, catalog=None,
+    job = SimpleNamespace(index=Index(), cache_writer=4242, daemon=None, catalog=None, run_dir=None,
                           opts=SimpleNamespace(keep=True, scan_cache=None))
     job_mod.cleanup(job)
     assert done == [("disabled", True), ("waited", 4242)] and job.cache_writer is None

@@ -34,7 +34,8 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from types import TracebackType
 from typing import Any
 
@@ -43,6 +44,7 @@ FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
 WATCHED = frozenset(FORWARDED) | {signal.SIGCHLD}
 PR_SET_PDEATHSIG = 1
 DEATH_SIGNAL = signal.SIGTERM
+WAKE = signal.SIGURG   # the set-up's watcher interrupts the main thread with it (SetupWatch)
 
 
 class CommandError(Exception):
@@ -90,6 +92,22 @@ def wait_signal(signals: frozenset[int] | tuple[int, ...], timeout: float) -> si
     return info if info is not None and info.si_signo in signals else None
 
 
+def child_defaults(ignored: set[int]) -> frozenset[int]:
+    """The signals a child of tier-run takes with their default action: those
+    tier-run handles or blocks and those Python ignores; those ignored when
+    tier-run started stay ignored (nohup)."""
+    return frozenset((set(FORWARDED) - ignored) | {signal.SIGCHLD, signal.SIGPIPE, signal.SIGXFSZ, WAKE})
+
+
+def as_plain_child(ignored: set[int]) -> None:
+    """In a child that tier-run forks to run Python (no exec: the catalog
+    cache writer): the signals' default actions and an empty mask, as
+    COMMAND gets them."""
+    for s in child_defaults(ignored):
+        signal.signal(s, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, ())
+
+
 def restore_signals(old_mask: set[int]) -> None:
     """Drops forwarded signals still pending (COMMAND is gone: there is no one
     left to forward them to) and puts the old mask back."""
@@ -110,15 +128,30 @@ class SetupWatch:
     """While the job is set up (signals blocked, no COMMAND yet): a forwarded
     signal interrupts the main thread, which raises Interrupted."""
 
-    WAKE = signal.SIGURG   # ignored by default; the handler acts only when a signal was caught
+    WAKE = WAKE   # ignored by default; the handler acts only when a signal was caught
 
     def __init__(self, ignored: set[int]):
         self.ignored = ignored
         self.caught: int | None = None
-        self._stop = threading.Event()
         self._main = threading.get_ident()
-        self._thread = threading.Thread(target=self._run, name="tiering-setup-signals", daemon=True)
+        self._stop, self._thread = self._watcher()
         self._old_wake: Any = None
+
+    def _watcher(self) -> tuple[threading.Event, threading.Thread]:
+        return threading.Event(), threading.Thread(target=self._run, name="tiering-setup-signals", daemon=True)
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """No watcher thread in the block (a fork, NOTE [cache written
+        aside]): a signal sent meanwhile stays pending (blocked) and is taken
+        when the watcher runs again."""
+        self._stop.set()
+        self._thread.join()
+        try:
+            yield
+        finally:
+            self._stop, self._thread = self._watcher()
+            self._thread.start()
 
     def __enter__(self) -> SetupWatch:
         self._old_wake = signal.signal(self.WAKE, self._woken)
@@ -203,8 +236,7 @@ def _child_setup(parent: int, defaults: frozenset[int]) -> Callable[[], None]:
 def spawn(command: list[str], exe: str, env: dict[str, str], ignored: set[int]) -> subprocess.Popen[bytes]:
     """Starts COMMAND (argv as given, found at exe) with env; file
     descriptors and the terminal are inherited as from a shell."""
-    defaults = frozenset((set(FORWARDED) - ignored) | {signal.SIGCHLD, signal.SIGPIPE, signal.SIGXFSZ})
-    setup = _child_setup(os.getpid(), defaults)
+    setup = _child_setup(os.getpid(), child_defaults(ignored))
     try:
         return subprocess.Popen(command, executable=exe, env=env, close_fds=False, preexec_fn=setup)
     except OSError as e:

@@ -12,7 +12,9 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +31,7 @@ from .cluster.rendezvous import DEFAULT_RENDEZVOUS_TIMEOUT
 from .command import (
     CommandError,
     SetupWatch,
+    as_plain_child,
     block_signals,
     ignored_at_start,
     resolve_command,
@@ -107,6 +110,8 @@ class Job:
     warmed: WarmResult | None = None
     peer: PeerTier | None = None        # the peer tier of a job that spans several nodes
     cache_writer: int | None = None     # pid of the child writing the catalog cache (NOTE [cache written aside])
+    # stops tier-run's threads for a block (the set-up's signal watcher, around the cache writer's fork)
+    threads_paused: Callable[[], AbstractContextManager[None]] = nullcontext
 
     @property
     def order_dir(self) -> Path | None:
@@ -145,6 +150,7 @@ def child_environment(env: dict[str, str], index_path: Path | None, lib: Path,
 # -- set-up --------------------------------------------------------------------
 
 CACHE_WRITER_WAIT = 10.0   # seconds the teardown waits for the catalog cache writer
+CACHE_WRITER_OUTPUT = "cache-writer.out"   # in the run directory: what the writer says (said at the end)
 
 
 def give_back_freed_memory() -> None:
@@ -173,7 +179,10 @@ def setup(job: Job) -> None:
     watch.scanning_in(job.run_dir, {"job": job.run_dir.name, "pid": os.getpid(), "user": job.user,
                                     "command": opts.command, "data": opts.data, "policy": opts.policy or "default"})
     def save(saves: list[catalog_mod.PendingSave]) -> None:
-        job.cache_writer = catalog_mod.save_in_child(saves)   # COMMAND does not wait for the cache
+        assert job.run_dir is not None
+        with job.threads_paused():   # COMMAND does not wait for the cache
+            job.cache_writer = catalog_mod.save_in_child(saves, partial(as_plain_child, ignored_at_start()),
+                                                         job.run_dir / CACHE_WRITER_OUTPUT)
 
     try:
         job.catalog = catalog_mod.scan(opts.data, threads=opts.scan_threads, cache_dir=opts.scan_cache,
@@ -306,7 +315,8 @@ def cleanup(job: Job) -> None:
     if job.index is not None:
         job.index.set_disabled(True)  # processes COMMAND left behind stop using the tiers
     if job.cache_writer is not None:     # the next run finds the cache (a writer that hangs is left to end alone)
-        catalog_mod.wait_writer(job.cache_writer, CACHE_WRITER_WAIT)
+        if catalog_mod.wait_writer(job.cache_writer, CACHE_WRITER_WAIT) and job.run_dir is not None:
+            _say_writer_output(job.run_dir / CACHE_WRITER_OUTPUT)
         job.cache_writer = None
     d, cat = job.daemon, job.catalog
     if d is not None and cat is not None and cat.from_cache and d.stats.changed_sources and job.opts.scan_cache:
@@ -323,6 +333,17 @@ def cleanup(job: Job) -> None:
             remove_tree(t)
     if job.run_dir is not None:
         remove_tree(job.run_dir)
+
+
+def _say_writer_output(path: Path) -> None:
+    """What the catalog cache writer said (a cache it could not write), on
+    tier-run's stderr once COMMAND is done with the terminal."""
+    try:
+        text = path.read_text(errors="replace").rstrip("\n")
+    except OSError:
+        return
+    if text:
+        say(text)
 
 
 # -- running COMMAND -----------------------------------------------------------
@@ -368,9 +389,11 @@ def run(job: Job) -> int:
     old_mask = block_signals()
     exit_code: int | None = None
     try:
-        with SetupWatch(ignored):
+        with SetupWatch(ignored) as setup_watch:
+            job.threads_paused = setup_watch.paused
             setup(job)
             warm(job)
+        job.threads_paused = nullcontext
         env = child_environment(dict(os.environ), job.index.path if job.index else None,
                                 library_path(), opts.verbose >= 2, job.order_dir)
         t0 = time.monotonic()

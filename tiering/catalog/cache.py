@@ -51,7 +51,9 @@ import logging
 import os
 import stat
 import tempfile
+import threading
 import time
+import warnings
 import zipfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -412,18 +414,22 @@ def save_now(saves: list[PendingSave]) -> None:
 WRITER_NICE = 10          # the cache writer yields the CPU to COMMAND's start
 
 
-def save_in_child(saves: list[PendingSave]) -> int | None:
+def save_in_child(saves: list[PendingSave], prepare: Callable[[], None] | None = None,
+                  output: Path | None = None) -> int | None:
     """Writes the catalogs to the cache in a forked child, and returns its
     pid at once (None: nothing to write, or written here because fork
     failed), NOTE [cache written aside].  The child sees the catalogs as
-    they were at the fork whatever the caller does with them next, writes
-    each to a temporary file and renames it (a writer killed on the way
-    leaves a temporary, never a half cache) and exits with _exit (no
-    handler of the caller's runs twice)."""
+    they were at the fork whatever the caller does with them next; it reads
+    nothing from stdin, writes its stdout and stderr to `output` (a new
+    file; /dev/null without one), never to the caller's terminal, calls
+    prepare() (the caller's signal settings undone), writes each catalog to
+    a temporary file and renames it (a writer killed on the way leaves a
+    temporary, never a half cache) and exits with _exit (no handler of the
+    caller's runs twice)."""
     if not saves:
         return None
     try:
-        pid = os.fork()
+        pid = _fork()
     except OSError as e:
         log.info("cannot start the catalog cache writer (%s); writing the cache now", e)
         save_now(saves)
@@ -432,6 +438,9 @@ def save_in_child(saves: list[PendingSave]) -> int | None:
         return pid
     code = 1
     try:
+        _output_to(output)
+        if prepare is not None:
+            prepare()
         os.nice(WRITER_NICE)
         save_now(saves)
         code = 0
@@ -439,6 +448,34 @@ def save_in_child(saves: list[PendingSave]) -> int | None:
         log.debug("the catalog cache writer failed", exc_info=True)
     finally:
         os._exit(code)
+
+
+def _fork() -> int:
+    """os.fork, called where no Python thread but the caller's runs.  Python
+    3.12 warns of a fork in a process with threads and counts the threads of
+    native libraries too (OpenBLAS's idle workers, started by numpy's
+    import): with no other Python thread that warning is silenced, never
+    otherwise (NOTE [cache written aside])."""
+    with warnings.catch_warnings():
+        if threading.active_count() == 1:
+            warnings.filterwarnings("ignore", r"This process .* is multi-threaded, use of fork\(\)",
+                                    DeprecationWarning)
+        return os.fork()
+
+
+def _output_to(path: Path | None) -> None:
+    """In the writer: stdin from /dev/null, stdout and stderr to path (made
+    new, 0600, never through a symlink) or to /dev/null."""
+    null = os.open(os.devnull, os.O_RDWR)
+    out = null
+    if path is not None:
+        try:
+            out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        except OSError:
+            pass
+    os.dup2(null, 0)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
 
 
 def wait_writer(pid: int, timeout: float) -> bool:

@@ -1,0 +1,70 @@
+"""The catalog cache writer, the child tier-run forks once a cold scan is
+done (NOTE [cache written aside]): forked where no other Python thread of
+tier-run runs, with the signals as COMMAND gets them, and off COMMAND's
+terminal; what it says comes on tier-run's stderr at the end."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import age, make_data, patched_tier_run, profile
+
+pytestmark = pytest.mark.usefixtures("no_leftovers")
+
+# records the Python threads at tier-run's fork and, in the writer, its
+# signal state and standard descriptors; the writer then says something
+PATCH = """
+import json, os, threading
+import tiering.catalog.cache as cache
+RECORD = os.environ["WRITER_RECORD"]
+real_fork, real_save = os.fork, cache.save_now
+def fork():
+    threads = [t.name for t in threading.enumerate()]
+    pid = real_fork()
+    if pid:
+        with open(RECORD + ".fork", "w") as f:
+            json.dump(threads, f)
+    return pid
+def save_now(saves):
+    st = dict(ln.split(":\\t", 1) for ln in open("/proc/self/status").read().splitlines() if ":\\t" in ln)
+    with open(RECORD, "w") as f:
+        json.dump({"blocked": int(st["SigBlk"], 16), "caught": int(st["SigCgt"], 16),
+                   "ignored": int(st["SigIgn"], 16),
+                   "fds": [os.readlink(f"/proc/self/fd/{fd}") for fd in (0, 1, 2)]}, f)
+    cache.log.warning("a message of the cache writer")
+    real_save(saves)
+os.fork, cache.save_now = fork, save_now
+"""
+
+
+def bits(*signals: int) -> int:
+    return sum(1 << (s - 1) for s in signals)
+
+
+def test_the_writer_is_forked_alone_takes_default_signals_and_stays_off_the_terminal(tmp_path: Path):
+    data = tmp_path / "pfs"
+    make_data(data, {f"c{i % 3}/f{i}.bin": 100 for i in range(30)})
+    age(data)
+    record, cache = tmp_path / "writer.json", tmp_path / "cache"
+    r = subprocess.run([sys.executable, "-c", patched_tier_run(PATCH), "--profile", str(profile(tmp_path)),
+                        "--data", str(data), "--policy", "first-touch", "--", "sh", "-c", "echo COMMAND"],
+                       capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, WRITER_RECORD=str(record), XDG_CACHE_HOME=str(cache)))
+    assert r.returncode == 0, r.stderr
+    assert json.loads(Path(f"{record}.fork").read_text()) == ["MainThread"]   # the signal watcher paused
+    w = json.loads(record.read_text())
+    assert w["blocked"] == 0
+    handled = bits(signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
+                   signal.SIGCHLD, signal.SIGURG)
+    assert w["caught"] & handled == 0 and w["ignored"] & (handled | bits(signal.SIGPIPE, signal.SIGXFSZ)) == 0
+    assert w["fds"][0] == os.devnull and w["fds"][1] == w["fds"][2] and w["fds"][1].endswith("/cache-writer.out")
+    # COMMAND's stdout is its own; the writer's message comes last on tier-run's stderr
+    assert r.stdout == "COMMAND\n"
+    assert r.stderr.splitlines()[-1] == "tiering: a message of the cache writer", r.stderr
+    assert len(list((cache / "tiering" / "catalogs").glob("*.npz"))) == 1
