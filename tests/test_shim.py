@@ -861,7 +861,7 @@ INTERPOSED = set(ENTRIES) | METADATA | CREDENTIALS | {
     "creat", "creat64", "close", "fclose", "closedir", "close_range", "dup", "dup2", "dup3", "fcntl", "fcntl64"}
 HELPERS = {"tiering_fingerprint", "tiering_index_fill", "tiering_state_cas", "tiering_ring_drain",
            "tiering_groups_hash", "tiering_set_tag", "tiering_get_tag", "tiering_copy_file",
-           "tiering_copy_range", "tiering_copy_open", "tiering_copy_finish", "tiering_scan_list", "tiering_scan_list_free", "tiering_scan_stat"}
+           "tiering_copy_range", "tiering_copy_open", "tiering_copy_finish", "tiering_staging_create", "tiering_scan_list", "tiering_scan_list_free", "tiering_scan_stat"}
 
 
 def test_the_library_exports_only_the_wrappers_and_the_daemon_helpers():
