@@ -391,7 +391,10 @@ static inline uint64_t tracked(int fd)
  * file position up to which its reads were booked (credited, only raised,
  * atomically, by the closes).  fd_cell[fd] names the cell of a booked fd
  * (NO_CELL: none).  No lock, no walk: threads that dup and close one file
- * at once book its bytes once. */
+ * at once book its bytes once.  refs is only ever changed atomically, and
+ * a dup joins a cell only while it is held (refs > 0) and still its
+ * source's, so a close racing with the dup never frees a cell a descriptor
+ * still holds, nor does the dup join a cell another open has taken. */
 struct open_file {
     uint32_t refs;
     uint32_t owner;
@@ -419,13 +422,46 @@ static inline void file_opened(int fd)
     fd_cell[fd] = NO_CELL;
 }
 
-/* newfd, a duplicate of oldfd (both booked, in range), shares its cell */
-static inline void file_duplicated(int newfd, int oldfd)
+/* One more reference to cell k, unless it is free (refs 0): 1 if taken */
+static inline int hold_cell(uint32_t k)
+{
+    uint32_t n = __atomic_load_n(&open_files[k].refs, __ATOMIC_RELAXED);
+    while (n && !__atomic_compare_exchange_n(&open_files[k].refs, &n, n + 1, 1, __ATOMIC_ACQUIRE,
+                                             __ATOMIC_RELAXED))
+        ;
+    return n != 0;
+}
+
+/* One reference to cell k less: 1 when it was the last (the cell is free) */
+static inline int drop_cell(uint32_t k)
+{
+    return __atomic_sub_fetch(&open_files[k].refs, 1, __ATOMIC_ACQ_REL) == 0;
+}
+
+/* newfd, a duplicate of oldfd (both in range; oldfd was booked as s when
+ * the dup was made), shares its cell.  A close of oldfd racing with the dup
+ * may have let the cell go (and another open taken it): newfd then has no
+ * cell, and its close books no bytes (a program that dups a descriptor
+ * another thread closes cannot tell which file it duplicates either). */
+static inline void file_duplicated(int newfd, int oldfd, uint64_t s)
 {
     uint32_t k = fd_cell[oldfd];
-    fd_cell[newfd] = k;
-    if (k != NO_CELL)
-        __atomic_add_fetch(&open_files[k].refs, 1, __ATOMIC_RELAXED);
+    fd_cell[newfd] = NO_CELL;
+    if (k == NO_CELL || !hold_cell(k))
+        return;
+    if (tracked(oldfd) == s && fd_cell[oldfd] == k)
+        fd_cell[newfd] = k;
+    else
+        drop_cell(k);
+}
+
+/* Whether the close of fd (booked, in range) books the bytes read through
+ * its open file, and so needs its position: its file was opened by this
+ * process (a descriptor inherited from the parent books nothing) */
+static inline int books_bytes(int fd)
+{
+    uint32_t k = fd_cell[fd];
+    return k != NO_CELL && open_files[k].owner == my_pid;
 }
 
 /* The file position of fd, 0 when it has none (errno untouched). */
@@ -437,32 +473,29 @@ static inline uint64_t position(int fd)
     return pos > 0 ? (uint64_t)pos : 0;
 }
 
-/* The descriptor fd, booked as v, is closed at file position pos: books
- * the bytes read through its open file since the last close of one of its
- * duplicates, and posts the close.  A descriptor inherited from the parent
- * (a forked child) books no bytes: the parent's own close does. */
+/* The descriptor fd, booked as v, is closed at file position pos (0 when
+ * it books no bytes, books_bytes): books the bytes read through its open
+ * file since the last close of one of its duplicates, and posts the close.
+ * A descriptor inherited from the parent (a forked child) books no bytes:
+ * the parent's own close does. */
 static __attribute__((noinline)) void closed_at(int fd, uint64_t v, uint64_t pos)
 {
     uint32_t slot = (uint32_t)v - 1, where = (uint32_t)(v >> 32), k = fd_cell[fd];
     uint64_t bytes = 0;
     if (k != NO_CELL) {
         struct open_file *o = &open_files[k];
-        /* fd is the file's last descriptor (the common case): no other
-         * close can race with this one, which needs no atomic update */
-        int mine = o->owner == my_pid, last = __atomic_load_n(&o->refs, __ATOMIC_ACQUIRE) == 1;
+        /* credited is raised before the cell is let go: a dup may join it
+         * until then, so even a close that looks like the last one races */
+        int mine = o->owner == my_pid, last;
         uint64_t done = __atomic_load_n(&o->credited, __ATOMIC_RELAXED);
-        while (!last && mine && pos > done &&
+        while (mine && pos > done &&
                !__atomic_compare_exchange_n(&o->credited, &done, pos, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
             ;
         if (mine && pos > done) {
             bytes = pos - done;
             count(where ? &idx->counters.read_tier : &idx->counters.read_pfs, bytes);
         }
-        /* the cell is free for another open once refs drops to 0 */
-        if (last)
-            __atomic_store_n(&o->refs, 0, __ATOMIC_RELEASE);
-        else
-            last = __atomic_sub_fetch(&o->refs, 1, __ATOMIC_RELEASE) == 0;
+        last = drop_cell(k); /* the cell is free for another open once refs drops to 0 */
         if (last && mine && !pos && !done) {
             count(&idx->counters.closed_at_zero, 1);
             count(&idx->counters.closed_at_zero_bytes, entries[slot].size);
@@ -490,7 +523,7 @@ static inline void closed(int fd)
 {
     uint64_t v = unbook(fd);
     if ((uint32_t)v)
-        closed_at(fd, v, position(fd));
+        closed_at(fd, v, books_bytes(fd) ? position(fd) : 0);
 }
 
 /* closed(fd), unless in a vfork child, whose close leaves the parent's
@@ -509,7 +542,7 @@ static inline void untrack(int fd)
     if ((uint32_t)v) {
         uint32_t k = fd_cell[fd];
         if (k != NO_CELL)
-            __atomic_sub_fetch(&open_files[k].refs, 1, __ATOMIC_RELEASE);
+            drop_cell(k);
         post(TIERING_EV_CLOSE, (uint32_t)v - 1, (uint16_t)(v >> 32), 0);
     }
 }
@@ -1359,7 +1392,7 @@ static inline void duplicated(int newfd, int oldfd, uint64_t s)
     if (rebooks(newfd, s)) {
         untrack(newfd); /* a stale slot (dup2's target was booked by replaced()) */
         if (s && newfd < MAX_TRACKED_FDS && oldfd >= 0 && oldfd < MAX_TRACKED_FDS)
-            file_duplicated(newfd, oldfd);
+            file_duplicated(newfd, oldfd, s);
         track(newfd, s);
     }
 }
@@ -1387,7 +1420,7 @@ static int dup_to(int oldfd, int newfd, int flags, int use3)
     ensure_init();
     uint64_t s = tracked(oldfd);
     uint64_t v = oldfd != newfd && rebooks(newfd, 0) ? tracked(newfd) : 0;
-    uint64_t pos = v ? position(newfd) : 0;
+    uint64_t pos = v && books_bytes(newfd) ? position(newfd) : 0;
     int r;
     if (use3)
         r = real.dup3 ? real.dup3(oldfd, newfd, flags) : (int)syscall(SYS_dup3, oldfd, newfd, flags);

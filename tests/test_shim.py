@@ -434,6 +434,16 @@ def test_a_forked_child_closing_an_inherited_descriptor_leaves_the_count_to_the_
     assert sorted(e.bytes for e in closes) == [0, 200] and len({e.pid for e in closes}) == 2
 
 
+def test_a_forked_child_closing_an_inherited_descriptor_asks_for_no_position(shimenv, cbin):
+    """The child's close counts nothing, so it makes no lseek; the parent's does."""
+    rel = "a/two.bin"
+    env = {k: v for k, v in shimenv.env.items() if k != "LD_PRELOAD"}   # the shim is built into the program
+    r = shimenv.run([str(cbin / "forkclose"), str(shimenv.root / rel)], env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["0", "1"]
+    assert read_figures(shimenv.index.counters()) == (200, 0, 0)
+
+
 def test_threads_duplicating_and_closing_one_file_at_once_count_its_bytes_once(shimenv, cbin):
     """Threads that dup, read and close one open file at once: every
     descriptor posts exactly one close, and the bytes read through the file
@@ -448,6 +458,22 @@ def test_threads_duplicating_and_closing_one_file_at_once_count_its_bytes_once(s
         assert sum(e.bytes for e in closes) == n
         assert c["read_pfs"] - booked == n and c["read_tier"] == c["closed_at_zero"] == 0
         booked = c["read_pfs"]
+
+
+def test_a_dup_racing_with_a_close_of_its_source_leaks_no_cell_and_books_no_byte_twice(shimenv, cbin):
+    """Rounds of a dup of a descriptor while another thread closes it and a
+    third opens the file again (taking a cell as soon as one is let go):
+    once every descriptor is closed no cell is held, and no byte is booked
+    twice (the dup's byte may go unbooked: it may have lost the race)."""
+    rel, rounds = "a/two.bin", 20_000
+    env = {k: v for k, v in shimenv.env.items() if k != "LD_PRELOAD"}   # the shim is built into the program
+    r = shimenv.run([str(cbin / "cellrace"), str(shimenv.root / rel), str(rounds)], env=env)
+    assert r.returncode == 0, r.stderr
+    got, held = map(int, r.stdout.split())
+    c = shimenv.index.counters()
+    assert held == 0
+    assert got - rounds <= c["read_pfs"] <= got, (got, c["read_pfs"])
+    assert c["read_tier"] == 0
 
 
 def test_numpy_fromfile_of_a_python_file_counts_the_file_once(shimenv):
