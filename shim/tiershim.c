@@ -394,13 +394,19 @@ static inline uint64_t tracked(int fd)
  * at once book its bytes once.  refs is only ever changed atomically, and
  * a dup joins a cell only while it is held (refs > 0) and still its
  * source's, so a close racing with the dup never frees a cell a descriptor
- * still holds, nor does the dup join a cell another open has taken. */
+ * still holds, nor does the dup join a cell another open has taken.  The
+ * cell's word `held` is its generation (high 32 bits, raised each time an
+ * open takes the cell) and its count of descriptors (low 32 bits, refs):
+ * a dup joins only the generation its source had before the dup's system
+ * call, so not an open that took the cell while the dup was made. */
 struct open_file {
-    uint32_t refs;
-    uint32_t owner;
+    uint64_t held;
     uint64_t credited;
+    uint32_t owner;
 };
 #define NO_CELL UINT32_MAX
+#define NO_SEEN UINT64_MAX
+static inline uint32_t refs(uint64_t held) { return (uint32_t)held; }
 static struct open_file open_files[MAX_TRACKED_FDS];
 static uint32_t fd_cell[MAX_TRACKED_FDS];
 
@@ -411,8 +417,9 @@ static inline void file_opened(int fd)
 {
     uint32_t k = (uint32_t)fd;
     for (int n = 0; n < MAX_TRACKED_FDS; n++, k = (k + 1) % MAX_TRACKED_FDS) {
-        uint32_t unused = 0;
-        if (__atomic_compare_exchange_n(&open_files[k].refs, &unused, 1, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) {
+        uint64_t h = __atomic_load_n(&open_files[k].held, __ATOMIC_RELAXED);
+        if (!refs(h) && __atomic_compare_exchange_n(&open_files[k].held, &h, ((h >> 32) + 1) << 32 | 1, 0,
+                                                    __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) {
             open_files[k].owner = my_pid;
             __atomic_store_n(&open_files[k].credited, 0, __ATOMIC_RELAXED);
             fd_cell[fd] = k;
@@ -422,32 +429,45 @@ static inline void file_opened(int fd)
     fd_cell[fd] = NO_CELL;
 }
 
-/* One more reference to cell k, unless it is free (refs 0): 1 if taken */
-static inline int hold_cell(uint32_t k)
+/* The cell of fd (booked as s) and its generation, before a dup of fd:
+ * generation << 32 | cell (NO_SEEN: none) */
+static inline uint64_t cell_seen(int fd, uint64_t s)
 {
-    uint32_t n = __atomic_load_n(&open_files[k].refs, __ATOMIC_RELAXED);
-    while (n && !__atomic_compare_exchange_n(&open_files[k].refs, &n, n + 1, 1, __ATOMIC_ACQUIRE,
-                                             __ATOMIC_RELAXED))
+    if (!s || fd < 0 || fd >= MAX_TRACKED_FDS || fd_cell[fd] == NO_CELL)
+        return NO_SEEN;
+    uint32_t k = fd_cell[fd];
+    return (__atomic_load_n(&open_files[k].held, __ATOMIC_ACQUIRE) >> 32) << 32 | k;
+}
+
+/* One more reference to the cell seen (cell_seen), unless it is free (refs
+ * 0) or another open has taken it since: 1 if taken */
+static inline int hold_cell(uint64_t seen)
+{
+    uint64_t *held = &open_files[(uint32_t)seen].held;
+    uint64_t n = __atomic_load_n(held, __ATOMIC_RELAXED);
+    while (refs(n) && n >> 32 == seen >> 32 &&
+           !__atomic_compare_exchange_n(held, &n, n + 1, 1, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
         ;
-    return n != 0;
+    return refs(n) && n >> 32 == seen >> 32;
 }
 
 /* One reference to cell k less: 1 when it was the last (the cell is free) */
 static inline int drop_cell(uint32_t k)
 {
-    return __atomic_sub_fetch(&open_files[k].refs, 1, __ATOMIC_ACQ_REL) == 0;
+    return refs(__atomic_sub_fetch(&open_files[k].held, 1, __ATOMIC_ACQ_REL)) == 0;
 }
 
-/* newfd, a duplicate of oldfd (both in range; oldfd was booked as s when
- * the dup was made), shares its cell.  A close of oldfd racing with the dup
- * may have let the cell go (and another open taken it): newfd then has no
- * cell, and its close books no bytes (a program that dups a descriptor
- * another thread closes cannot tell which file it duplicates either). */
-static inline void file_duplicated(int newfd, int oldfd, uint64_t s)
+/* newfd, a duplicate of oldfd (both in range; oldfd was booked as s, on
+ * the cell seen, when the dup was made), shares its cell.  A close of
+ * oldfd racing with the dup may have let the cell go (and another open
+ * taken it, even on oldfd's number): newfd then has no cell, and its close
+ * books no bytes (a program that dups a descriptor another thread closes
+ * cannot tell which file it duplicates either). */
+static inline void file_duplicated(int newfd, int oldfd, uint64_t s, uint64_t seen)
 {
-    uint32_t k = fd_cell[oldfd];
+    uint32_t k = (uint32_t)seen;
     fd_cell[newfd] = NO_CELL;
-    if (k == NO_CELL || !hold_cell(k))
+    if (seen == NO_SEEN || !hold_cell(seen))
         return;
     if (tracked(oldfd) == s && fd_cell[oldfd] == k)
         fd_cell[newfd] = k;
@@ -1386,13 +1406,14 @@ static inline int rebooks(int newfd, uint64_t s)
     return idx && newfd >= 0 && (s || tracked(newfd)) && !in_vfork_child();
 }
 
-/* newfd, a copy of oldfd, now tracks what oldfd tracked (s) */
-static inline void duplicated(int newfd, int oldfd, uint64_t s)
+/* newfd, a copy of oldfd, now tracks what oldfd tracked (s, on the cell
+ * seen: cell_seen before the copy was made) */
+static inline void duplicated(int newfd, int oldfd, uint64_t s, uint64_t seen)
 {
     if (rebooks(newfd, s)) {
         untrack(newfd); /* a stale slot (dup2's target was booked by replaced()) */
         if (s && newfd < MAX_TRACKED_FDS && oldfd >= 0 && oldfd < MAX_TRACKED_FDS)
-            file_duplicated(newfd, oldfd, s);
+            file_duplicated(newfd, oldfd, s, seen);
         track(newfd, s);
     }
 }
@@ -1400,9 +1421,9 @@ static inline void duplicated(int newfd, int oldfd, uint64_t s)
 EXPORT int dup(int fd)
 {
     ensure_init();
-    uint64_t s = tracked(fd);
+    uint64_t s = tracked(fd), seen = cell_seen(fd, s);
     int nfd = real.dup ? real.dup(fd) : (int)syscall(SYS_dup, fd);
-    duplicated(nfd, fd, s);
+    duplicated(nfd, fd, s, seen);
     return nfd;
 }
 
@@ -1418,7 +1439,7 @@ static inline void replaced(int newfd, uint64_t v, uint64_t pos)
 static int dup_to(int oldfd, int newfd, int flags, int use3)
 {
     ensure_init();
-    uint64_t s = tracked(oldfd);
+    uint64_t s = tracked(oldfd), seen = cell_seen(oldfd, s);
     uint64_t v = oldfd != newfd && rebooks(newfd, 0) ? tracked(newfd) : 0;
     uint64_t pos = v && books_bytes(newfd) ? position(newfd) : 0;
     int r;
@@ -1432,7 +1453,7 @@ static int dup_to(int oldfd, int newfd, int flags, int use3)
         r = (int)syscall(SYS_dup3, oldfd, newfd, 0);
     if (oldfd != newfd && r >= 0) {
         replaced(r, v, pos);
-        duplicated(r, oldfd, s);
+        duplicated(r, oldfd, s, seen);
     }
     return r;
 }
@@ -1444,10 +1465,10 @@ EXPORT int dup3(int oldfd, int newfd, int flags) { return dup_to(oldfd, newfd, f
  * on the ABIs glibc supports, so it is forwarded as a pointer-sized value. */
 static int do_fcntl(fcntl_fn f, int fd, int cmd, void *arg)
 {
-    uint64_t s = tracked(fd);
+    uint64_t s = tracked(fd), seen = cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC ? cell_seen(fd, s) : NO_SEEN;
     int r = f ? f(fd, cmd, arg) : (int)syscall(SYS_fcntl, fd, cmd, arg);
     if (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC)
-        duplicated(r, fd, s);
+        duplicated(r, fd, s, seen);
     return r;
 }
 

@@ -88,7 +88,7 @@ int main(int argc, char **argv)
         pthread_join(t[i], NULL);
     long held = 0;
     for (int k = 0; k < MAX_TRACKED_FDS; k++)
-        held += __atomic_load_n(&open_files[k].refs, __ATOMIC_RELAXED) != 0;
+        held += refs(__atomic_load_n(&open_files[k].held, __ATOMIC_RELAXED)) != 0;
     printf("%ld %ld\n", got + got_dup + got_other, held);
     return 0;
 }
