@@ -68,3 +68,46 @@ def test_the_writer_is_forked_alone_takes_default_signals_and_stays_off_the_term
     assert r.stdout == "COMMAND\n"
     assert r.stderr.splitlines()[-1] == "tiering: a message of the cache writer", r.stderr
     assert len(list((cache / "tiering" / "catalogs").glob("*.npz"))) == 1
+
+
+# the signal comes while the set-up's watcher is paused for the writer's fork;
+# the writer records that it wrote the cache
+PAUSED_SIGNAL = """
+import os
+import tiering.catalog as catalog
+import tiering.catalog.cache as cache
+real_child, real_save = catalog.save_in_child, cache.save_now
+def save_in_child(*a, **kw):
+    os.kill(os.getpid(), int(os.environ["SIGNAL"]))
+    return real_child(*a, **kw)
+def save_now(saves):
+    real_save(saves)
+    open(os.environ["WRITER_DONE"], "w").close()
+catalog.save_in_child, cache.save_now = save_in_child, save_now
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["INT", "TERM"])
+def test_a_signal_while_the_watcher_is_paused_for_the_fork_stops_tier_run_before_command(tmp_path: Path, sig):
+    """The signal stays pending while the watcher is stopped around the
+    writer's fork, and is taken when it runs again: tier-run ends with
+    128+N before COMMAND starts, and its teardown waits for the writer."""
+    data = tmp_path / "pfs"
+    make_data(data, {f"c{i % 3}/f{i}.bin": 100 for i in range(30)})
+    age(data)
+    done, cache, marker = tmp_path / "written", tmp_path / "cache", tmp_path / "ran"
+    p = subprocess.Popen([sys.executable, "-c", patched_tier_run(PAUSED_SIGNAL), "--profile",
+                          str(profile(tmp_path)), "--data", str(data), "--", "touch", str(marker)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=dict(os.environ, SIGNAL=str(int(sig)), WRITER_DONE=str(done), XDG_CACHE_HOME=str(cache)))
+    try:
+        out, err = p.communicate(timeout=300)
+    finally:
+        p.kill()
+        p.wait()
+    assert p.returncode == 128 + sig, err
+    assert f"tier-run: interrupted by {signal.Signals(sig).name} before COMMAND started" in err
+    assert "Traceback" not in err
+    assert not marker.exists()
+    assert done.exists()                      # the writer, forked before the signal was taken, wrote
+    assert len(list((cache / "tiering" / "catalogs").glob("*.npz"))) == 1
