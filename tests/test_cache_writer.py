@@ -111,3 +111,49 @@ def test_a_signal_while_the_watcher_is_paused_for_the_fork_stops_tier_run_before
     assert not marker.exists()
     assert done.exists()                      # the writer, forked before the signal was taken, wrote
     assert len(list((cache / "tiering" / "catalogs").glob("*.npz"))) == 1
+
+
+# the writer waits for WRITER_GO (made by COMMAND once it got SIGTERM) before it writes
+SLOW_WRITER = """
+import os, time
+import tiering.catalog.cache as cache
+real_save = cache.save_now
+def save_now(saves):
+    while not os.path.exists(os.environ["WRITER_GO"]):
+        time.sleep(0.01)
+    real_save(saves)
+cache.save_now = save_now
+"""
+
+
+def test_sigterm_to_tier_run_while_the_writer_runs_reaches_command_alone(tmp_path: Path):
+    """A SIGTERM to tier-run while COMMAND runs and the writer still writes
+    goes to COMMAND; tier-run's exit status is COMMAND's, and the writer
+    (not signalled) still writes the cache."""
+    data = tmp_path / "pfs"
+    make_data(data, {f"c{i % 3}/f{i}.bin": 100 for i in range(30)})
+    age(data)
+    go, cache = tmp_path / "go", tmp_path / "cache"
+    script = ("import os, signal, sys, time\n"
+              "def term(*_):\n"
+              f"    open({str(go)!r}, 'w').close()\n"
+              "    os.write(1, b'got TERM\\n')\n"
+              "    os._exit(7)\n"
+              "signal.signal(signal.SIGTERM, term)\n"
+              "os.write(1, b'ready\\n')\n"
+              "time.sleep(600)\n")
+    p = subprocess.Popen([sys.executable, "-c", patched_tier_run(SLOW_WRITER), "--profile", str(profile(tmp_path)),
+                          "--data", str(data), "--", sys.executable, "-c", script],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         env=dict(os.environ, WRITER_GO=str(go), XDG_CACHE_HOME=str(cache)))
+    try:
+        assert p.stdout is not None and p.stdout.readline() == b"ready\n"
+        assert not go.exists()                # the writer is still waiting
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=300)
+    finally:
+        p.kill()
+        p.wait()
+    assert p.returncode == 7, err
+    assert out == b"got TERM\n"
+    assert len(list((cache / "tiering" / "catalogs").glob("*.npz"))) == 1
