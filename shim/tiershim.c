@@ -433,9 +433,9 @@ static inline void file_opened(int fd)
  * generation << 32 | cell (NO_SEEN: none) */
 static inline uint64_t cell_seen(int fd, uint64_t s)
 {
-    if (!s || fd < 0 || fd >= MAX_TRACKED_FDS || fd_cell[fd] == NO_CELL)
+    uint32_t k = s && fd >= 0 && fd < MAX_TRACKED_FDS ? __atomic_load_n(&fd_cell[fd], __ATOMIC_RELAXED) : NO_CELL;
+    if (k == NO_CELL)
         return NO_SEEN;
-    uint32_t k = fd_cell[fd];
     return (__atomic_load_n(&open_files[k].held, __ATOMIC_ACQUIRE) >> 32) << 32 | k;
 }
 
