@@ -182,30 +182,41 @@ def case_startup(ctx: Context) -> dict[str, Any]:
     """Start-up to COMMAND with a cold (private, empty) and a cached catalog,
     against `find DIR -type f | wc -l` (dentries warm for both)."""
     d = ctx.run_dir("startup")
-    find, scans = [], []
+    find, scans, names = [], [], []
+    root = shlex.quote(str(ctx.tree.root))
     for k in range(2):      # side by side, each twice: the least of each
         find.append(monitor.timed_shell(f"find {ctx.tree.root} -type f | wc -l", d / f"find{k}.log", ctx.s.limit))
-        scans.append(monitor.timed_shell(f"{shlex.quote(sys.executable)} -c {shlex.quote(SCAN_ALONE)} "
-                                         f"{shlex.quote(str(ctx.tree.root))}", d / f"scan{k}.log", ctx.s.limit))
+        names.append(monitor.timed_shell(f"{shlex.quote(sys.executable)} -c {shlex.quote(SCAN_NAMES_FIRST)} {root}",
+                                         d / f"names{k}.log", ctx.s.limit))
+        scans.append(monitor.timed_shell(f"{shlex.quote(sys.executable)} -c {shlex.quote(SCAN_ALONE)} {root}",
+                                         d / f"scan{k}.log", ctx.s.limit))
     profile, parent = fits_profile(ctx, d)
     cache = d / "cache"
     runs: dict[str, Any] = {}
     sampler = SamplerCase("random")
-    for label, epochs in (("cold", ctx.s.epochs), ("cached", ctx.s.epochs), ("cached-1-epoch", 1)):
+    # cold-first-touch: a cold start-up with no order to compute before COMMAND (its own, empty cache)
+    for label, epochs in (("cold", ctx.s.epochs), ("cached", ctx.s.epochs), ("cached-1-epoch", 1),
+                          ("cold-first-touch", 0)):
         rd = ctx.run_dir(f"startup/{label}")
         stamp = rd / "stamp"
-        fin, stats, cached = tier_run(ctx, rd, profile, ctx.tree.root, cache, sampler.tier_run_args(epochs),
+        options = sampler.tier_run_args(epochs) if epochs else ["--policy", "first-touch"]
+        fin, stats, cached = tier_run(ctx, rd, profile, ctx.tree.root, cache if epochs else rd / "cache", options,
                                       [str(ctx.tool), "stamp", str(stamp)])
         t = _stamp(stamp)
         runs[label] = {"epochs": epochs, **run_facts(fin, stats, cached, t, t)}
     shutil.rmtree(parent, ignore_errors=True)
     return {"find_s": min(f[0] for f in find), "find_count": int(find[0][1] or -1) if find[0][2] else None,
             "scan_s": min(t[0] for t in scans) if all(t[2] for t in scans) else None,
-            "scan_count": int(scans[0][1] or -1) if scans[0][2] else None, "runs": runs}
+            "scan_count": int(scans[0][1] or -1) if scans[0][2] else None,
+            "names_first_s": min(t[0] for t in names) if all(t[2] for t in names) else None,
+            "names_first_count": int(names[0][1] or -1) if names[0][2] else None, "runs": runs}
 
 
-# the cold scan alone, in a process of its own as find is: no cache, the catalog's file count
+# the cold scan alone, in a process of its own as find is: no cache, the catalog's file count; with
+# every stat, and names first (what tier-run does before COMMAND: NOTE [names first])
 SCAN_ALONE = "import sys; from tiering.catalog import scan; print(len(scan([sys.argv[1]]).files))"
+SCAN_NAMES_FIRST = ("import sys; from tiering.catalog import scan; "
+                    "print(len(scan([sys.argv[1]], names_first=True).files))")
 
 
 # ---- plan ----
