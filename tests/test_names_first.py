@@ -410,3 +410,31 @@ def test_writes_during_the_fill_through_a_hard_link_and_a_symlink_are_never_serv
                   str(outside / "link")], env=env)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "new bytes"
+
+
+@pytest.mark.parametrize("options", [["--policy", "stage"], ["--warm", "100"]], ids=["stage", "warm"])
+def test_policies_that_copy_before_command_read_every_size_first(tmp_path, options):
+    """--policy stage and --warm place before COMMAND starts: the scan stats
+    everything first, as before names first (the scan line gives the bytes),
+    and COMMAND reads the same bytes."""
+    data = tmp_path / "pfs"
+    write_tree(data)
+    age(data)
+    r = tier_run(["--profile", str(profile(tmp_path)), "--data", str(data), *options, "--",
+                  PYTHON, "-c", READ_TWICE, str(data)], env=dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache")))
+    assert r.returncode == 0, r.stderr
+    assert "sizes read" not in r.stderr
+    assert f"scanned: {len(FILES)} files (17.3 KiB)" in r.stderr
+    assert r.stdout.strip() == tree_digest(data)
+
+
+def test_names_first_is_kept_for_single_node_jobs_that_place_after_command_starts():
+    from tiering.cluster.identity import NodeIdentity
+    from tiering.job import JobOptions, names_first
+    from tiering.profile import load_profile
+    prof = load_profile("auto")
+    assert names_first(JobOptions(["/d"], ["true"], prof))
+    assert names_first(JobOptions(["/d"], ["true"], prof, policy="first-touch"))
+    assert not names_first(JobOptions(["/d"], ["true"], prof, policy="stage"))
+    assert not names_first(JobOptions(["/d"], ["true"], prof, warm=50))
+    assert not names_first(JobOptions(["/d"], ["true"], prof, node=NodeIdentity("job", 0, 2)))
