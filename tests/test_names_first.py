@@ -438,3 +438,30 @@ def test_names_first_is_kept_for_single_node_jobs_that_place_after_command_start
     assert not names_first(JobOptions(["/d"], ["true"], prof, policy="stage"))
     assert not names_first(JobOptions(["/d"], ["true"], prof, warm=50))
     assert not names_first(JobOptions(["/d"], ["true"], prof, node=NodeIdentity("job", 0, 2)))
+
+
+def test_a_file_gone_or_replaced_by_a_directory_before_its_stat_stays_incomplete(tmp_path):
+    """SizeFill on its own: a file removed and one replaced by a directory
+    between the listing and the stat are never complete and never served
+    (state invalid), the others are; `then` runs once, after the fill."""
+    from tiering.fill import SizeFill
+    root = tmp_path / "pfs"
+    write_tree(root)
+    se, cat, slots = names_first_env(tmp_path, root)
+    (root / "c0/f3.bin").unlink()
+    (root / "c1/f4.bin").unlink()
+    (root / "c1/f4.bin").mkdir()
+    calls: list[bool] = []
+    seen: list[tuple[int, int]] = []
+    fill = SizeFill(cat, se.index, slots, 2, calls.append, lambda done, total, b: seen.append((done, total)))
+    fill.start()
+    assert fill.done.wait(60)
+    assert fill.complete and calls == [True] and fill.gone == 2 and not se.index.filling
+    assert seen[0] == (0, len(FILES)) and seen[-1] == (len(FILES), len(FILES))
+    for rel in se.contents:
+        k = int(se.index.entries[se.slots[rel]].file)
+        complete = bool(se.index.files["flags"][k] & lib.TIERING_FILE_COMPLETE)
+        gone = rel in ("c0/f3.bin", "c1/f4.bin")
+        assert complete != gone, rel
+        assert (se.state(rel) == lib.TIERING_STATE_INVALID) == gone, rel
+    assert cat.files.rel(0) == "c0/f0.bin" and int(cat.files.size[0]) == len(FILES["c0/f0.bin"])

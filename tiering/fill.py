@@ -92,7 +92,8 @@ class SizeFill:
     def _batch(self, filled: np.ndarray, gone: np.ndarray) -> None:
         self.index.complete(self.slots, self.cat, filled)
         for i in gone.tolist():   # gone or replaced since the listing: never served
-            self.index.cas_state(int(self.slots[i]), lib.TIERING_STATE_NONE, lib.TIERING_STATE_INVALID)
+            slot = int(self.slots[i])
+            self.index.cas_state(slot, self.index.state(slot), lib.TIERING_STATE_INVALID)
         self.stat_ed += len(filled) + len(gone)
         self.gone += len(gone)
         self.bytes += int(self.cat.files.size[filled].sum())
