@@ -309,8 +309,8 @@ def test_a_cold_tier_run_starts_command_before_the_sizes_and_caches_the_full_cat
 def test_command_exiting_during_the_fill_ends_the_job_cleanly(tmp_path):
     """COMMAND is done before a single size is read (the fill held back
     past the teardown's grace): its status is the job's, the report says
-    which sizes are unknown, nothing is left behind and no cache of a
-    partial catalog is written."""
+    which sizes are unknown, nothing is left behind, and a child reads the
+    rest of the sizes and writes the whole catalog to the cache."""
     data, cache, gate = tmp_path / "pfs", tmp_path / "cache", tmp_path / "gate"
     write_tree(data)
     age(data)
@@ -326,7 +326,11 @@ def test_command_exiting_during_the_fill_ends_the_job_cleanly(tmp_path):
     assert stats["files_unsized"] == len(FILES) and stats["bytes"] == 0
     assert "COMMAND ended before the sizes of 120 files were read" in r.stderr
     assert stats["opens"]["total"] == 2 * len(FILES) and stats["opens"]["pfs"] == 2 * len(FILES)
-    assert not list(cache.glob("tiering/catalogs/*.npz"))
+    # the rest of the sizes and the cache: in a child nobody waited for
+    wait_for(lambda: list(cache.glob("tiering/catalogs/*.npz")), "the cache written aside")
+    with ThreadPoolExecutor(2) as pool:
+        cached = load_cache(cache / "tiering" / "catalogs", str(data), pool)
+    assert cached is not None and int(cached.files.size.sum()) == sum(map(len, FILES.values()))
 
 
 def test_a_signal_during_the_fill_reaches_command_and_everything_is_cleaned_up(tmp_path):

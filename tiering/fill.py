@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .catalog import Catalog
+from .catalog import Catalog, save_in_child
 from .catalog.scan import stat_deferred
 from .placement.index import SharedIndex, lib
 
@@ -67,6 +67,17 @@ class SizeFill:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
+
+    def cache_aside(self) -> int | None:
+        """After stop(): when the sizes were not all read, a forked child
+        reads the rest and writes the catalog cache, at nice 10, on its own
+        (nobody waits for it: the next run finds the cache once it is done);
+        its pid, or None when there is nothing to write."""
+        saves, self.saves = self.saves, []
+        if self.complete or not saves or self.cat.deferred is None:
+            return None
+        cat, threads = self.cat, self.threads
+        return save_in_child(saves, first=lambda: stat_deferred(cat, threads, lambda filled, gone: None))
 
     def _gate(self) -> None:
         gate = os.environ.get(GATE_ENV)

@@ -150,7 +150,7 @@ def child_environment(env: dict[str, str], index_path: Path | None, lib: Path,
 # -- set-up --------------------------------------------------------------------
 
 CACHE_WRITER_WAIT = 10.0   # seconds the teardown waits for the catalog cache writer
-FILL_GRACE = 5.0           # seconds the teardown lets the sizes be read (for the report) before it stops that
+FILL_GRACE = 2.0           # seconds the teardown lets the sizes be read (for the report; then a child does it)
 M_MMAP_THRESHOLD = -3      # mallopt(3)'s parameter
 MMAP_THRESHOLD = 1 << 20   # bytes: larger blocks are mapped on their own and unmapped when freed
 
@@ -552,6 +552,7 @@ def stop_service(job: Job) -> None:
     the other nodes (idempotent); all before the tiers are removed."""
     if job.fill is not None:
         job.fill.stop(FILL_GRACE)
+        job.fill.cache_aside()     # the sizes not read yet, and the cache, in a child nobody waits for
         _attach_when_filled(job)
     if job.daemon is not None and not job.daemon.stopping:
         job.daemon.stop()

@@ -412,19 +412,25 @@ def save_now(saves: list[PendingSave]) -> None:
 WRITER_NICE = 10          # the cache writer yields the CPU to COMMAND's start
 
 
-def save_in_child(saves: list[PendingSave]) -> int | None:
+def save_in_child(saves: list[PendingSave], first: Callable[[], bool] | None = None) -> int | None:
     """Writes the catalogs to the cache in a forked child, and returns its
     pid at once (None: nothing to write, or written here because fork
     failed), NOTE [cache written aside].  The child sees the catalogs as
     they were at the fork whatever the caller does with them next, writes
     each to a temporary file and renames it (a writer killed on the way
     leaves a temporary, never a half cache) and exits with _exit (no
-    handler of the caller's runs twice)."""
+    handler of the caller's runs twice).  first, when given, runs in the
+    child before the write (the stats a names-first scan still lacks, NOTE
+    [names first]); nothing is written unless it returns True, and
+    nothing at all when fork fails."""
     if not saves:
         return None
     try:
         pid = os.fork()
     except OSError as e:
+        if first is not None:
+            log.info("cannot start the catalog cache writer (%s); no cache this time", e)
+            return None
         log.info("cannot start the catalog cache writer (%s); writing the cache now", e)
         save_now(saves)
         return None
@@ -433,7 +439,8 @@ def save_in_child(saves: list[PendingSave]) -> int | None:
     code = 1
     try:
         os.nice(WRITER_NICE)
-        save_now(saves)
+        if first is None or first():
+            save_now(saves)
         code = 0
     except BaseException:    # noqa: BLE001 - a child never returns into the caller
         log.debug("the catalog cache writer failed", exc_info=True)
