@@ -204,12 +204,24 @@ def case_startup(ctx: Context) -> dict[str, Any]:
                                       [str(ctx.tool), "stamp", str(stamp)])
         t = _stamp(stamp)
         runs[label] = {"epochs": epochs, **run_facts(fin, stats, cached, t, t)}
+        if label == "cold":   # a COMMAND that exits at once may leave the cache to a child (NOTE [names first])
+            runs[label]["cache_wait_s"] = _wait_for_cache(cache, ctx.s.limit)
     shutil.rmtree(parent, ignore_errors=True)
     return {"find_s": min(f[0] for f in find), "find_count": int(find[0][1] or -1) if find[0][2] else None,
             "scan_s": min(t[0] for t in scans) if all(t[2] for t in scans) else None,
             "scan_count": int(scans[0][1] or -1) if scans[0][2] else None,
             "names_first_s": min(t[0] for t in names) if all(t[2] for t in names) else None,
             "names_first_count": int(names[0][1] or -1) if names[0][2] else None, "runs": runs}
+
+
+def _wait_for_cache(cache: Path, limit: float) -> float | None:
+    """Seconds until the catalog cache exists (None: not within limit)."""
+    t0 = time.monotonic()
+    while not (cache.is_dir() and any(cache.rglob("*.npz"))):
+        if time.monotonic() - t0 > limit:
+            return None
+        time.sleep(0.1)
+    return time.monotonic() - t0
 
 
 # the cold scan alone, in a process of its own as find is: no cache, the catalog's file count; with
