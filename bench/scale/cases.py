@@ -129,7 +129,7 @@ def tier_run(ctx: Context, d: Path, profile: Path, data: Path, cache: Path, opti
              command: list[str]) -> tuple[monitor.Finished, dict[str, Any] | None, bool]:
     """One monitored tier-run; its --stats-json; whether the catalog cache had
     an entry before it started."""
-    cached = cache.is_dir() and any(cache.rglob("*.npz"))
+    cached = _has_cache(cache)
     cmd = [_exe("tier-run"), "--profile", str(profile), "--data", str(data), "--stats-json",
            str(d / "stats.json"), *options, "--", *command]
     env = dict(os.environ, XDG_CACHE_HOME=str(cache))
@@ -214,10 +214,15 @@ def case_startup(ctx: Context) -> dict[str, Any]:
             "names_first_count": int(names[0][1] or -1) if names[0][2] else None, "runs": runs}
 
 
+def _has_cache(cache: Path) -> bool:
+    """A catalog cache under its name (not a writer's temporary, .tmp-*)."""
+    return cache.is_dir() and any(not p.name.startswith(".") for p in cache.rglob("*.npz"))
+
+
 def _wait_for_cache(cache: Path, limit: float) -> float | None:
     """Seconds until the catalog cache exists (None: not within limit)."""
     t0 = time.monotonic()
-    while not (cache.is_dir() and any(cache.rglob("*.npz"))):
+    while not _has_cache(cache):
         if time.monotonic() - t0 > limit:
             return None
         time.sleep(0.1)
