@@ -18,10 +18,14 @@
  * Concurrency rules:
  *  - The header, the root and tier tables, the identity table, the file
  *    records and every entry field but state and opens are written once,
- *    before the command starts, and never change.
- *  - Afterwards only entry.state, entry.opens, the counters and the ring
- *    change, with atomic operations (__atomic builtins in C, tiering_*
- *    helpers from Python).
+ *    before the command starts, and never change; except in an index
+ *    written from names first (header.filling set, NOTE [names first] in
+ *    docs/design.md): there the entries' sizes, the records, the identity
+ *    table and the alias rings are filled while the command runs, each
+ *    record's TIERING_FILE_COMPLETE flag stored last.
+ *  - Afterwards only entry.state, entry.opens, the counters, the write log
+ *    and the ring change, with atomic operations (__atomic builtins in C,
+ *    tiering_* helpers from Python).
  */
 #ifndef TIERING_H
 #define TIERING_H
@@ -31,7 +35,7 @@
 
 /* BEGIN CDEF */
 #define TIERING_MAGIC 0x5845444e49524954
-#define TIERING_VERSION 7
+#define TIERING_VERSION 8
 #define TIERING_MAX_ROOTS 16
 #define TIERING_MAX_TIERS 4
 #define TIERING_PATH_MAX 512
@@ -54,6 +58,11 @@
                                    an O_NOFOLLOW open may be served from a
                                    tier and an lstat from the index (unset:
                                    a symlink, or not known) */
+#define TIERING_FILE_COMPLETE 4 /* the record is filled (stored last, with
+                                   release; read first, with acquire): an
+                                   entry whose record is not complete is
+                                   not catalogued for redirects and stat
+                                   answers (NOTE [names first]) */
 
 /* event.kind */
 #define TIERING_EV_OPEN_PFS 1
@@ -104,6 +113,14 @@ struct tiering_file {
                          /* its own slot when alone (NOTE [alias            */
                          /* invalidation], docs/design.md)                  */
     uint32_t flags;      /* TIERING_FILE_*                                  */
+};
+
+/* The identity of a file opened for writing while the index was filled
+ * (NOTE [names first]): looked up again once the identity table is whole. */
+struct tiering_written {
+    uint64_t ino;
+    uint32_t dev;
+    uint32_t pad;
 };
 
 struct tiering_event {
@@ -163,12 +180,20 @@ struct tiering_header {
     uint32_t file_size;      /* sizeof(struct tiering_file) */
     uint32_t scan_uid;       /* the credentials the scan ran with: a stat is */
     uint32_t scan_gid;       /* answered only to a process with the same     */
-    uint32_t reserved;       /* (NOTE [stat from the index])                 */
+    uint32_t filling;        /* (NOTE [stat from the index]); atomic: non-zero
+                                while the records are filled (NOTE [names
+                                first]): write opens log their identities */
     uint64_t scan_groups;    /* tiering_groups_hash of its supplementary groups */
+    uint64_t wlog_offset;    /* wlog_size struct tiering_written */
+    uint64_t wlog_size;
+    uint64_t wlog_head;      /* atomic; identities logged (more than wlog_size: lost) */
+    uint32_t fill_writers;   /* atomic; write opens between their load of
+                                filling and the end of their log entry */
+    uint32_t reserved;
     struct tiering_root roots[16];
     struct tiering_root tiers[4];  /* physical prefixes, fastest first */
     struct tiering_counters counters;
-    uint64_t pad[3];
+    uint64_t pad[7];
     uint64_t ring_head;      /* atomic; next position a producer takes (= events
                                 posted), on a cache line of its own */
     uint64_t pad2[7];
@@ -179,6 +204,17 @@ void tiering_fingerprint(uint32_t root, const char *rel, size_t len, uint64_t ou
 int64_t tiering_index_fill(void *base, const char *blob, uint64_t blob_len,
                            const uint32_t *roots, const uint64_t *sizes, uint64_t n,
                            uint64_t *slots);
+/* An index written from names first (NOTE [names first]): fills the size
+ * and the record of the entries in slots from recs (every field but
+ * next_alias; flags gets TIERING_FILE_COMPLETE, stored last), linking each
+ * into the identity table; then, once every record is in, filled() ends the
+ * fill: the files opened for writing meanwhile are invalidated by identity.
+ * filled returns how many entries that invalidated, -1 when a writer did not
+ * finish its log entry within wait_ns, -2 when the log overflowed (the
+ * caller then disables the index). */
+int64_t tiering_index_complete(void *base, const uint64_t *slots, const struct tiering_file *recs,
+                               const uint64_t *sizes, uint64_t n);
+int64_t tiering_index_filled(void *base, uint64_t wait_ns);
 int tiering_state_cas(void *base, uint64_t slot, uint32_t expected, uint32_t desired);
 uint64_t tiering_ring_drain(void *base, uint64_t *tail, struct tiering_event *out,
                             uint64_t max, int force, uint64_t *dropped);

@@ -224,7 +224,10 @@ EXPORT void tiering_fingerprint(uint32_t root, const char *s, size_t len, uint64
 /* ---- helpers for the daemon ----------------------------------------------- */
 
 /* Puts the entry in slot s into the identity table, or, when an entry of
- * the same file is there already, into that entry's ring of aliases. */
+ * the same file is there already, into that entry's ring of aliases.  The
+ * stores that make it reachable are releases (after its record's identity
+ * and next_alias), so a shim reading the table while an index written from
+ * names first is filled sees whole records (NOTE [names first]). */
 static void link_identity(void *base, uint64_t s)
 {
     struct tiering_entry *tab = tiering_entries(base);
@@ -233,13 +236,13 @@ static void link_identity(void *base, uint64_t s)
     uint64_t mask = ((struct tiering_header *)base)->nslots - 1;
     for (uint64_t k = tiering_identity_hash(f->dev, f->ino) & mask;; k = (k + 1) & mask) {
         if (!ids[k]) {
-            ids[k] = (uint32_t)s + 1;
+            __atomic_store_n(&ids[k], (uint32_t)s + 1, __ATOMIC_RELEASE);
             return;
         }
         struct tiering_file *first = &recs[tab[ids[k] - 1].file];
         if (first->ino == f->ino && first->dev == f->dev) {
             f->next_alias = first->next_alias;
-            first->next_alias = (uint32_t)s;
+            __atomic_store_n(&first->next_alias, (uint32_t)s, __ATOMIC_RELEASE);
             return;
         }
     }
@@ -291,6 +294,89 @@ EXPORT int64_t tiering_index_fill(void *base, const char *blob, uint64_t blob_le
         h->nentries++;
     }
     return (int64_t)n;
+}
+
+/* NOTE [names first]: the sizes and records of entries listed by name only,
+ * each record's flags (TIERING_FILE_COMPLETE) stored last. */
+EXPORT int64_t tiering_index_complete(void *base, const uint64_t *slots, const struct tiering_file *recs,
+                                      const uint64_t *sizes, uint64_t n)
+{
+    struct tiering_header *h = base;
+    struct tiering_entry *tab = tiering_entries(base);
+    struct tiering_file *files_ = tiering_files(base);
+    for (uint64_t i = 0; i < n; i++) {
+        uint64_t s = slots[i] & (h->nslots - 1);
+        struct tiering_file *f = &files_[tab[s].file];
+        if (__atomic_load_n(&f->flags, __ATOMIC_RELAXED) & TIERING_FILE_COMPLETE)
+            continue; /* filled once only: the ring links it once */
+        uint32_t next = f->next_alias;
+        struct tiering_file r = recs[i];
+        r.next_alias = next;
+        r.flags = 0;
+        *f = r;
+        __atomic_store_n(&tab[s].size, sizes[i], __ATOMIC_RELAXED);
+        if (f->ino)
+            link_identity(base, s);
+        __atomic_store_n(&f->flags, recs[i].flags | TIERING_FILE_COMPLETE, __ATOMIC_RELEASE);
+    }
+    return (int64_t)n;
+}
+
+/* The entry of the file (dev, ino) in an index at base, or -1. */
+static int64_t identity_slot(void *base, uint32_t dev, uint64_t ino)
+{
+    struct tiering_header *h = base;
+    struct tiering_entry *tab = tiering_entries(base);
+    struct tiering_file *recs = tiering_files(base);
+    uint32_t *ids = tiering_idents(base);
+    uint64_t mask = h->nslots - 1, s = tiering_identity_hash(dev, ino) & mask;
+    for (uint64_t n = 0; n <= mask; n++, s = (s + 1) & mask) {
+        uint32_t v = __atomic_load_n(&ids[s], __ATOMIC_ACQUIRE);
+        if (!v)
+            return -1;
+        const struct tiering_file *f = &recs[tab[(v - 1) & mask].file];
+        if (f->ino == ino && f->dev == dev)
+            return (int64_t)((v - 1) & mask);
+    }
+    return -1;
+}
+
+/* Ends the fill of an index written from names first: from now on write
+ * opens find every file by identity; those that may not have (they loaded
+ * filling while it was set) logged their identities, looked up here once
+ * the last of them is done with its entry.  Each file found is invalidated
+ * under every path it has (no copy exists yet: the daemon starts after). */
+EXPORT int64_t tiering_index_filled(void *base, uint64_t wait_ns)
+{
+    struct tiering_header *h = base;
+    struct tiering_entry *tab = tiering_entries(base);
+    struct tiering_file *recs = tiering_files(base);
+    struct tiering_written *wlog = (struct tiering_written *)((char *)base + h->wlog_offset);
+    uint64_t mask = h->nslots - 1, waited = 0;
+    __atomic_store_n(&h->filling, 0, __ATOMIC_SEQ_CST);
+    while (__atomic_load_n(&h->fill_writers, __ATOMIC_SEQ_CST)) {
+        if (waited >= wait_ns)
+            return -1; /* a writer killed inside its few instructions, or stopped there */
+        struct timespec t = {0, 100000};
+        nanosleep(&t, NULL);
+        waited += 100000;
+    }
+    uint64_t logged = __atomic_load_n(&h->wlog_head, __ATOMIC_SEQ_CST);
+    if (logged > h->wlog_size)
+        return -2;
+    int64_t invalidated = 0;
+    for (uint64_t k = 0; k < logged; k++) {
+        int64_t first = identity_slot(base, wlog[k].dev, wlog[k].ino);
+        uint64_t s = (uint64_t)first;
+        for (uint64_t n = 0; first >= 0 && n <= mask; n++) {
+            if (__atomic_exchange_n(&tab[s].state, TIERING_STATE_INVALID, __ATOMIC_SEQ_CST) !=
+                TIERING_STATE_INVALID)
+                invalidated++;
+            if ((s = recs[tab[s].file].next_alias & mask) == (uint64_t)first)
+                break;
+        }
+    }
+    return invalidated;
 }
 
 /* FNV-1a over a sorted list of group ids without repeats: the same set of
@@ -679,7 +765,9 @@ static void map_index(const char *path)
                h->entries_offset + h->nslots * sizeof(struct tiering_entry) <= h->idents_offset &&
                h->idents_offset + h->nslots * sizeof(uint32_t) <= h->files_offset &&
                h->files_offset + h->nfiles * sizeof(struct tiering_file) <= h->ring_offset &&
-               h->ring_offset + h->nevents * sizeof(struct tiering_event) <= h->total_size;
+               h->ring_offset + h->nevents * sizeof(struct tiering_event) <= h->total_size &&
+               h->wlog_size <= h->total_size / sizeof(struct tiering_written) &&
+               h->wlog_offset + h->wlog_size * sizeof(struct tiering_written) <= h->total_size;
     for (uint32_t i = 0; good && i < h->nroots; i++)
         good = valid_prefix(&h->roots[i]);
     for (uint32_t i = 0; good && i < h->ntiers; i++)
@@ -964,11 +1052,16 @@ static int tier_path(uint32_t tier, uint32_t root, const char *rel, size_t rel_l
     return 0;
 }
 
-/* The file record of the entry in slot, NULL if it names none. */
+/* The file record of the entry in slot, NULL if it names none or is not
+ * complete yet (an index written from names first, NOTE [names first]):
+ * such an entry is not catalogued for redirects and stat answers.  The
+ * flag is read first, with acquire: the fields after it are whole. */
 static inline const struct tiering_file *record(int64_t slot)
 {
     uint32_t f = entries[slot].file;
-    return f < nfiles ? &files[f] : NULL;
+    if (f >= nfiles || !(__atomic_load_n(&files[f].flags, __ATOMIC_ACQUIRE) & TIERING_FILE_COMPLETE))
+        return NULL;
+    return &files[f];
 }
 
 /* ---- write opens: NOTE [alias invalidation] ------------------------------- */
@@ -981,7 +1074,7 @@ static int64_t by_identity(const struct stat *st)
     uint32_t dev = (uint32_t)st->st_dev;
     uint64_t s = tiering_identity_hash(dev, (uint64_t)st->st_ino) & slot_mask;
     for (uint64_t n = 0; n <= slot_mask; n++, s = (s + 1) & slot_mask) {
-        uint32_t v = idents[s];
+        uint32_t v = __atomic_load_n(&idents[s], __ATOMIC_ACQUIRE);
         if (!v)
             return -1;
         const struct tiering_file *f = record((int64_t)((v - 1) & slot_mask));
@@ -991,10 +1084,32 @@ static int64_t by_identity(const struct stat *st)
     return -1;
 }
 
+/* The next entry of the ring of slot's file (complete or not: a record
+ * being filled is linked in with a release after its own next_alias). */
 static inline uint64_t next_alias(uint64_t s)
 {
-    const struct tiering_file *f = record((int64_t)s);
-    return f ? f->next_alias & slot_mask : s;
+    uint32_t f = entries[s].file;
+    return f < nfiles ? __atomic_load_n(&files[f].next_alias, __ATOMIC_ACQUIRE) & slot_mask : s;
+}
+
+/* by_identity for a write open: while the index is filled (NOTE [names
+ * first]) the identity table may not hold the file yet, so its identity is
+ * logged, for tiering_index_filled to look up once the table is whole. */
+static int64_t written_identity(const struct stat *st)
+{
+    if (S_ISREG(st->st_mode) && st->st_ino && __atomic_load_n(&idx->filling, __ATOMIC_ACQUIRE)) {
+        __atomic_fetch_add(&idx->fill_writers, 1, __ATOMIC_SEQ_CST);
+        if (__atomic_load_n(&idx->filling, __ATOMIC_SEQ_CST)) {
+            uint64_t k = __atomic_fetch_add(&idx->wlog_head, 1, __ATOMIC_RELAXED);
+            if (k < idx->wlog_size) {
+                struct tiering_written *wlog = (struct tiering_written *)((char *)idx + idx->wlog_offset);
+                wlog[k].ino = (uint64_t)st->st_ino;
+                wlog[k].dev = (uint32_t)st->st_dev;
+            }
+        }
+        __atomic_fetch_sub(&idx->fill_writers, 1, __ATOMIC_SEQ_CST);
+    }
+    return by_identity(st);
 }
 
 static int same_file(uint64_t a, uint64_t b)
@@ -1062,7 +1177,7 @@ static __attribute__((noinline)) int64_t write_begin(struct written *wr, int atf
         reached(wr, by_path);
         if ((path ? stat_at(atfd, path, &st, (flags & O_NOFOLLOW) ? AT_SYMLINK_NOFOLLOW : 0)
                   : stat_fd(oldfd, &st)) == 0)
-            reached(wr, by_identity(&st));
+            reached(wr, written_identity(&st));
     }
     errno = saved;
     return by_path;
@@ -1077,7 +1192,7 @@ static void write_end(struct written *wr, int fd, int64_t by_path)
     untrack(fd); /* a stale slot: its file was closed behind our back */
     reached(wr, by_path);
     if (stat_fd(fd, &st) == 0)
-        reached(wr, by_identity(&st));
+        reached(wr, written_identity(&st));
     errno = saved;
 }
 
@@ -1110,6 +1225,8 @@ static int route(int64_t slot, int flags, const char *rel, size_t rel_len, char 
     if ((flags & REDIRECT_DENY) || st == TIERING_STATE_NONE || st > redirect_tiers ||
         __atomic_load_n(&idx->disabled, __ATOMIC_RELAXED))
         return -1;
+    if (!record(slot))
+        return -1; /* not complete yet: not catalogued for redirects */
     if ((flags & O_NOFOLLOW) && !not_a_link(slot))
         return -1; /* the PFS fails it with ELOOP */
     if (tier_path(st - 1, e->root, rel, rel_len, phys) < 0)

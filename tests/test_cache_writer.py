@@ -1,7 +1,9 @@
 """The catalog cache writer, the child tier-run forks once a cold scan is
-done (NOTE [cache written aside]): forked where no other Python thread of
-tier-run runs, with the signals as COMMAND gets them, and off COMMAND's
-terminal; what it says comes on tier-run's stderr at the end."""
+done (NOTE [cache written aside]): forked in the set-up where no other
+Python thread of tier-run runs, or names first by the fill's thread once
+the sizes are read (NOTE [names first]), with the signals as COMMAND gets
+them, and off COMMAND's terminal; what it says comes on tier-run's stderr
+at the end."""
 from __future__ import annotations
 
 import json
@@ -47,17 +49,32 @@ def bits(*signals: int) -> int:
     return sum(1 << (s - 1) for s in signals)
 
 
-def test_the_writer_is_forked_alone_takes_default_signals_and_stays_off_the_terminal(tmp_path: Path):
+def data_args(data: Path, roots: int) -> list[str]:
+    """--data options: the tree as one root (a cold scan of it goes names
+    first: NOTE [names first]) or its three class directories as roots
+    (every size read before COMMAND, the writer forked in the set-up)."""
+    dirs = [data] if roots == 1 else [data / f"c{i}" for i in range(roots)]
+    return [a for d in dirs for a in ("--data", str(d))]
+
+
+# the Python threads at the writer's fork: in the set-up, the main thread
+# alone (the signal watcher paused); names first, the fill's thread forks
+# once the sizes are read while the main thread waits for COMMAND
+FORKED_BESIDE = {1: ["MainThread", "tiering-fill"], 3: ["MainThread"]}
+
+
+@pytest.mark.parametrize("roots", [1, 3], ids=["names-first", "set-up"])
+def test_the_writer_is_forked_alone_takes_default_signals_and_stays_off_the_terminal(tmp_path: Path, roots: int):
     data = tmp_path / "pfs"
     make_data(data, {f"c{i % 3}/f{i}.bin": 100 for i in range(30)})
     age(data)
     record, cache = tmp_path / "writer.json", tmp_path / "cache"
     r = subprocess.run([sys.executable, "-c", patched_tier_run(PATCH), "--profile", str(profile(tmp_path)),
-                        "--data", str(data), "--policy", "first-touch", "--", "sh", "-c", "echo COMMAND"],
+                        *data_args(data, roots), "--policy", "first-touch", "--", "sh", "-c", "echo COMMAND"],
                        capture_output=True, text=True, timeout=300,
                        env=dict(os.environ, WRITER_RECORD=str(record), XDG_CACHE_HOME=str(cache)))
     assert r.returncode == 0, r.stderr
-    assert json.loads(Path(f"{record}.fork").read_text()) == ["MainThread"]   # the signal watcher paused
+    assert json.loads(Path(f"{record}.fork").read_text()) == FORKED_BESIDE[roots]   # never the signal watcher
     w = json.loads(record.read_text())
     assert w["blocked"] == 0
     handled = bits(signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
@@ -67,7 +84,7 @@ def test_the_writer_is_forked_alone_takes_default_signals_and_stays_off_the_term
     # COMMAND's stdout is its own; the writer's message comes last on tier-run's stderr
     assert r.stdout == "COMMAND\n"
     assert r.stderr.splitlines()[-1] == "tiering: a message of the cache writer", r.stderr
-    assert len(list((cache / "tiering" / "catalogs").glob("*.npz"))) == 1
+    assert len(list((cache / "tiering" / "catalogs").glob("*.npz"))) == roots
 
 
 # the signal comes while the set-up's watcher is paused for the writer's fork;
@@ -97,7 +114,7 @@ def test_a_signal_while_the_watcher_is_paused_for_the_fork_stops_tier_run_before
     age(data)
     done, cache, marker = tmp_path / "written", tmp_path / "cache", tmp_path / "ran"
     p = subprocess.Popen([sys.executable, "-c", patched_tier_run(PAUSED_SIGNAL), "--profile",
-                          str(profile(tmp_path)), "--data", str(data), "--", "touch", str(marker)],
+                          str(profile(tmp_path)), *data_args(data, 3), "--", "touch", str(marker)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          env=dict(os.environ, SIGNAL=str(int(sig)), WRITER_DONE=str(done), XDG_CACHE_HOME=str(cache)))
     try:
@@ -110,7 +127,7 @@ def test_a_signal_while_the_watcher_is_paused_for_the_fork_stops_tier_run_before
     assert "Traceback" not in err
     assert not marker.exists()
     assert done.exists()                      # the writer, forked before the signal was taken, wrote
-    assert len(list((cache / "tiering" / "catalogs").glob("*.npz"))) == 1
+    assert len(list((cache / "tiering" / "catalogs").glob("*.npz"))) == 3
 
 
 # the writer waits for WRITER_GO (made by COMMAND once it got SIGTERM) before it writes

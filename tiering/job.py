@@ -40,6 +40,7 @@ from .command import (
     wait_forwarding,
 )
 from .console import say
+from .fill import SizeFill
 from .observe.live import Display, JobInfo, JobWatch, fits_bytes
 from .placement.api import Policy, allocation
 from .placement.daemon import Daemon, DaemonSnapshot
@@ -112,6 +113,10 @@ class Job:
     cache_writer: int | None = None     # pid of the child writing the catalog cache (NOTE [cache written aside])
     # stops tier-run's threads for a block (the set-up's signal watcher, around the cache writer's fork)
     threads_paused: Callable[[], AbstractContextManager[None]] = nullcontext
+    feed: ListFeed | HookFeed | None = None   # the clairvoyant policy's, known before COMMAND
+    slots: np.ndarray | None = None     # each catalogued file's slot in the index
+    fill: SizeFill | None = None        # the sizes of a catalog scanned names first (NOTE [names first])
+    info: JobInfo | None = None         # for the watch, once the sizes are known
 
     @property
     def order_dir(self) -> Path | None:
@@ -151,6 +156,7 @@ def child_environment(env: dict[str, str], index_path: Path | None, lib: Path,
 
 CACHE_WRITER_WAIT = 10.0   # seconds the teardown waits for the catalog cache writer
 CACHE_WRITER_OUTPUT = "cache-writer.out"   # in the run directory: what the writer says (said at the end)
+FILL_GRACE = 2.0           # seconds the teardown lets the sizes be read (for the report; then a child does it)
 
 
 def give_back_freed_memory() -> None:
@@ -167,7 +173,18 @@ def give_back_freed_memory() -> None:
         pass
 
 
-def setup(job: Job) -> None:
+def names_first(opts: JobOptions) -> bool:
+    """Whether a cold scan may leave the stats to the time after COMMAND
+    started (NOTE [names first]): not for --warm, --policy stage (their
+    copies start before COMMAND), nor a job that spans nodes."""
+    return opts.warm is None and opts.policy != "stage" and not opts.node.multi_node
+
+
+def setup(job: Job, names_first: bool = False) -> None:
+    """Everything before COMMAND: the scan, the tiers, the index, the policy,
+    the daemon (not started); with names_first, a cold scan gives names only
+    and the daemon is made once the sizes are read (job.fill, started with
+    COMMAND)."""
     opts = job.opts
     sweep_leftovers([index_parent()] + [t.path for t in opts.profile.tiers], job.user)
     try:
@@ -186,14 +203,15 @@ def setup(job: Job) -> None:
 
     try:
         job.catalog = catalog_mod.scan(opts.data, threads=opts.scan_threads, cache_dir=opts.scan_cache,
-                                       progress=watch.on_scan, save=save)
+                                       progress=watch.on_scan, save=save, names_first=names_first)
     except catalog_mod.CatalogError as e:
         raise JobError(str(e)) from None
     finally:
         watch.close_bar()     # also when a signal interrupts the scan
     job.timings["scan"] = time.monotonic() - t0
     cat = job.catalog
-    watch.scan_done(len(cat.files), cat.total_bytes, len(cat.dirs), job.timings["scan"], cat.from_cache)
+    watch.scan_done(len(cat.files), cat.total_bytes, len(cat.dirs), job.timings["scan"], cat.from_cache,
+                    sizes_later=cat.deferred is not None)
     if not cat.files:
         log.warning("the data set is empty: no regular file under %s; nothing will be placed (check --data)",
                     ", ".join(cat.roots))
@@ -206,19 +224,39 @@ def setup(job: Job) -> None:
                                        chunked_bytes=t.chunked_copy_mb << 20, chunk_threads=t.threads))
         except OSError as e:
             log.warning("tier %s at %s cannot be used (%s); continuing without it", t.name, t.path, e)
-    cat = job.catalog
     # a symlinked root is matched by its real path too (same id)
     roots = [Root(prefix, i, cat.dir_links[i]) for prefix, i in catalog_mod.RootMap(cat.roots).prefixes]
-    job.index, slots = SharedIndex.for_catalog(job.run_dir / "index", roots, [str(t.data) for t in job.tiers], cat)
-    cat.files.release_indexed()   # the index holds the identities and stat
-    give_back_freed_memory()      # before the order and torch take theirs
-    feed = _choose_policy(job)
+    job.index, job.slots = SharedIndex.for_catalog(job.run_dir / "index", roots, [str(t.data) for t in job.tiers],
+                                                   cat, cat.deferred.pending if cat.deferred is not None else None)
+    if cat.deferred is None:
+        cat.files.release_indexed()   # the index holds the identities and stat
+        give_back_freed_memory()      # before the order and torch take theirs
+    job.feed = feed = _choose_policy(job)
     if isinstance(feed, ListFeed):
         job.warm_order = feed.first
     if job.hooked:
         (job.run_dir / "orders").mkdir(mode=0o700)
-        feed = HookFeed(job.run_dir / "orders", cat)
+        job.feed = HookFeed(job.run_dir / "orders", cat)
         job.hook_watch = HookWatch(job.run_dir / "orders")
+    if opts.node.multi_node:
+        from .cluster.peering import PeerTier, index_lookup
+        job.peer = PeerTier(opts.node, opts.profile.network or Network(), index_lookup(job.index, cat, job.tiers),
+                            opts.rendezvous_timeout)
+        _plan_peers(job, cat)
+    if cat.deferred is None:
+        _make_daemon(job)
+        assert job.info is not None
+        watch.attach(job.info, _Probe(job), lambda: job.no_order)
+    else:
+        job.fill = SizeFill(cat, job.index, job.slots, opts.scan_threads, lambda place: _sizes_known(job, place),
+                            watch.sizing)
+
+
+def _make_daemon(job: Job) -> None:
+    """The daemon (not started) and what the watch shows: once every size is known."""
+    opts, cat = job.opts, job.catalog
+    assert cat is not None and job.index is not None and job.slots is not None and job.run_dir is not None
+    feed = job.feed
 
     def make_policy(d: Daemon) -> Policy:
         if job.policy == Clairvoyant.name:
@@ -226,19 +264,36 @@ def setup(job: Job) -> None:
             return Clairvoyant(d, feed, window=opts.window, pinned=plans.pinned() if plans is not None else None)
         return SIMPLE_POLICIES[job.policy](d)
 
-    if opts.node.multi_node:
-        from .cluster.peering import PeerTier, index_lookup
-        job.peer = PeerTier(opts.node, opts.profile.network or Network(), index_lookup(job.index, cat, job.tiers),
-                            opts.rendezvous_timeout)
-        _plan_peers(job, cat)
-    job.daemon = Daemon(job.index, cat, slots, job.tiers, opts.profile.pfs.read_threads, make_policy,
+    job.daemon = Daemon(job.index, cat, job.slots, job.tiers, opts.profile.pfs.read_threads, make_policy,
                         peers=job.peer.links if job.peer is not None else None)
     sizes = cat.files.size
-    info = JobInfo(job.run_dir.name, os.getpid(), job.user, opts.command, cat.roots, opts.profile.name, job.policy,
-                   len(cat.files), cat.total_bytes, fits_bytes(sizes, sum(t.capacity for t in job.tiers), allocation),
-                   [(t.name, t.capacity) for t in job.tiers], job.run_dir)
-    watch.attach(info, _Probe(job), lambda: job.no_order)
+    job.info = JobInfo(job.run_dir.name, os.getpid(), job.user, opts.command, cat.roots, opts.profile.name,
+                       job.policy, len(cat.files), cat.total_bytes,
+                       fits_bytes(sizes, sum(t.capacity for t in job.tiers), allocation),
+                       [(t.name, t.capacity) for t in job.tiers], job.run_dir)
     give_back_freed_memory()
+
+
+def _sizes_known(job: Job, place: bool) -> None:
+    """On the fill's thread, once every size is known and the index is
+    whole (NOTE [names first]): the cache is written (a child forked before
+    any thread of the daemon runs), the columns only the index needs go;
+    with place (COMMAND still runs), the daemon is made and started and the
+    watch takes it on its next tick."""
+    cat = job.catalog
+    assert cat is not None
+    saves = job.fill.saves if job.fill is not None else []
+    if job.fill is not None:
+        job.fill.saves = []
+    if saves:
+        assert job.run_dir is not None
+        job.cache_writer = catalog_mod.save_in_child(saves, partial(as_plain_child, ignored_at_start()),
+                                                     job.run_dir / CACHE_WRITER_OUTPUT)
+    cat.files.release_indexed()
+    give_back_freed_memory()
+    if place:
+        _make_daemon(job)
+        start_service(job)
 
 
 class _Probe:
@@ -391,7 +446,7 @@ def run(job: Job) -> int:
     try:
         with SetupWatch(ignored) as setup_watch:
             job.threads_paused = setup_watch.paused
-            setup(job)
+            setup(job, names_first(opts))
             warm(job)
         job.threads_paused = nullcontext
         env = child_environment(dict(os.environ), job.index.path if job.index else None,
@@ -399,7 +454,11 @@ def run(job: Job) -> int:
         t0 = time.monotonic()
 
         def started(pid: int) -> None:
-            start_service(job)   # after the fork: COMMAND never inherits a thread
+            # after the fork: COMMAND never inherits a thread
+            if job.fill is not None:
+                job.fill.start()     # the sizes, then the daemon (NOTE [names first])
+            else:
+                start_service(job)
             if job.watch is not None:
                 job.watch.command_started(pid)
 
@@ -474,6 +533,7 @@ def start_service(job: Job) -> None:
 def _ticker(job: Job) -> Callable[[], None]:
     def tick() -> None:   # never ends the wait for COMMAND
         try:
+            _attach_when_filled(job)
             _check_hook(job, command_done=False)
             if job.watch is not None:
                 job.watch.tick()
@@ -481,6 +541,16 @@ def _ticker(job: Job) -> Callable[[], None]:
             log.debug("status failed", exc_info=True)
 
     return tick
+
+
+def _attach_when_filled(job: Job) -> None:
+    """The watch takes the daemon of a names-first start-up once the fill
+    made it (on the main thread, as every tick of the watch)."""
+    fill, watch = job.fill, job.watch
+    if fill is None or watch is None or watch.info is not None or not fill.done.is_set() or job.info is None:
+        return
+    watch.attach(job.info, _Probe(job), lambda: job.no_order)
+    watch.sizes_read(fill.seconds)
 
 
 def _finish(job: Job, exit_code: int, t_start: float) -> None:
@@ -504,8 +574,12 @@ def _finish(job: Job, exit_code: int, t_start: float) -> None:
 
 
 def stop_service(job: Job) -> None:
-    """Stops placing, then serving the other nodes (idempotent); both before
-    the tiers are removed."""
+    """Stops reading the sizes (NOTE [names first]), placing, then serving
+    the other nodes (idempotent); all before the tiers are removed."""
+    if job.fill is not None:
+        job.fill.stop(FILL_GRACE)
+        job.fill.cache_aside()     # the sizes not read yet, and the cache, in a child nobody waits for
+        _attach_when_filled(job)
     if job.daemon is not None and not job.daemon.stopping:
         job.daemon.stop()
     if job.peer is not None:
@@ -553,7 +627,8 @@ def _record(job: Job, exit_code: int) -> JobRecord:
     assert cat is not None
     r = JobRecord(job.policy, exit_code, job.opts.command, job.opts.profile.name, cat.roots, len(cat.files),
                   cat.total_bytes, seconds=job.timings, no_order=job.no_order,
-                  warm=job.warmed.to_json() if job.warmed is not None else None)
+                  warm=job.warmed.to_json() if job.warmed is not None else None,
+                  unsized=int(cat.deferred.pending.sum()) if cat.deferred is not None else 0)
     if job.index is not None:
         r.counters = job.index.counters()
     if d is not None:

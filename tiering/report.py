@@ -39,6 +39,7 @@ class JobRecord:
     no_order: str | None = None   # why no order can come (the hook is missing, did not start)
     observed: dict[str, Any] = field(default_factory=dict)      # JobWatch.finish(): series, warm_after, t0
     warm: dict[str, Any] | None = None                           # --warm: WarmResult.to_json()
+    unsized: int = 0              # files whose sizes were not read by the end (NOTE [names first]): not in bytes
 
 
 def in_force(r: JobRecord) -> tuple[str, str | None]:
@@ -91,6 +92,7 @@ def to_json(r: JobRecord) -> dict[str, Any]:
         "data": r.data,
         "files": r.files,
         "bytes": r.bytes,
+        **({"files_unsized": r.unsized} if r.unsized else {}),
         "tiers": r.tiers,
         "opens": {
             "total": total,
@@ -157,6 +159,10 @@ def warnings(s: dict[str, Any]) -> list[str]:
     elif not o["total"]:
         out.append(f"COMMAND opened no file of the data set: does it read from {', '.join(s['data'])}? "
                    "(a path to another copy of the data, or a different --data?)")
+    if s.get("files_unsized"):
+        out.append(f"COMMAND ended before the sizes of {s['files_unsized']:,} files were read (the scan lists "
+                   "names first and reads the sizes while COMMAND runs): nothing was placed, and the bytes "
+                   "above leave those files out")
     if pl["copies"] and not served:
         out.append(f"{pl['copies']:,} copies made, none served: COMMAND read each file before its copy landed "
                    "or never again (one epoch?); --warm fills the tiers before COMMAND starts")

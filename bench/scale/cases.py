@@ -129,7 +129,7 @@ def tier_run(ctx: Context, d: Path, profile: Path, data: Path, cache: Path, opti
              command: list[str]) -> tuple[monitor.Finished, dict[str, Any] | None, bool]:
     """One monitored tier-run; its --stats-json; whether the catalog cache had
     an entry before it started."""
-    cached = cache.is_dir() and any(cache.rglob("*.npz"))
+    cached = _has_cache(cache)
     cmd = [_exe("tier-run"), "--profile", str(profile), "--data", str(data), "--stats-json",
            str(d / "stats.json"), *options, "--", *command]
     env = dict(os.environ, XDG_CACHE_HOME=str(cache))
@@ -182,30 +182,58 @@ def case_startup(ctx: Context) -> dict[str, Any]:
     """Start-up to COMMAND with a cold (private, empty) and a cached catalog,
     against `find DIR -type f | wc -l` (dentries warm for both)."""
     d = ctx.run_dir("startup")
-    find, scans = [], []
+    find, scans, names = [], [], []
+    root = shlex.quote(str(ctx.tree.root))
     for k in range(2):      # side by side, each twice: the least of each
         find.append(monitor.timed_shell(f"find {ctx.tree.root} -type f | wc -l", d / f"find{k}.log", ctx.s.limit))
-        scans.append(monitor.timed_shell(f"{shlex.quote(sys.executable)} -c {shlex.quote(SCAN_ALONE)} "
-                                         f"{shlex.quote(str(ctx.tree.root))}", d / f"scan{k}.log", ctx.s.limit))
+        names.append(monitor.timed_shell(f"{shlex.quote(sys.executable)} -c {shlex.quote(SCAN_NAMES_FIRST)} {root}",
+                                         d / f"names{k}.log", ctx.s.limit))
+        scans.append(monitor.timed_shell(f"{shlex.quote(sys.executable)} -c {shlex.quote(SCAN_ALONE)} {root}",
+                                         d / f"scan{k}.log", ctx.s.limit))
     profile, parent = fits_profile(ctx, d)
     cache = d / "cache"
     runs: dict[str, Any] = {}
     sampler = SamplerCase("random")
-    for label, epochs in (("cold", ctx.s.epochs), ("cached", ctx.s.epochs), ("cached-1-epoch", 1)):
+    # cold-first-touch: a cold start-up with no order to compute before COMMAND (its own, empty cache)
+    for label, epochs in (("cold", ctx.s.epochs), ("cached", ctx.s.epochs), ("cached-1-epoch", 1),
+                          ("cold-first-touch", 0)):
         rd = ctx.run_dir(f"startup/{label}")
         stamp = rd / "stamp"
-        fin, stats, cached = tier_run(ctx, rd, profile, ctx.tree.root, cache, sampler.tier_run_args(epochs),
+        options = sampler.tier_run_args(epochs) if epochs else ["--policy", "first-touch"]
+        fin, stats, cached = tier_run(ctx, rd, profile, ctx.tree.root, cache if epochs else rd / "cache", options,
                                       [str(ctx.tool), "stamp", str(stamp)])
         t = _stamp(stamp)
         runs[label] = {"epochs": epochs, **run_facts(fin, stats, cached, t, t)}
+        if label == "cold":   # a COMMAND that exits at once may leave the cache to a child (NOTE [names first])
+            runs[label]["cache_wait_s"] = _wait_for_cache(cache, ctx.s.limit)
     shutil.rmtree(parent, ignore_errors=True)
     return {"find_s": min(f[0] for f in find), "find_count": int(find[0][1] or -1) if find[0][2] else None,
             "scan_s": min(t[0] for t in scans) if all(t[2] for t in scans) else None,
-            "scan_count": int(scans[0][1] or -1) if scans[0][2] else None, "runs": runs}
+            "scan_count": int(scans[0][1] or -1) if scans[0][2] else None,
+            "names_first_s": min(t[0] for t in names) if all(t[2] for t in names) else None,
+            "names_first_count": int(names[0][1] or -1) if names[0][2] else None, "runs": runs}
 
 
-# the cold scan alone, in a process of its own as find is: no cache, the catalog's file count
+def _has_cache(cache: Path) -> bool:
+    """A catalog cache under its name (not a writer's temporary, .tmp-*)."""
+    return cache.is_dir() and any(not p.name.startswith(".") for p in cache.rglob("*.npz"))
+
+
+def _wait_for_cache(cache: Path, limit: float) -> float | None:
+    """Seconds until the catalog cache exists (None: not within limit)."""
+    t0 = time.monotonic()
+    while not _has_cache(cache):
+        if time.monotonic() - t0 > limit:
+            return None
+        time.sleep(0.1)
+    return time.monotonic() - t0
+
+
+# the cold scan alone, in a process of its own as find is: no cache, the catalog's file count; with
+# every stat, and names first (what tier-run does before COMMAND: NOTE [names first])
 SCAN_ALONE = "import sys; from tiering.catalog import scan; print(len(scan([sys.argv[1]]).files))"
+SCAN_NAMES_FIRST = ("import sys; from tiering.catalog import scan; "
+                    "print(len(scan([sys.argv[1]], names_first=True).files))")
 
 
 # ---- plan ----

@@ -415,7 +415,7 @@ WRITER_NICE = 10          # the cache writer yields the CPU to COMMAND's start
 
 
 def save_in_child(saves: list[PendingSave], prepare: Callable[[], None] | None = None,
-                  output: Path | None = None) -> int | None:
+                  output: Path | None = None, first: Callable[[], bool] | None = None) -> int | None:
     """Writes the catalogs to the cache in a forked child, and returns its
     pid at once (None: nothing to write, or written here because fork
     failed), NOTE [cache written aside].  The child sees the catalogs as
@@ -425,12 +425,18 @@ def save_in_child(saves: list[PendingSave], prepare: Callable[[], None] | None =
     prepare() (the caller's signal settings undone), writes each catalog to
     a temporary file and renames it (a writer killed on the way leaves a
     temporary, never a half cache) and exits with _exit (no handler of the
-    caller's runs twice)."""
+    caller's runs twice).  first, when given, runs in the child before the
+    write (the stats a names-first scan still lacks, NOTE [names first]);
+    nothing is written unless it returns True, and nothing at all when fork
+    fails."""
     if not saves:
         return None
     try:
         pid = _fork()
     except OSError as e:
+        if first is not None:
+            log.info("cannot start the catalog cache writer (%s); no cache this time", e)
+            return None
         log.info("cannot start the catalog cache writer (%s); writing the cache now", e)
         save_now(saves)
         return None
@@ -442,7 +448,8 @@ def save_in_child(saves: list[PendingSave], prepare: Callable[[], None] | None =
         if prepare is not None:
             prepare()
         os.nice(WRITER_NICE)
-        save_now(saves)
+        if first is None or first():
+            save_now(saves)
         code = 0
     except BaseException:    # noqa: BLE001 - a child never returns into the caller
         log.debug("the catalog cache writer failed", exc_info=True)

@@ -274,6 +274,7 @@ class Catalog:
     skipped: list[tuple[int, str]] = field(default_factory=list)  # (root, rel) not regular files
     from_cache: bool = False              # every root came from the scan cache
     cached: list[bool] = field(default_factory=list)  # per root: from the scan cache, not scanned now
+    deferred: DeferredStats | None = None  # files known by name only, so far (NOTE [names first])
 
     def __post_init__(self) -> None:
         if not isinstance(self.files, FileTable):
@@ -288,6 +289,17 @@ class Catalog:
 
 
 @dataclass
+class DeferredStats:
+    """Files a scan listed by name whose stat is still to take (NOTE [names
+    first] in docs/design.md): per directory part its absolute path, the
+    names (NUL-terminated) and their file ids; `pending` marks them per
+    file, and `saves` are the cache writes that wait for their stats."""
+    parts: list[tuple[str, bytes, np.ndarray]]
+    pending: np.ndarray
+    saves: list[Any] = field(default_factory=list)
+
+
+@dataclass
 class RootScan:
     """One root, before root ids are assigned (also what the cache holds):
     its files as a FileTable (root ids 0, directory ids into `dirs`)."""
@@ -298,3 +310,4 @@ class RootScan:
     links: bool = False
     errors: list[str] = field(default_factory=list)
     scanned_ns: int = 0                                                    # wall clock at start
+    deferred: list[tuple[str, bytes, np.ndarray]] = field(default_factory=list)   # DeferredStats.parts

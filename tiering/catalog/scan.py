@@ -49,6 +49,7 @@ from .model import (
     FILE_COLUMNS,
     Catalog,
     CatalogDir,
+    DeferredStats,
     DirAlias,
     FileTable,
     RootScan,
@@ -64,6 +65,7 @@ log = logging.getLogger("tiering")
 STAT_BATCH = 64           # entries stat'ed by one task through os.scandir
 C_STAT_BATCH = 2048       # ... and in C (a task costs more than an entry there)
 FORMAT_BITS = 0o170000    # of st_mode: the file type (stat.S_IFMT's mask)
+DT_REG = 8                # d_type of a regular file (dirent.h)
 
 
 @dataclass
@@ -125,15 +127,40 @@ def _stat_names(path: str, listing: _Listing) -> np.ndarray:
     """The stat (symlinks followed) of each entry of a listing, and whether
     the entry itself is a symlink, as STAT_DTYPE records; ok = 0 for an entry
     that cannot be stat'ed (a dangling link, a file gone since the listing)."""
-    n = len(listing.types)
     if listing.entries is not None:
         return _stat_entries(listing.entries)
+    return _c_stat(path, listing.names, listing.types)
+
+
+def _stat_others(path: str, listing: _Listing) -> tuple[np.ndarray, np.ndarray]:
+    """Names first (NOTE [names first]): the records of a listing of the C
+    scanner where each regular file by d_type is taken as one, unstat'ed (a
+    record with ok and S_IFREG only), and the other entries (directories,
+    symlinks, entries of unknown type) are stat'ed now; and which entries
+    are deferred so."""
+    deferred = listing.types == DT_REG
+    if deferred.all():
+        out = np.zeros(len(deferred), _stat_dtype())
+    else:
+        names = listing.names.split(b"\0")[:-1]
+        others = np.flatnonzero(~deferred)
+        sub = b"".join(names[k] + b"\0" for k in others.tolist())
+        out = np.zeros(len(deferred), _stat_dtype())
+        out[others] = _c_stat(path, sub, np.ascontiguousarray(listing.types[others]))
+    out["ok"][deferred] = 1
+    out["mode"][deferred] = stat.S_IFREG
+    return out, deferred
+
+
+def _c_stat(path: str, names: bytes, types: np.ndarray) -> np.ndarray:
+    """tiering_scan_stat of the NUL-terminated names of directory path."""
+    n = len(types)
     c = _c_scanner()
     assert c is not None, "a listing without entries comes from the C scanner"
     ffi, lib = c
     out = np.zeros(n, _stat_dtype())
     if n:
-        lib.tiering_scan_stat(os.fsencode(path), listing.names, ffi.from_buffer("uint8_t[]", listing.types), n,
+        lib.tiering_scan_stat(os.fsencode(path), names, ffi.from_buffer("uint8_t[]", types), n,
                               ffi.cast("struct tiering_scan_stat *", ffi.from_buffer(out)))
     return out
 
@@ -198,22 +225,28 @@ class _Listing:
 
 @dataclass
 class _Batch:
-    """Entries of one directory, stat'ed."""
+    """Entries of one directory, stat'ed (but the deferred ones)."""
     rel: str
     listing: _Listing
     recs: np.ndarray
+    deferred: np.ndarray | None = None    # per entry: a regular file by d_type, not stat'ed (names first)
 
 
-def _stat_batch(path: str, rel: str, listing: _Listing) -> _Batch:
+def _stat_batch(path: str, rel: str, listing: _Listing, defer: bool = False) -> _Batch:
+    if defer and listing.entries is None:
+        return _Batch(rel, listing, *_stat_others(path, listing))
     return _Batch(rel, listing, _stat_names(path, listing))
 
 
-def _list_dir(path: str, rel: str) -> tuple[_Batch | None, str, list[_Listing]]:
+def _list_dir(path: str, rel: str, defer: bool = False) -> tuple[_Batch | None, str, list[_Listing]]:
     """Lists a directory and stats its entries, or, in a large directory,
-    returns them in parts for the caller to stat in parallel batches."""
+    returns them in parts for the caller to stat in parallel batches; with
+    defer, regular files by d_type are only listed (NOTE [names first])."""
     listing = _listing(path)
     n = len(listing.types)
     batch = STAT_BATCH if listing.entries is not None else C_STAT_BATCH
+    if defer and listing.entries is None:
+        return _stat_batch(path, rel, listing, True), rel, []   # stats of few entries: no parts
     if n <= batch:
         return _stat_batch(path, rel, listing), rel, []
     ends = listing.bounds()
@@ -246,7 +279,7 @@ class _Tasks:
 
 
 def _walk_root(root: str, pool: ThreadPoolExecutor, progress: ScanProgress | None = None,
-               report: ScanCallback = _no_progress) -> RootScan:
+               report: ScanCallback = _no_progress, defer: bool = False) -> RootScan:
     res = RootScan(scanned_ns=time.time_ns())
     rows = _Columns()
     prog = progress if progress is not None else ScanProgress()
@@ -263,7 +296,7 @@ def _walk_root(root: str, pool: ThreadPoolExecutor, progress: ScanProgress | Non
         seen[key] = rel
         res.dirs.append((rel, ino, dev, mtime_ns))
         prog.dirs += 1
-        tasks.submit("list", _list_dir, os.path.join(root, rel), rel)
+        tasks.submit("list", _list_dir, os.path.join(root, rel), rel, defer)
 
     def take(batch: _Batch) -> None:
         recs = batch.recs
@@ -313,7 +346,8 @@ def _walk_root(root: str, pool: ThreadPoolExecutor, progress: ScanProgress | Non
     if res.errors and not rows.count:
         raise ScanError(f"cannot scan {root}: {res.errors[0]}")
     res.dirs.sort()
-    res.files = rows.table(res.dirs)
+    res.files, deferred = rows.table(res.dirs)
+    res.deferred = [(os.path.join(root, rel), names, ids) for rel, names, ids in deferred]
     res.aliases.sort()
     res.skipped.sort()
     return res
@@ -328,6 +362,7 @@ class _Columns:
     def __init__(self) -> None:
         self.batches: list[tuple[str, bytes, np.ndarray, np.ndarray]] = []   # rel, names, files, their records
         self.firsts: list[int] = []       # per batch: where in its directory's listing it begins
+        self.deferred: list[np.ndarray | None] = []   # per batch: which of its files are not stat'ed yet
         self.count = 0
 
     def add(self, batch: _Batch, files: np.ndarray) -> int:
@@ -336,19 +371,24 @@ class _Columns:
             recs = batch.recs if n == len(files) else batch.recs[files]
             self.batches.append((batch.rel, batch.listing.names, files, recs))
             self.firsts.append(batch.listing.first)
+            self.deferred.append(batch.deferred[files] if batch.deferred is not None else None)
             self.count += n
         return n
 
-    def table(self, dirs: list[tuple[str, int, int, int]]) -> FileTable:
+    def table(self, dirs: list[tuple[str, int, int, int]]) -> tuple[FileTable, list[tuple[str, bytes, np.ndarray]]]:
         """Sorted by path as str (code points: UTF-8's byte order, unless a
-        name is not UTF-8), each file with the id of its directory in dirs."""
+        name is not UTF-8), each file with the id of its directory in dirs;
+        and the deferred files (names first) per batch: directory, names
+        and their ids in the table."""
         batches, self.batches = self.batches, []
         firsts, self.firsts = self.firsts, []
+        deferred, self.deferred = self.deferred, []
         if not batches:
-            return FileTable.empty()
+            return FileTable.empty(), []
         placed = _batch_order([b[0] for b in batches], firsts, dirs, batches)
         if placed is not None:        # the files in path order already, batch after batch
             batches = [batches[k] for k in placed]
+            deferred = [deferred[k] for k in placed]
         dir_id = {rel: k for k, (rel, *_) in enumerate(dirs)}
         parent = np.repeat(np.array([dir_id.get(b[0], -1) for b in batches], np.int32), [len(b[3]) for b in batches])
         paths, offsets = _joined_paths(batches)
@@ -356,6 +396,7 @@ class _Columns:
         if order is not None:
             paths, offsets = _gather(paths, offsets, order)
             parent = parent[order]
+        later = _deferred_ids(batches, deferred, order)
         recs_all = [b[3] for b in batches]
         del batches
         cols = {}
@@ -363,7 +404,36 @@ class _Columns:
             col = np.concatenate([r[k] for r in recs_all]).astype(dt, copy=False)
             cols[k] = col[order] if order is not None else col
         del recs_all
-        return FileTable(paths, offsets, np.zeros(len(offsets) - 1, np.int32), parent, cols)
+        return FileTable(paths, offsets, np.zeros(len(offsets) - 1, np.int32), parent, cols), later
+
+
+def _deferred_ids(batches: list[tuple[str, bytes, np.ndarray, np.ndarray]], deferred: list[np.ndarray | None],
+                  order: np.ndarray | None) -> list[tuple[str, bytes, np.ndarray]]:
+    """Per batch with deferred files: its directory, their names and their
+    ids in the table (order: the table's permutation of the batches' files)."""
+    if not any(d is not None and d.any() for d in deferred):
+        return []
+    where = np.arange(sum(len(b[3]) for b in batches), dtype=np.int64)
+    if order is not None:
+        where[order] = np.arange(len(order), dtype=np.int64)
+    out = []
+    first = 0
+    for (rel, names, files, recs), d in zip(batches, deferred):
+        n = len(recs)
+        if d is not None and d.any():
+            kept = _file_names(names, files)
+            if not d.all():
+                kept = b"".join(x + b"\0" for x, k in zip(kept.split(b"\0"), d.tolist()) if k)
+            out.append((rel, kept, where[first:first + n][d]))
+        first += n
+    return out
+
+
+def _file_names(names: bytes, files: np.ndarray) -> bytes:
+    """The names (NUL-terminated) of a listing's entries that are files."""
+    if files.all():
+        return names
+    return b"".join(n + b"\0" for n, f in zip(names.split(b"\0"), files.tolist()) if f)
 
 
 def _joined_paths(batches: list[tuple[str, bytes, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
@@ -373,8 +443,7 @@ def _joined_paths(batches: list[tuple[str, bytes, np.ndarray, np.ndarray]]) -> t
     segs = []
     for rel, names, files, _ in batches:
         prefix = encode_rel(rel) + b"/" if rel else b""
-        if not files.all():           # a listing with entries other than files (few)
-            names = b"".join(n + b"\0" for n, f in zip(names.split(b"\0"), files.tolist()) if f)
+        names = _file_names(names, files)   # a listing with entries other than files: few
         segs.append(prefix + names[:-1].replace(b"\0", b"\0" + prefix) + b"\0")
     blob = b"".join(segs)
     del segs
@@ -473,12 +542,15 @@ def _cached(cache_dir: Path, root: str, pool: ThreadPoolExecutor) -> tuple[RootS
 
 
 def scan(dirs: list[str], threads: int = 16, cache_dir: Path | None = None,
-         progress: ScanCallback | None = None, save: SaveFn = save_now) -> Catalog:
+         progress: ScanCallback | None = None, save: SaveFn = save_now, names_first: bool = False) -> Catalog:
     """The catalog of the data roots `dirs`; with cache_dir, each root's
     catalog is reused from there when the root has not changed (module doc);
     progress is called as the scan goes (module doc).  The catalogs of the
     roots scanned are handed to save once the scan is done (default: written
-    to the cache before scan returns)."""
+    to the cache before scan returns).  names_first: a single root scanned
+    through the C scanner lists its regular files by name only, their stats
+    left to `stat_deferred` (Catalog.deferred; the cache write waits in it):
+    NOTE [names first] in docs/design.md."""
     roots = normalise_roots(dirs)
     report = progress or _no_progress
     prog = ScanProgress(roots=len(roots))
@@ -504,13 +576,16 @@ def scan(dirs: list[str], threads: int = 16, cache_dir: Path | None = None,
             else:
                 prog.phase = "scanning"
                 report(prog)
-                part = _walk_root(r, pool, prog, report)
+                defer = names_first and len(roots) == 1 and _c_scanner() is not None
+                part = _walk_root(r, pool, prog, report, defer)
                 if cache is not None and writable:
                     saves.append(PendingSave(cache, r, part))
             prog.roots_done += 1
             report(prog)
             parts.append(part)
-    save(saves)
+    deferred = parts[0].deferred if len(parts) == 1 else []
+    if not deferred:
+        save(saves)
     prog.phase = "done"
     report(prog)
     bases = [0]
@@ -523,4 +598,48 @@ def scan(dirs: list[str], threads: int = 16, cache_dir: Path | None = None,
         cat.aliases.extend(DirAlias(i, rel, target) for rel, target in p.aliases)
         cat.skipped.extend((i, rel) for rel in p.skipped)
         cat.dir_links.append(p.links)
+    if deferred:    # one root: its table is the catalog's (FileTable.concat)
+        pending = np.zeros(len(cat.files), bool)
+        for _, _, ids in deferred:
+            pending[ids] = True
+        cat.deferred = DeferredStats(deferred, pending, saves)
+        parts[0].deferred = []
     return cat
+
+
+def stat_deferred(cat: Catalog, threads: int, done: Callable[[np.ndarray, np.ndarray], None],
+                  stopped: Callable[[], bool] = lambda: False) -> bool:
+    """Takes the stats a names-first scan left (NOTE [names first]) in
+    parallel batches, writes them into the catalog's columns and calls
+    done(ids, gone) after each batch (on the calling thread): the files
+    filled, and those gone or no longer regular files since the listing
+    (they stay as listed, size 0).  Returns False when stopped() said stop
+    before the last batch (the catalog then stays deferred)."""
+    d = cat.deferred
+    if d is None:
+        return True
+    cols = cat.files.columns
+    work = []
+    for path, names, ids in d.parts:
+        listing = _Listing(names, np.full(len(ids), DT_REG, np.uint8))
+        ends = listing.bounds()
+        work += [(path, listing.part(a, min(len(ids), a + C_STAT_BATCH), ends), ids[a:a + C_STAT_BATCH])
+                 for a in range(0, len(ids), C_STAT_BATCH)]
+    with ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="tiering-stat") as pool:
+        tasks = _Tasks(pool)
+        for path, part, ids in work:
+            tasks.submit(ids, _c_stat, path, part.names, part.types)
+        for ids, recs, err in tasks.results():
+            if stopped():
+                pool.shutdown(wait=True, cancel_futures=True)
+                return False
+            if err is not None:
+                raise err
+            ok = (recs["ok"] != 0) & ((recs["mode"] & FORMAT_BITS) == stat.S_IFREG)
+            filled = ids[ok]
+            for k in FILE_COLUMNS:
+                cols[k][filled] = recs[k][ok]
+            d.pending[ids] = False
+            done(filled, ids[~ok])
+    cat.deferred = None
+    return True

@@ -151,6 +151,12 @@ def write_status(run_dir: Path, status: dict[str, Any]) -> None:
     os.replace(tmp, run_dir / STATUS_FILE)
 
 
+def _tiers_text(i: JobInfo) -> str:
+    fits = "the data set fits" if i.fits_bytes >= i.bytes else \
+        f"{pct(i.fits_bytes / i.bytes if i.bytes else 0)} of the data set fits"
+    return "tiers " + ", ".join(f"{n} {human_bytes(c)}" for n, c in i.tiers) + f": {fits}"
+
+
 @dataclass
 class JobWatch:
     display: Display
@@ -172,6 +178,9 @@ class JobWatch:
     _scan_dir: Path | None = None
     _scan_head: dict[str, Any] = field(default_factory=dict)
     _scan_written: float | None = None
+    _command_pid: int | None = None
+    _sizes_later: int = 0                    # files whose sizes are read after COMMAND started (names first)
+    _dirs: int = 0
 
     # -- the scan ------------------------------------------------------------------
     def scanning_in(self, run_dir: Path, head: dict[str, Any]) -> None:
@@ -225,14 +234,38 @@ class JobWatch:
                 log.debug("closing the bar failed", exc_info=True)
             self._bar = None
 
-    def scan_done(self, files: int, nbytes: int, dirs: int, seconds: float, from_cache: bool) -> None:
+    def scan_done(self, files: int, nbytes: int, dirs: int, seconds: float, from_cache: bool,
+                  sizes_later: bool = False) -> None:
         self.close_bar()
+        self._sizes_later = files if sizes_later else 0
+        self._dirs = dirs
         if self.display.mode == "off":
             return
         rate_text = f", {files / seconds:,.0f} files/s" if seconds > 0 and not from_cache else ""
         how = "catalog from cache" if from_cache else "scanned"
-        say(f"tiering: {how}: {count(files)} files ({human_bytes(nbytes)}) in {count(dirs)} directories, "
+        size = "sizes read while COMMAND starts" if sizes_later else human_bytes(nbytes)
+        say(f"tiering: {how}: {count(files)} files ({size}) in {count(dirs)} directories, "
             f"{seconds:.1f} s{rate_text}")
+
+    def sizing(self, done: int, total: int, nbytes: int) -> None:
+        """The sizes read so far after a names-first scan (NOTE [names
+        first]), on the fill's thread: the status file only (COMMAND has
+        the terminal), at most once a second; the watch's own status takes
+        over once the daemon runs."""
+        try:
+            now = self.clock()
+            if self._scan_dir is None or (self._scan_written is not None and now - self._scan_written < 1.0
+                                          and 0 < done < total):
+                return
+            self._scan_written = now
+            write_status(self._scan_dir, {
+                **self._scan_head, "version": STATUS_VERSION, "state": "scanning", "started": self.started_wall,
+                "updated": time.time(), "elapsed": round(now - (self._scan_t0 or now), 2),
+                "command_pid": self._command_pid,
+                "scan": {"phase": "reading sizes", "files": total, "dirs": self._dirs, "sized": done,
+                         "bytes": nbytes}})
+        except Exception:
+            log.debug("fill progress failed", exc_info=True)
 
     # -- --warm, before COMMAND (NOTE [warm-up]) -----------------------------------
     def warming(self, p: Any) -> None:
@@ -272,23 +305,35 @@ class JobWatch:
     # -- while COMMAND runs -------------------------------------------------------
     def attach(self, info: JobInfo, probe: Probe, no_order: Callable[[], str | None]) -> None:
         self.info, self.probe, self.no_order = info, probe, no_order
+        if self._command_pid is not None:   # attached after COMMAND started (NOTE [names first])
+            info.command_pid = self._command_pid
 
     def command_starting(self) -> None:
         """Says that COMMAND starts, before it is forked: on a shared terminal
         its first lines then come after this one, however long the daemon
         takes to start once it is forked."""
+        if self.info is None and self._sizes_later and self.display.mode != "off" and not self._announced:
+            self._announced = True
+            say(f"tiering: starting COMMAND; placement starts once the sizes of {count(self._sizes_later)} "
+                "files are read")
         if self.info is None or self.display.mode == "off" or self._announced:
             return
         self._announced = True
+        say("tiering: starting COMMAND; " + _tiers_text(self.info))
+
+    def sizes_read(self, seconds: float) -> None:
+        """The sizes of a names-first scan are read and placement starts
+        (NOTE [names first]); after attach."""
+        if self.info is None or self.display.mode == "off":
+            return
         i = self.info
-        fits = "the data set fits" if i.fits_bytes >= i.bytes else \
-            f"{pct(i.fits_bytes / i.bytes if i.bytes else 0)} of the data set fits"
-        say("tiering: starting COMMAND; tiers " + ", ".join(f"{n} {human_bytes(c)}" for n, c in i.tiers) +
-            f": {fits}")
+        say(f"tiering: sizes read in {seconds:.1f} s: {count(i.files)} files ({human_bytes(i.bytes)}); "
+            + _tiers_text(i))
 
     def command_started(self, pid: int | None) -> None:
         self.t0 = self._last_line = self.clock()
         self.state = "running"
+        self._command_pid = pid
         if self.info is not None:
             self.info.command_pid = pid
         self.command_starting()   # when it was not said before the fork (a node's service)

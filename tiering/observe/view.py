@@ -92,6 +92,11 @@ def status_view(st: dict[str, Any]) -> str:
     stale = st.get("stale_seconds")
     if st.get("state") == "scanning":
         sc = st["scan"]
+        if sc.get("phase") == "reading sizes":    # COMMAND runs (NOTE [names first])
+            return (f"job {st['job']} (tier-run pid {st['pid']}, COMMAND pid {st.get('command_pid') or '-'}): "
+                    f"{cmd}\n  running {clock(st.get('elapsed'))}, placement starts once the sizes are read: "
+                    f"{count(sc.get('sized', 0))} of {count(sc['files'])} files ({human_bytes(sc['bytes'])})"
+                    + (f"  [no update for {stale:.0f} s]" if stale else ""))
         return (f"job {st['job']} (tier-run pid {st['pid']}): {cmd}\n"
                 f"  {sc['phase']} the data set {clock(st.get('elapsed'))}: {count(sc['files'])} files "
                 f"({human_bytes(sc['bytes'])}) in {count(sc['dirs'])} directories found so far"

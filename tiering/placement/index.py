@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 PACKAGE_DIR = Path(__file__).resolve().parent.parent     # tiering/
 RING_MIN = 1 << 16        # ring slots at least (2 MiB)
 RING_MAX = 1 << 21        # ... and at most (64 MiB)
+WRITE_LOG = 1 << 14       # identities of write opens an index filled from names first can log (256 KiB)
 DRAIN = 1 << 16           # events copied out of the ring per call of the C helper
 
 
@@ -195,9 +196,11 @@ def _column(values: IntColumn | None, n: int, dtype: str) -> np.ndarray:
 
 
 def _write_records(recs: np.ndarray, devs: IntColumn | None, inos: IntColumn | None,
-                   mtimes: IntColumn, links: Sequence[bool] | np.ndarray | None, stats: FileStats | None) -> None:
+                   mtimes: IntColumn, links: Sequence[bool] | np.ndarray | None, stats: FileStats | None,
+                   pending: np.ndarray | None = None) -> None:
     """The file records, but for next_alias (tiering_index_fill links the
-    rings): identity, mtime, the scan's stat and the flags."""
+    rings): identity, mtime, the scan's stat and the flags; complete but
+    for the pending ones (NOTE [names first]), whose records are all 0."""
     n = len(recs)
     dev = _column(devs, n, "u8")
     recs["dev"] = dev & 0xFFFFFFFF
@@ -216,17 +219,23 @@ def _write_records(recs: np.ndarray, devs: IntColumn | None, inos: IntColumn | N
             recs[name] = _column(getattr(stats, name), n, "i8")
         # a value the record cannot hold whole (a 64-bit device) is never served
         flags[np.asarray(stats.exact, bool) & fits] |= lib.TIERING_FILE_STAT
+    flags |= lib.TIERING_FILE_COMPLETE
     recs["flags"] = flags
+    if pending is not None:
+        recs[np.asarray(pending, bool)] = 0
 
 
-def file_stats(cat: Catalog) -> FileStats:
-    """The catalog's stat columns; exact for the roots scanned now, not for
-    those taken from the scan cache (a file changed in place since the cache
-    was written does not show in it: NOTE [stat from the index])."""
+def file_stats(cat: Catalog, ids: np.ndarray | None = None) -> FileStats:
+    """The catalog's stat columns (of the files ids only, when given); exact
+    for the roots scanned now, not for those taken from the scan cache (a
+    file changed in place since the cache was written does not show in it:
+    NOTE [stat from the index])."""
     t = cat.files
     cached = np.asarray(cat.cached or [False] * len(cat.roots), bool)
-    return FileStats(mode=t.mode, uid=t.uid, gid=t.gid, nlink=t.nlink, atime_ns=t.atime_ns, ctime_ns=t.ctime_ns,
-                     blocks=t.blocks, blksize=t.blksize, exact=~cached[t.root] if len(cached) else np.zeros(0, bool))
+    pick = (lambda col: col) if ids is None else (lambda col: col[ids])
+    return FileStats(mode=pick(t.mode), uid=pick(t.uid), gid=pick(t.gid), nlink=pick(t.nlink),
+                     atime_ns=pick(t.atime_ns), ctime_ns=pick(t.ctime_ns), blocks=pick(t.blocks),
+                     blksize=pick(t.blksize), exact=~cached[pick(t.root)] if len(cached) else np.zeros(0, bool))
 
 
 def _aligned(offset: int) -> int:
@@ -287,7 +296,7 @@ class SharedIndex:
                mtimes: IntColumn, devs: IntColumn | None = None,
                inos: IntColumn | None = None, links: Sequence[bool] | np.ndarray | None = None,
                stats: FileStats | None = None, scanner: Credentials | None = None,
-               ring_size: int | None = None) -> tuple[SharedIndex, np.ndarray]:
+               ring_size: int | None = None, pending: np.ndarray | None = None) -> tuple[SharedIndex, np.ndarray]:
         """Writes a new index at path (mode 0600) and returns it with the slot (int64 array)
         of every catalogued file, in the order given.  devs and inos are the
         files' st_dev and st_ino (0: unknown), which link the entries of one
@@ -298,7 +307,9 @@ class SharedIndex:
         answered from the index), scanner who scanned (default: this
         process); tiers are directories that exist now.  The ring has
         ring_size slots (a power of two; default: ring_events of the file
-        count)."""
+        count).  pending marks the files known by name only (NOTE [names
+        first]): their entries are not complete until `complete` fills
+        them, and the index is filling until `filled`."""
         if len(roots) > lib.TIERING_MAX_ROOTS:
             raise ValueError(f"at most {lib.TIERING_MAX_ROOTS} data roots (with aliases), got {len(roots)}")
         if len(tiers) > lib.TIERING_MAX_TIERS:
@@ -319,7 +330,8 @@ class SharedIndex:
         entries_offset = _aligned(hsize)
         idents_offset = _aligned(entries_offset + nslots * esize)
         files_offset = _aligned(idents_offset + nslots * 4)
-        ring_offset = _aligned(files_offset + n * fsize)
+        wlog_offset = _aligned(files_offset + n * fsize)
+        ring_offset = _aligned(wlog_offset + WRITE_LOG * ffi.sizeof("struct tiering_written"))
         total = ring_offset + ring_size * evsize
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
@@ -341,6 +353,9 @@ class SharedIndex:
         h.idents_offset = idents_offset
         h.files_offset = files_offset
         h.ring_offset = ring_offset
+        h.wlog_offset = wlog_offset
+        h.wlog_size = WRITE_LOG
+        h.filling = int(pending is not None and bool(np.any(pending)))
         h.total_size = total
         h.daemon_pid = os.getpid()
         who = scanner or Credentials.current()
@@ -353,7 +368,7 @@ class SharedIndex:
         for i, t in enumerate(tiers):
             _set_tier(h.tiers[i], t, i)
         recs = np.ndarray((n,), numpy_dtype("struct tiering_file"), buffer=mm, offset=files_offset)
-        _write_records(recs, devs, inos, mtimes, links, stats)
+        _write_records(recs, devs, inos, mtimes, links, stats, pending)
         del recs
         blob = ffi.from_buffer(rels.terminated() if isinstance(rels, FileTable) else
                                b"".join(r.encode("utf-8", "surrogateescape") + b"\0" for r in rels))
@@ -376,13 +391,40 @@ class SharedIndex:
 
     @classmethod
     def for_catalog(cls, path: Path, roots: Sequence[Root], tiers: Sequence[str],
-                    cat: Catalog) -> tuple[SharedIndex, np.ndarray]:
+                    cat: Catalog, pending: np.ndarray | None = None) -> tuple[SharedIndex, np.ndarray]:
         """The index of a catalog: every file with its identity, whether its
         path is a symlink, and its stat (answered from the index for the
-        roots this job scanned itself)."""
+        roots this job scanned itself); the pending files by name only
+        (NOTE [names first])."""
         t = cat.files
         return cls.create(path, roots, tiers, t, t.root, t.size, t.mtime_ns, devs=t.dev, inos=t.ino,
-                          links=t.link, stats=file_stats(cat))
+                          links=t.link, stats=file_stats(cat), pending=pending)
+
+    # -- an index written from names first (NOTE [names first]) -----------
+    @property
+    def filling(self) -> bool:
+        return bool(self.header.filling)
+
+    def complete(self, slots: np.ndarray, cat: Catalog, ids: np.ndarray) -> None:
+        """Fills the entries of the catalog's files ids (their slots in
+        slots) from the catalog's columns, each record's flags last."""
+        if not len(ids):
+            return
+        t = cat.files
+        recs = np.zeros(len(ids), numpy_dtype("struct tiering_file"))
+        _write_records(recs, t.dev[ids], t.ino[ids], t.mtime_ns[ids], t.link[ids], file_stats(cat, ids))
+        want = np.ascontiguousarray(slots[ids], np.uint64)
+        sizes = np.ascontiguousarray(t.size[ids], np.uint64)
+        lib.tiering_index_complete(self.base, ffi.from_buffer("uint64_t[]", want),
+                                   ffi.cast("struct tiering_file *", ffi.from_buffer(recs)),
+                                   ffi.from_buffer("uint64_t[]", sizes), len(ids))
+
+    def filled(self, wait: float = 10.0) -> int:
+        """Ends the fill: the files opened for writing during it are
+        invalidated under every path (their number is returned); -1 or -2
+        when that cannot be known (a writer stuck in its log entry, the log
+        overflowed): the caller must then disable the index."""
+        return int(lib.tiering_index_filled(self.base, int(wait * 1e9)))
 
     @classmethod
     def open(cls, path: Path, readonly: bool = False) -> SharedIndex:
