@@ -4,21 +4,19 @@ on every node without a message (NOTE [node-aware plan] in docs/design.md).
 Every node computes every node's stream from the sampler's parameters
 (DistributedSampler: the global shuffle split by rank; node n runs the ranks
 n*L .. n*L+L-1 under block placement, as torchrun and Slurm place them).
-From every node's first epoch it computes each file's home node (the home
-rule, NOTE [home nodes]): the node that reads it first, within that node's
-share of its tiers.  A node's planner keeps its home files once it has them
-(they are pinned), so a file another node holds is its home's, from the
-moment the home node has read it (the readers of the nodes move in
-lockstep: same epoch, same offset in it; data-parallel ranks read one batch
-per step).  Only those are asked.
+From every node's first epoch and every node's budget (published at the
+rendezvous: the nodes' tiers may differ) it computes each file's home node
+(the home rule, NOTE [home nodes]): the node that reads it first, within
+that node's budget.  A node's planner keeps its home files once it has them
+(they are pinned), so a file another node holds is its home's from the
+moment the home node has read it.  Only those are asked.
 
 When the other nodes' streams cannot be computed (the order is known only
 from each node's hook, or an order file), there is no node-aware plan and no
-peer fetch: ``plans_from_options`` returns None.
+peer fetch: ``planning_from_options`` returns None.
 """
 from __future__ import annotations
 
-import bisect
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 
@@ -31,6 +29,7 @@ from .policy import Clairvoyant
 from .samplers import SamplerSpec, node_stream_array
 
 MAX_NODES = 127   # a file's home node is an int8
+SHARE = 7 / 8     # of a node's tiers (after the margin) its home files take at most; the rest is its window
 
 Streams = Callable[[int, int], np.ndarray]   # (node rank, epoch) -> the catalog ids that node reads
 
@@ -65,18 +64,6 @@ class NodeStreams:
         return self.mapping[node_stream_array(self.specs(node), len(self.mapping), epoch)]
 
 
-def stream_time(policy: object) -> tuple[int, int] | None:
-    """Where the clairvoyant policy's reader is: (epoch, offset in its
-    stream of that epoch); None when it follows no order."""
-    planner = getattr(policy, "planner", None)
-    starts, epochs = getattr(policy, "epoch_starts", None), getattr(policy, "epochs", None)
-    if planner is None or not starts or not epochs or not getattr(policy, "following", False):
-        return None
-    reader = int(planner.reader)
-    k = max(0, bisect.bisect_right(starts, reader) - 1)
-    return int(epochs[k]), reader - int(starts[k])
-
-
 def home_nodes(first: Sequence[np.ndarray], allocs: np.ndarray,
                budgets: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
     """The home rule (NOTE [home nodes]): each file's home is the node whose
@@ -102,67 +89,68 @@ def home_nodes(first: Sequence[np.ndarray], allocs: np.ndarray,
     return home, offset.astype(np.int32)
 
 
+def home_budget(capacities: Sequence[int]) -> int:
+    """The bytes of this node's tiers its home files may take (NOTE [home
+    nodes]): SHARE of the tiers after the clairvoyant margin; the rest is its
+    window.  Each node computes its own (RAM ``auto`` and the profile may
+    differ between nodes) and publishes it at the rendezvous."""
+    return int(sum(Clairvoyant.plan_capacities(capacities)) * SHARE)
+
+
 class NodePlans:
     """Who holds which file of a job's data set, on every node without a
-    message: each file's home node (home_nodes over every node's first
-    epoch), which keeps it from its first epoch on; the readers of the nodes
-    are in lockstep with this node's (the same epoch and offset).  5 bytes
+    message: each file's home node (home_nodes over every node's first epoch
+    and every node's published budget), which keeps it from its first epoch
+    on.  Every node given the same budgets computes the same homes.  5 bytes
     a file."""
 
-    share = 7 / 8       # of a node's tiers (after the margin) its home files take at most; the rest is its window
-
     def __init__(self, streams: Streams, nodes: int, me: int, sizes: Sequence[int] | np.ndarray,
-                 capacities: Sequence[int], first_epoch: int = 0):
+                 budgets: Sequence[int], first_epoch: int = 0):
         if not 1 <= nodes <= MAX_NODES or not 0 <= me < nodes:
             raise ValueError(f"node {me} of {nodes}: the node-aware plan covers 1 to {MAX_NODES} nodes")
+        if len(budgets) != nodes:
+            raise ValueError(f"{len(budgets)} budgets for {nodes} nodes")
         self.nodes, self.me, self.first_epoch = nodes, me, first_epoch
-        budget = int(sum(Clairvoyant.plan_capacities(capacities)) * self.share)   # the same profile on every node
-        self.home, self._offset = home_nodes([streams(n, first_epoch) for n in range(nodes)],
-                                             allocations(np.asarray(sizes, np.int64)), [budget] * nodes)
-        self.time: tuple[int, int] | None = None                 # None: no answer (not following)
+        self.budgets = [int(b) for b in budgets]
+        # per file: its home node (-1: none) and the offset of its first read in its home's first epoch
+        self.home, self.offset = home_nodes([streams(n, first_epoch) for n in range(nodes)],
+                                             allocations(np.asarray(sizes, np.int64)), self.budgets)
 
     def pinned(self, node: int | None = None) -> np.ndarray:
         """A bool per file: the home files of `node` (this node by default),
         which its planner keeps once held."""
         return self.home == (self.me if node is None else node)
 
-    # -- following this node's reader ---------------------------------------------
-    def follow(self, policy: object) -> None:
-        """Called by the daemon's event thread after each batch of events."""
-        self.move_to(stream_time(policy))
-
-    def move_to(self, when: tuple[int, int] | None) -> None:
-        """The readers of every node are at (epoch, offset); None: this node
-        follows no order, so nothing is answered until it does again."""
-        self.time = when
-
-    # -- answers (any thread) ----------------------------------------------------------
     def holder(self, f: int) -> int | None:
-        """The node to ask for f: its home, which keeps it from the start of
-        the job (it fetches its home files first: one still in flight there
-        is answered "absent", and the PFS is read); None for this node's own
-        files and files with no home.  Whether this node follows its order
-        or not, the homes hold their files."""
+        """The node to ask for f (any thread): its home, which keeps it from
+        the start of the job (it fetches its home files first: one still in
+        flight there is answered "absent", and the PFS is read); None for
+        this node's own files and files with no home."""
         h = int(self.home[f])
         return None if h < 0 or h == self.me else h
 
-    def held(self, node: int) -> np.ndarray:
-        """The files node surely holds for the others now: its home files it
-        has read (sorted; none while this node follows no order)."""
-        mine = np.flatnonzero(self.home == node)
-        if self.time is None:
-            return mine[:0]
-        epoch, offset = self.time
-        return mine if epoch > self.first_epoch else mine[self._offset[mine] < offset]
+
+@dataclasses.dataclass(frozen=True)
+class HomePlanning:
+    """What a node needs to compute the homes once every node's budget is
+    known (at the rendezvous, NOTE [home nodes]): every node's stream and the
+    files' sizes."""
+    streams: Streams
+    nodes: int
+    me: int
+    sizes: np.ndarray
+
+    def plans(self, budgets: Sequence[int]) -> NodePlans:
+        return NodePlans(self.streams, self.nodes, self.me, self.sizes, budgets)
 
 
-def plans_from_options(opts: OrderOptions, catalog: Catalog, nodes: int, node_rank: int,
-                       capacities: Sequence[int], env: Mapping[str, str] | None = None) -> NodePlans | None:
-    """The node-aware plan of a job whose sampler is given on the command line
-    (``--sampler distributed``, world size and local world size from the
-    launcher or the options); None when the other nodes' streams cannot be
-    computed here (hook or order file: each node knows only its own order) or
-    the ranks do not match the job's nodes."""
+def planning_from_options(opts: OrderOptions, catalog: Catalog, nodes: int, node_rank: int,
+                          env: Mapping[str, str] | None = None) -> HomePlanning | None:
+    """The node-aware plan's inputs for a job whose sampler is given on the
+    command line (``--sampler distributed``, world size and local world size
+    from the launcher or the options); None when the other nodes' streams
+    cannot be computed here (hook or order file: each node knows only its
+    own order) or the ranks do not match the job's nodes."""
     if opts.sampler != "distributed" or opts.order_file is not None or nodes < 2:
         return None
     import os
@@ -171,4 +159,4 @@ def plans_from_options(opts: OrderOptions, catalog: Catalog, nodes: int, node_ra
     if node_count(world, local_world) != nodes or specs[0].rank // local_world != node_rank:
         return None
     streams = NodeStreams(specs[0], local_world, dataset_ids(catalog, layout_of(opts)))
-    return NodePlans(streams, nodes, node_rank, catalog.files.size, capacities)   # the column: no object per file
+    return HomePlanning(streams, nodes, node_rank, catalog.files.size)   # the column: no object per file

@@ -113,10 +113,13 @@ def auth_token(secret: bytes, method: str, request: bytes) -> str:
     return hmac.new(secret, method.encode() + b"\0" + request, hashlib.sha256).hexdigest()
 
 
+SERVER_COUNTS = ("served", "bytes", "absent", "early", "refused", "errors")
+CLIENT_COUNTS = ("fetched", "bytes", "absent", "early", "refused", "deadline", "stopped", "error")
+
+
 @dataclass
 class Counters:
-    """Thread-safe counts (server: served, bytes, absent, early, refused, errors;
-    client: fetched, bytes, absent, early, refused, deadline, stopped, errors)."""
+    """Thread-safe counts (a server's: SERVER_COUNTS; a client's: CLIENT_COUNTS)."""
     values: dict[str, int] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -125,8 +128,13 @@ class Counters:
             self.values[name] = self.values.get(name, 0) + n
 
     def snapshot(self) -> dict[str, int]:
+        """The counts that are not 0."""
         with self._lock:
             return dict(self.values)
+
+    def report(self, names: tuple[str, ...]) -> dict[str, int]:
+        """Every count of `names` (0 included) and any other counted."""
+        return {**dict.fromkeys(names, 0), **self.snapshot()}
 
 
 # -- addresses ------------------------------------------------------------------

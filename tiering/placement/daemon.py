@@ -103,6 +103,7 @@ class Daemon:
                  peers: PeerLinks | None = None):
         self.index = index
         self.peers = peers                  # the other nodes of a multi-node job (None: one node)
+        self._homes: object | None = None   # the homes the policy keeps (peers.plans, once known)
         self.catalog = catalog
         self.files = catalog.files
         self.slots = slots
@@ -275,7 +276,6 @@ class Daemon:
     # -- the event thread -------------------------------------------------------
     def _event_loop(self) -> None:
         self._guarded(self.policy.start)
-        self._guarded(self._follow_peers)   # the readers' time (NodePlans.held); holder() does not use it
         last_tail_move = time.monotonic()
         last_pending = -1
         while not self._stop.wait(0.005):
@@ -289,7 +289,7 @@ class Daemon:
                 last_tail_move = time.monotonic()
             last_pending = self.index.pending_events()
             self._guarded(self._handle, events)
-            self._guarded(self._follow_peers)
+            self._guarded(self._take_homes)
 
     def _deliver_landed(self) -> None:
         while True:
@@ -453,19 +453,22 @@ class Daemon:
         self._landed.put((i, tier, published))
 
     # -- the peer tier (NOTE [node-aware plan]) -----------------------------------
-    def _follow_peers(self) -> None:
-        """The other nodes' plans follow this node's reader: in the event
-        thread (the policy's), after the policy starts and after each batch
-        of events."""
-        if self.peers is not None and self.peers.plans is not None:
-            self.peers.plans.follow(self.policy)
+    def _take_homes(self) -> None:
+        """Once the homes are known (the nodes met, NOTE [home nodes]), the
+        policy keeps this node's home files: once, in the event thread (the
+        policy's)."""
+        peers = self.peers
+        if peers is not None and peers.plans is not None and peers.plans is not self._homes:
+            self._homes = peers.plans
+            self.policy.pin(peers.plans.pinned())
 
     def _from_peer(self, i: int, f: CatalogFile, t: TierState) -> int | None:
         """f copied from the node whose plan holds it now, put in place like a
         PFS copy (not yet published): the bytes it takes on the tier.  None:
-        read the PFS (no node holds it; or counted by reason: the network is
-        not faster for this size; the nodes have not met, yet or at all,
-        "unlinked"; the fetch failed)."""
+        read the PFS (no node holds it: there are no homes before the nodes
+        met; or counted by reason: the network is not faster for this size;
+        the peer tier is closed, "unlinked"; the fetch failed).  Never waits
+        for the nodes."""
         peers = self.peers
         if peers is None or peers.plans is None:
             return None
@@ -474,9 +477,9 @@ class Daemon:
             return None
         from ..cluster.peer import PeerUnavailable, fetch_copy, fetch_deadline, peer_is_faster
         if not peer_is_faster(f.size, peers.network, peers.pfs_bandwidth, peers.pfs_latency_ms):
-            self._peer_fallback("slower")   # before linked(): a copy the peer would not serve never waits
+            self._peer_fallback("slower")
             return None
-        client = peers.client(node) if peers.linked() else None
+        client = peers.client(node)
         if client is None:
             self._peer_fallback("unlinked")
             return None
