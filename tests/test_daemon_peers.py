@@ -81,12 +81,14 @@ class Peer:
         self.pfs = tmp / "pfs"
         self.absent: set[str] = set()
         self.stall = threading.Event()     # set: lookups wait until released
+        self.stalled = threading.Event()   # a lookup is waiting
         self.release = threading.Event()
         self.server = PeerServer("127.0.0.1", SECRET, self.lookup)
         self.address = self.server.start()
 
     def lookup(self, root: int, rel: str) -> Published | None:
         if self.stall.is_set():
+            self.stalled.set()
             self.release.wait(60)
         if root != 0 or rel in self.absent or not (self.copies / rel).is_file():
             return None
@@ -210,18 +212,18 @@ class Entered(threading.Event):
 
 
 def test_no_peer_is_asked_and_no_copy_waits_while_the_nodes_are_not_linked(setups, peer):
-    """Homes known but the nodes not linked (the peer tier closed, or never
-    met): the PFS copies of files the plan places on a peer are counted as
-    "unlinked", at once: no copy worker waits for the rendezvous."""
+    """Homes known but the nodes not linked (the peer tier closed): the PFS
+    copies of files the plan places on a peer are counted as "unlinked", at
+    once: no copy worker waits."""
     links = links_to(peer, Holders(), ready=False)
-    links.ready = Entered()
+    links.ready, links._wake = Entered(), Entered()
     s = setups(files=FILES, daemon_cls=with_peers(links))
     place_all(s)
     assert_same_bytes_published(s)
     assert sorted(s.d.pfs_copies) == sorted(FILES)
     assert links.counters.snapshot() == {} and peer.server.counters.snapshot() == {}
     assert s.d.stats.peer_fallbacks == {"unlinked": len(FILES)}
-    assert not links.ready.waiting.is_set()
+    assert not links.ready.waiting.is_set() and not links._wake.waiting.is_set()
 
 
 def test_before_the_homes_are_known_the_daemon_reads_the_pfs_and_asks_no_peer(setups, peer):
@@ -254,6 +256,81 @@ def test_before_the_homes_are_known_the_daemon_reads_the_pfs_and_asks_no_peer(se
     assert len(policies[0].pins) == 1    # once, however many turns the event thread made
 
 
+class Candidates:
+    """A planning whose first readers are node 1 for the files given."""
+
+    def __init__(self, files: set[int] | None = None):
+        self.files = files
+
+    def elsewhere(self, f: int) -> bool:
+        return self.files is None or f in self.files
+
+    def plans(self, budgets: list[int]) -> Holders:
+        return Holders(self.files)
+
+
+def waiting_links(peer: Peer, files: set[int] | None = None, **kw) -> PeerLinks:  # type: ignore[no-untyped-def]
+    """Links whose nodes have not met yet: no homes, a planning, a long
+    link_wait, and a wake event that tells when a copy waits on it."""
+    links = links_to(peer, None, ready=False, **kw)
+    links.planning, links.link_wait, links._wake = Candidates(files), 3600.0, Entered()
+    return links
+
+
+def test_a_copy_before_the_nodes_met_waits_for_the_homes_then_comes_from_its_home(setups, peer):
+    """A copy of a file another node reads first, planned before the nodes
+    met, waits for the rendezvous's outcome and then comes from the peer,
+    not the PFS."""
+    links = waiting_links(peer)
+    s = setups(files=FILES, daemon_cls=with_peers(links))
+    assert s.d.place(s.i["a/x.bin"], 0)
+    wait_for(links._wake.waiting.is_set, "the copy waiting for the homes")
+    assert s.d.stats.copies == 0 and s.d.stats.pfs_opens == 0
+    links.ready.set()
+    links.plan_homes([1, 1])
+    links.settle()
+    s.wait()
+    assert s.state("a/x.bin") == 1 and (s.tier.data / "0" / "a/x.bin").read_bytes() == s.contents["a/x.bin"]
+    assert s.d.stats.peer_fetches == 1 and s.d.stats.pfs_opens == 0 and s.d.stats.peer_fallbacks == {}
+
+
+def test_a_waiting_copy_reads_the_pfs_at_once_when_the_rendezvous_gives_up(setups, peer):
+    links = waiting_links(peer)
+    s = setups(files=FILES, daemon_cls=with_peers(links))
+    assert s.d.place(s.i["a/x.bin"], 0)
+    wait_for(links._wake.waiting.is_set, "the copy waiting for the homes")
+    links.settle()     # given up (peering._give_up): no homes, ever
+    s.wait()           # long before link_wait (an hour)
+    assert s.d.pfs_copies == ["a/x.bin"] and s.d.stats.peer_fetches == 0 and s.d.stats.peer_fallbacks == {}
+    assert s.state("a/x.bin") == 1
+
+
+def test_a_waiting_copy_ends_when_the_daemon_stops(setups, peer):
+    links = waiting_links(peer)
+    s = setups(files=FILES, daemon_cls=with_peers(links))
+    assert s.d.place(s.i["a/x.bin"], 0)
+    wait_for(links._wake.waiting.is_set, "the copy waiting for the homes")
+    assert s.d.stop() is True              # every copy ended (not after link_wait: an hour)
+    assert s.state("a/x.bin") == lib.TIERING_STATE_NONE and s.d.stats.peer_fetches == 0
+
+
+@pytest.mark.parametrize("case", ["late", "own file", "slower"])
+def test_copies_that_need_no_homes_never_wait(setups, peer, case):
+    """After link_wait (a clock past it), for a file this node reads first,
+    or of a size the network does not serve faster than the PFS: the copy
+    reads the PFS at once."""
+    kw = {"pfs_mb_s": 1e6, "pfs_latency_ms": 0.0} if case == "slower" else {}
+    links = waiting_links(peer, set() if case == "own file" else None, **kw)
+    if case == "late":
+        links.clock = lambda: links.started + links.link_wait + 1
+    s = setups(files=FILES, daemon_cls=with_peers(links))
+    place_all(s)
+    assert_same_bytes_published(s)
+    assert not links._wake.waiting.is_set()
+    assert sorted(s.d.pfs_copies) == sorted(FILES) and s.d.stats.peer_fallbacks == {}
+    assert peer.server.counters.snapshot() == {}
+
+
 def test_only_files_the_plan_places_on_a_peer_are_asked_for(setups, peer):
     links = links_to(peer, None)
     s = setups(files=FILES, daemon_cls=with_peers(links))
@@ -281,6 +358,7 @@ def test_an_invalidated_file_fetched_from_a_peer_is_not_published(setups, peer):
     s = setups(files={"a/x.bin": 5000}, daemon_cls=with_peers(links))
     i = s.i["a/x.bin"]
     assert s.d.place(i, 0)
+    wait_for(peer.stalled.is_set, "the fetch at the peer")
     s.d._invalidate(i)   # a write open while the copy is in flight
     peer.release.set()
     s.wait()

@@ -26,7 +26,7 @@ def tier(tmp_path, rank: int, nodes: int, budget: int, timeout: float = 120.0) -
     ident = NodeIdentity(f"homes-{tmp_path.name}", rank, nodes, rendezvous=str(base))
     t = PeerTier(ident, LOOPBACK, lambda root, rel: None, timeout)
     t.links.budget = budget
-    t.links.planning = HomePlanning(streams_for(nodes), nodes, rank, SIZES)
+    t.links.planning = HomePlanning.of(streams_for(nodes), nodes, rank, SIZES)
     return t
 
 
@@ -36,7 +36,7 @@ def test_nodes_whose_tiers_differ_compute_the_same_homes_once_they_met(tmp_path,
     budgets = [home_budget([int(per_node * (0.3 + 0.4 * r))]) for r in range(nodes)]
     tiers = [tier(tmp_path, r, nodes, budgets[r]) for r in range(nodes)]
     try:
-        assert all(t.links.plans is None for t in tiers)   # no homes before the nodes met
+        assert all(t.links.plans is None and not t.links.settled for t in tiers)   # no homes before the nodes met
         for t in tiers:
             t.start()
         wait_for(lambda: all(t.links.plans is not None for t in tiers), "the homes")
@@ -44,7 +44,7 @@ def test_nodes_whose_tiers_differ_compute_the_same_homes_once_they_met(tmp_path,
         assert all(isinstance(h, NodePlans) for h in homes)
         by_hand = NodePlans(streams_for(nodes), nodes, 0, SIZES, budgets)
         for r, (t, h) in enumerate(zip(tiers, homes)):
-            assert t.links.ready.is_set() and t.links.budgets == budgets
+            assert t.links.ready.is_set() and t.links.budgets == budgets and t.links.settled
             assert isinstance(h, NodePlans) and h.me == r and np.array_equal(h.home, by_hand.home)
         assert [int((by_hand.home == r).sum()) for r in range(nodes)] == sorted(
             int((by_hand.home == r).sum()) for r in range(nodes))   # the larger budgets home more
@@ -59,6 +59,7 @@ def test_nodes_that_never_meet_have_no_homes(tmp_path):
     wait_for(lambda: alone.error is not None, "the rendezvous to give up")
     assert "still waiting for node 1" in alone.error
     assert alone.links.plans is None and alone.links.budgets is None and not alone.links.ready.is_set()
+    assert alone.links.settled          # the copies waiting for the homes go on at once
     alone.close()
 
 

@@ -64,29 +64,44 @@ class NodeStreams:
         return self.mapping[node_stream_array(self.specs(node), len(self.mapping), epoch)]
 
 
+def first_readers(first: Sequence[np.ndarray], n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each file's first reader in the first epoch (`first[k]`: node k's
+    stream of catalog ids; the earlier offset wins, then the lower node):
+    (node per file, int8, -1: read by none; the offset of that first read,
+    int32, -1: none).  The homes before the budgets cut them (home_nodes)."""
+    node = np.full(n, -1, np.int8)
+    offset = np.full(n, np.iinfo(np.int32).max, np.int64)
+    for k, stream in enumerate(first):
+        files, at = np.unique(np.asarray(stream, np.int64), return_index=True)
+        earlier = at < offset[files]
+        node[files[earlier]] = k
+        offset[files[earlier]] = at[earlier]
+    offset[node < 0] = -1
+    return node, offset.astype(np.int32)
+
+
+def cut_to_budgets(readers: np.ndarray, offset: np.ndarray, allocs: np.ndarray,
+                   budgets: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """The homes: each first reader keeps the files it reads first, in that
+    order, while their allocations' running sum fits its budget; the others
+    have no home (-1, offset -1).  New arrays; the inputs are unchanged."""
+    home, at = readers.copy(), offset.copy()
+    for node, budget in enumerate(budgets):
+        mine = np.flatnonzero(home == node)
+        mine = mine[np.argsort(at[mine], kind="stable")]
+        home[mine[np.cumsum(allocs[mine]) > budget]] = -1
+    at[home < 0] = -1
+    return home, at
+
+
 def home_nodes(first: Sequence[np.ndarray], allocs: np.ndarray,
                budgets: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
     """The home rule (NOTE [home nodes]): each file's home is the node whose
-    ranks read it first in the first epoch (`first[n]`: node n's stream of
-    catalog ids; the earlier offset wins, then the lower node), as long as
-    the files a node reads first, in that order, fit its budget (their
-    allocations' running sum); the others have no home.  Returns (home node
-    per file, int8, -1: none; the offset of the file's first read in its
-    home node's first epoch, int32, -1: no home)."""
-    n = len(allocs)
-    home = np.full(n, -1, np.int8)
-    offset = np.full(n, np.iinfo(np.int32).max, np.int64)
-    for node, stream in enumerate(first):
-        files, at = np.unique(np.asarray(stream, np.int64), return_index=True)
-        earlier = at < offset[files]
-        home[files[earlier]] = node
-        offset[files[earlier]] = at[earlier]
-    for node, budget in enumerate(budgets):
-        mine = np.flatnonzero(home == node)
-        mine = mine[np.argsort(offset[mine], kind="stable")]
-        home[mine[np.cumsum(allocs[mine]) > budget]] = -1
-    offset[home < 0] = -1
-    return home, offset.astype(np.int32)
+    ranks read it first in the first epoch (first_readers), as long as the
+    files a node reads first, in that order, fit its budget (cut_to_budgets).
+    Returns (home node per file, int8, -1: none; the offset of the file's
+    first read in its home node's first epoch, int32, -1: no home)."""
+    return cut_to_budgets(*first_readers(first, len(allocs)), allocs, budgets)
 
 
 def home_budget(capacities: Sequence[int]) -> int:
@@ -106,15 +121,22 @@ class NodePlans:
 
     def __init__(self, streams: Streams, nodes: int, me: int, sizes: Sequence[int] | np.ndarray,
                  budgets: Sequence[int], first_epoch: int = 0):
-        if not 1 <= nodes <= MAX_NODES or not 0 <= me < nodes:
-            raise ValueError(f"node {me} of {nodes}: the node-aware plan covers 1 to {MAX_NODES} nodes")
-        if len(budgets) != nodes:
-            raise ValueError(f"{len(budgets)} budgets for {nodes} nodes")
-        self.nodes, self.me, self.first_epoch = nodes, me, first_epoch
+        self._cut(HomePlanning.of(streams, nodes, me, sizes, first_epoch), budgets)
+
+    @classmethod
+    def cut(cls, planning: HomePlanning, budgets: Sequence[int]) -> NodePlans:
+        """The homes of `planning`'s first readers within `budgets`."""
+        plans = cls.__new__(cls)
+        plans._cut(planning, budgets)
+        return plans
+
+    def _cut(self, planning: HomePlanning, budgets: Sequence[int]) -> None:
+        self.nodes, self.me, self.first_epoch = planning.nodes, planning.me, planning.first_epoch
         self.budgets = [int(b) for b in budgets]
+        if len(self.budgets) != self.nodes:
+            raise ValueError(f"{len(self.budgets)} budgets for {self.nodes} nodes")
         # per file: its home node (-1: none) and the offset of its first read in its home's first epoch
-        self.home, self.offset = home_nodes([streams(n, first_epoch) for n in range(nodes)],
-                                             allocations(np.asarray(sizes, np.int64)), self.budgets)
+        self.home, self.offset = cut_to_budgets(planning.readers, planning.offset, planning.allocs, self.budgets)
 
     def pinned(self, node: int | None = None) -> np.ndarray:
         """A bool per file: the home files of `node` (this node by default),
@@ -132,16 +154,35 @@ class NodePlans:
 
 @dataclasses.dataclass(frozen=True)
 class HomePlanning:
-    """What a node needs to compute the homes once every node's budget is
-    known (at the rendezvous, NOTE [home nodes]): every node's stream and the
-    files' sizes."""
+    """What a node knows of the homes before every node's budget is (at the
+    rendezvous, NOTE [home nodes]): each file's first reader in the first
+    epoch, computed at the start (5 bytes a file, and the files'
+    allocations); plans(budgets) cuts them to the budgets."""
     streams: Streams
     nodes: int
     me: int
-    sizes: np.ndarray
+    first_epoch: int
+    readers: np.ndarray          # int8 per file: its first reader (-1: none)
+    offset: np.ndarray           # int32 per file: the offset of that read (-1: none)
+    allocs: np.ndarray           # int64 per file: its allocation on a tier
+
+    @classmethod
+    def of(cls, streams: Streams, nodes: int, me: int, sizes: Sequence[int] | np.ndarray,
+           first_epoch: int = 0) -> HomePlanning:
+        if not 1 <= nodes <= MAX_NODES or not 0 <= me < nodes:
+            raise ValueError(f"node {me} of {nodes}: the node-aware plan covers 1 to {MAX_NODES} nodes")
+        allocs = allocations(np.asarray(sizes, np.int64))
+        readers, offset = first_readers([streams(n, first_epoch) for n in range(nodes)], len(allocs))
+        return cls(streams, nodes, me, first_epoch, readers, offset, allocs)
+
+    def elsewhere(self, f: int) -> bool:
+        """Whether f may have its home at another node (another node reads
+        it first): a copy of it is worth waiting for the homes."""
+        r = int(self.readers[f])
+        return r >= 0 and r != self.me
 
     def plans(self, budgets: Sequence[int]) -> NodePlans:
-        return NodePlans(self.streams, self.nodes, self.me, self.sizes, budgets)
+        return NodePlans.cut(self, budgets)
 
 
 def planning_from_options(opts: OrderOptions, catalog: Catalog, nodes: int, node_rank: int,
@@ -159,4 +200,4 @@ def planning_from_options(opts: OrderOptions, catalog: Catalog, nodes: int, node
     if node_count(world, local_world) != nodes or specs[0].rank // local_world != node_rank:
         return None
     streams = NodeStreams(specs[0], local_world, dataset_ids(catalog, layout_of(opts)))
-    return HomePlanning(streams, nodes, node_rank, catalog.files.size)   # the column: no object per file
+    return HomePlanning.of(streams, nodes, node_rank, catalog.files.size)   # the column: no object per file

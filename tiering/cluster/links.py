@@ -9,13 +9,17 @@ thread and, once they have met, fills ``clients`` (one PeerClient per other
 node, by node rank), sets ``ready`` and computes the homes from every
 node's published budget (``plans``, NOTE [home nodes]).  Until then, and for
 good when the rendezvous fails, there are no homes: the daemon plans as a
-single node and reads the PFS; nothing ever waits for the nodes to meet.
+single node and reads the PFS.  Only a copy of a file another node reads
+first (its home may be there) waits for the rendezvous's outcome, in the
+job's first ``link_wait`` seconds, and no longer than the outcome (met, or
+given up) or the daemon's stop.
 """
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -39,7 +43,12 @@ class Homes(Protocol):
 class Planning(Protocol):
     """The homes, once every node's budget is known (nodes.HomePlanning)."""
 
+    def elsewhere(self, f: int) -> bool: ...
+
     def plans(self, budgets: Sequence[int]) -> Homes: ...
+
+
+LINK_WAIT = 5.0   # seconds after the start in which a copy that may come from a peer waits for the homes
 
 
 def pfs_stream_rate(bandwidth: Mapping[int, float]) -> float:
@@ -65,6 +74,32 @@ class PeerLinks:
     budgets: list[int] | None = None           # every node's published budget, once the nodes met
     pfs_bandwidth: float = DEFAULT_PFS_MB_S    # one PFS stream (pfs_stream_rate of the profile), MB/s
     pfs_latency_ms: float = 0.0                # the profile's pfs.latency_ms
+    link_wait: float = LINK_WAIT
+    clock: Callable[[], float] = time.monotonic
+    started: float = field(default_factory=time.monotonic)
+    settled: bool = False                      # the rendezvous has an outcome: the homes known, or none ever
+    _wake: threading.Event = field(default_factory=threading.Event, repr=False)
+
+    def settle(self) -> None:
+        """The rendezvous has its outcome (the nodes met and the homes are
+        computed, or it gave up, or the peer tier closed): no copy waits."""
+        self.settled = True
+        self._wake.set()
+
+    def wake(self) -> None:
+        """The daemon stops: copies waiting for the homes go on at once."""
+        self._wake.set()
+
+    def await_homes(self, f: int) -> Homes | None:
+        """The homes, waiting for them when they are not known yet and f may
+        have its home at another node, until the rendezvous's outcome, the
+        daemon's stop (wake) or link_wait seconds after the start, whichever
+        comes first.  None: no homes (yet, or ever)."""
+        if self.plans is None and not self.settled and self.planning is not None and self.planning.elsewhere(f):
+            left = self.started + self.link_wait - self.clock()
+            if left > 0:
+                self._wake.wait(left)
+        return self.plans
 
     def plan_homes(self, budgets: Sequence[int]) -> None:
         """Called once the nodes have met, with every node's budget (node

@@ -6,8 +6,10 @@ NOTE [peer tier in the job]).
 The job never waits for and never fails because of this part: the server
 starts with no secret (every call ends at once as "early") and the nodes
 meet while COMMAND runs, each publishing its budget for home files; until
-they have met there are no homes (the node plans as a single node), and
-for good when they cannot (a warning), the daemon reads the PFS.  Once
+they have met there are no homes (the node plans as a single node; a copy
+that may come from a peer waits for the outcome in the job's first
+PeerLinks.link_wait seconds), and for good when they cannot (a warning),
+the daemon reads the PFS.  Once
 they have met, this thread computes the homes from every node's budget
 (NOTE [home nodes]).
 """
@@ -142,6 +144,7 @@ class PeerTier:
         log.info("peer tier: %d nodes met; this node serves on %s", self.ident.node_count, self.address)
         if not self._stop.is_set():
             self.links.plan_homes([p.budget for p in meeting.peers])   # after ready: the homes name met nodes only
+        self.links.settle()
 
     def _give_up(self, why: str) -> None:
         """One warning; no peer tier for this job (nothing listens, nothing is left in the job directory)."""
@@ -150,6 +153,7 @@ class PeerTier:
         self._shut()
 
     def _shut(self) -> None:
+        self.links.settle()
         with self._lock:
             self._stop.set()
             self.links.ready.clear()

@@ -247,6 +247,8 @@ class Daemon:
         with self._lock:  # a place() past its stop check has queued already
             self._stop.set()
             self._cancel_queued()
+        if self.peers is not None:
+            self.peers.wake()   # copies waiting for the homes
         if self._thread:
             self._thread.join(max(0.0, deadline - time.monotonic()))
         with self._lock:
@@ -466,18 +468,21 @@ class Daemon:
         """f copied from the node whose plan holds it now, put in place like a
         PFS copy (not yet published): the bytes it takes on the tier.  None:
         read the PFS (no node holds it: there are no homes before the nodes
-        met; or counted by reason: the network is not faster for this size;
-        the peer tier is closed, "unlinked"; the fetch failed).  Never waits
-        for the nodes."""
+        met, for which a copy that may come from a peer waits a little,
+        PeerLinks.await_homes; or counted by reason: the network is not
+        faster for this size; the peer tier is closed, "unlinked"; the fetch
+        failed)."""
         peers = self.peers
-        if peers is None or peers.plans is None:
-            return None
-        node = peers.plans.holder(i)
-        if node is None:
+        if peers is None:
             return None
         from ..cluster.peer import PeerUnavailable, fetch_copy, fetch_deadline, peer_is_faster
         if not peer_is_faster(f.size, peers.network, peers.pfs_bandwidth, peers.pfs_latency_ms):
-            self._peer_fallback("slower")
+            if peers.plans is not None and peers.plans.holder(i) is not None:
+                self._peer_fallback("slower")   # a copy the peer would not serve faster never waits
+            return None
+        plans = peers.await_homes(i)   # a copy planned before the nodes met, of a file homed elsewhere
+        node = plans.holder(i) if plans is not None else None
+        if node is None:
             return None
         client = peers.client(node)
         if client is None:
