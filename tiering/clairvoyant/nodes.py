@@ -136,7 +136,8 @@ class NodePlans:
         if len(self.budgets) != self.nodes:
             raise ValueError(f"{len(self.budgets)} budgets for {self.nodes} nodes")
         # per file: its home node (-1: none) and the offset of its first read in its home's first epoch
-        self.home, self.offset = cut_to_budgets(planning.readers, planning.offset, planning.allocs, self.budgets)
+        allocs = allocations(np.asarray(planning.sizes, np.int64))
+        self.home, self.offset = cut_to_budgets(planning.readers, planning.offset, allocs, self.budgets)
 
     def pinned(self, node: int | None = None) -> np.ndarray:
         """A bool per file: the home files of `node` (this node by default),
@@ -156,24 +157,23 @@ class NodePlans:
 class HomePlanning:
     """What a node knows of the homes before every node's budget is (at the
     rendezvous, NOTE [home nodes]): each file's first reader in the first
-    epoch, computed at the start (5 bytes a file, and the files'
-    allocations); plans(budgets) cuts them to the budgets."""
+    epoch, computed at the start (5 bytes a file; the sizes are the
+    catalog's column); plans(budgets) cuts them to the budgets."""
     streams: Streams
     nodes: int
     me: int
     first_epoch: int
     readers: np.ndarray          # int8 per file: its first reader (-1: none)
     offset: np.ndarray           # int32 per file: the offset of that read (-1: none)
-    allocs: np.ndarray           # int64 per file: its allocation on a tier
+    sizes: Sequence[int] | np.ndarray   # per file (not copied)
 
     @classmethod
     def of(cls, streams: Streams, nodes: int, me: int, sizes: Sequence[int] | np.ndarray,
            first_epoch: int = 0) -> HomePlanning:
         if not 1 <= nodes <= MAX_NODES or not 0 <= me < nodes:
             raise ValueError(f"node {me} of {nodes}: the node-aware plan covers 1 to {MAX_NODES} nodes")
-        allocs = allocations(np.asarray(sizes, np.int64))
-        readers, offset = first_readers([streams(n, first_epoch) for n in range(nodes)], len(allocs))
-        return cls(streams, nodes, me, first_epoch, readers, offset, allocs)
+        readers, offset = first_readers([streams(n, first_epoch) for n in range(nodes)], len(sizes))
+        return cls(streams, nodes, me, first_epoch, readers, offset, sizes)
 
     def elsewhere(self, f: int) -> bool:
         """Whether f may have its home at another node (another node reads

@@ -95,7 +95,8 @@ class PeerLinks:
         have its home at another node, until the rendezvous's outcome, the
         daemon's stop (wake) or link_wait seconds after the start, whichever
         comes first.  None: no homes (yet, or ever)."""
-        if self.plans is None and not self.settled and self.planning is not None and self.planning.elsewhere(f):
+        planning = self.planning   # let go once the homes are known
+        if self.plans is None and not self.settled and planning is not None and planning.elsewhere(f):
             left = self.started + self.link_wait - self.clock()
             if left > 0:
                 self._wake.wait(left)
@@ -110,6 +111,7 @@ class PeerLinks:
             return
         try:
             self.plans = self.planning.plans(self.budgets)
+            self.planning = None   # its first readers are not needed any more
         except Exception as e:
             log.warning("the nodes' homes cannot be computed (%r): no copies from peers", e)
 
