@@ -13,7 +13,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from helpers import private_dir, wait_for
+from helpers import Entered, private_dir, wait_for
 from tiering.catalog import CatalogFile
 from tiering.cluster.peer import (
     FETCH,
@@ -124,18 +124,6 @@ def test_a_server_serves_only_once_it_knows_the_secret(tmp_path):
     server.stop(0)
     assert server.counters.snapshot() == {"early": 1, "served": 1, "bytes": 3}
     assert client.counters.snapshot() == {"early": 1, "fetched": 1, "bytes": 3}
-
-
-class Entered(threading.Event):
-    """An event that tells when someone waits for it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.waiting = threading.Event()
-
-    def wait(self, timeout: float | None = None) -> bool:
-        self.waiting.set()
-        return super().wait(timeout)
 
 
 def test_a_call_made_while_the_nodes_finish_meeting_waits_for_the_secret(tmp_path):

@@ -16,7 +16,7 @@ from test_daemon import Setup
 from test_event_batches import post
 from test_node_plans import stream_time
 
-from helpers import make_data, wait_for
+from helpers import Entered, make_data, wait_for
 from tiering.clairvoyant.feeds import ListFeed
 from tiering.clairvoyant.nodes import NodePlans, NodeStreams, home_budget
 from tiering.clairvoyant.policy import Clairvoyant
@@ -197,18 +197,6 @@ def test_a_peer_that_cannot_serve_costs_a_pfs_copy_of_the_same_bytes_counted_by_
     assert d.stats.peer_fetches == 0 and d.stats.peer_fallbacks == {reason: len(FILES)}
     assert links.counters.snapshot() == {reason: len(FILES)}
     assert s.d.peer_report()["fallbacks"] == {reason: len(FILES)}
-
-
-class Entered(threading.Event):
-    """The links' ready event, telling when someone waits for it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.waiting = threading.Event()
-
-    def wait(self, timeout: float | None = None) -> bool:
-        self.waiting.set()
-        return super().wait(timeout)
 
 
 def test_no_peer_is_asked_and_no_copy_waits_while_the_nodes_are_not_linked(setups, peer):
