@@ -84,7 +84,10 @@ def run(files: int, nodes: int, local_world: int, epochs: int, step: int, seed: 
 
 def memory(streams: NodeStreams, nodes: int, sizes: np.ndarray, budgets: list[int]) -> tuple[int, int]:
     """Memory NodePlans takes, alone (tracemalloc): the peak (computing the
-    homes), and what it keeps."""
+    homes), and what it keeps (the sampler's permutation of epoch 0, which
+    it caches, is made before)."""
+    for n in range(nodes):
+        streams(n, 0)
     tracemalloc.start()
     plans = NodePlans(streams, nodes, 0, sizes, budgets)
     kept, peak = tracemalloc.get_traced_memory()   # while plans is alive
