@@ -4,14 +4,14 @@ PeerLinks the daemon fetches through ("Integration" in docs/design.md,
 NOTE [peer tier in the job]).
 
 The job never waits for and never fails because of this part: the server
-starts with no secret (every call ends at once as "early") and the nodes
-meet while COMMAND runs, each publishing its budget for home files; until
-they have met there are no homes (the node plans as a single node; a copy
-that may come from a peer waits for the outcome in the job's first
-PeerLinks.link_wait seconds), and for good when they cannot (a warning),
-the daemon reads the PFS.  Once
-they have met, this thread computes the homes from every node's budget
-(NOTE [home nodes]).
+starts with no secret (a call waits for it up to peer.EARLY_WAIT, then ends
+as "early") and the nodes meet while COMMAND runs, each publishing its
+budget for home files; until they have met there are no homes (the node
+plans as a single node; a copy that may come from a peer waits for the
+outcome in the job's first PeerLinks.link_wait seconds), and for good when
+they cannot (a warning), the daemon reads the PFS.  Once they have met,
+this thread computes the homes from every node's budget (NOTE [home
+nodes]).
 """
 from __future__ import annotations
 
