@@ -59,6 +59,10 @@ class Holders:
     def pinned(self, node: int | None = None) -> np.ndarray:
         return np.array([self.holder(f) is None for f in range(self.n)])
 
+    def counts(self) -> list[int]:
+        mine = int(self.pinned().sum())
+        return [mine, self.n - mine]
+
 
 class Pins(Policy):
     """A policy that notes the pins it is given, and where."""

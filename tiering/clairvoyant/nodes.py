@@ -144,6 +144,10 @@ class NodePlans:
         which its planner keeps once held."""
         return self.home == (self.me if node is None else node)
 
+    def counts(self) -> list[int]:
+        """The number of home files of each node."""
+        return np.bincount(self.home[self.home >= 0], minlength=self.nodes).tolist()
+
     def holder(self, f: int) -> int | None:
         """The node to ask for f (any thread): its home, which keeps it from
         the start of the job (it fetches its home files first: one still in

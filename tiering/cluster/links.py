@@ -39,6 +39,8 @@ class Homes(Protocol):
 
     def pinned(self, node: int | None = None) -> np.ndarray: ...
 
+    def counts(self) -> list[int]: ...
+
 
 class Planning(Protocol):
     """The homes, once every node's budget is known (nodes.HomePlanning)."""
@@ -72,6 +74,7 @@ class PeerLinks:
     budget: int = 0                            # this node's budget for home files, published at the rendezvous
     plans: Homes | None = None                 # the homes, once the nodes met; None: no peer fetch
     budgets: list[int] | None = None           # every node's published budget, once the nodes met
+    homes: list[int] | None = None             # each node's number of home files, once computed
     pfs_bandwidth: float = DEFAULT_PFS_MB_S    # one PFS stream (pfs_stream_rate of the profile), MB/s
     pfs_latency_ms: float = 0.0                # the profile's pfs.latency_ms
     link_wait: float = LINK_WAIT
@@ -111,6 +114,7 @@ class PeerLinks:
             return
         try:
             self.plans = self.planning.plans(self.budgets)
+            self.homes = self.plans.counts()
             self.planning = None   # its first readers are not needed any more
         except Exception as e:
             log.warning("the nodes' homes cannot be computed (%r): no copies from peers", e)

@@ -517,7 +517,9 @@ class Daemon:
             st = self.stats
             mine = {"fetches": st.peer_fetches, "bytes": st.peer_bytes, "fallbacks": dict(st.peer_fallbacks)}
         return {**mine, "nodes": peers.nodes, "node_rank": peers.node_rank, "linked": peers.ready.is_set(),
-                "planned": peers.plans is not None, "client": peers.counters.snapshot()}
+                "planned": peers.plans is not None, "budget": peers.budget, "budgets": peers.budgets,
+                "homes": peers.homes,
+                "client": peers.counters.snapshot()}
     def _settle(self, i: int, tier: int, reserved: int, allocated: int | None, failure: Exception | None,
                 src: str) -> bool:
         """Under the lock: publishes a complete copy (unless its file was
