@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tiering.clairvoyant.nodes import NodePlans, NodeStreams
+from tiering.clairvoyant.nodes import NodePlans, NodeStreams, home_budget
 from tiering.clairvoyant.planner import FETCH, Planner
 from tiering.clairvoyant.policy import Clairvoyant
 from tiering.clairvoyant.samplers import SamplerSpec
@@ -41,14 +41,14 @@ def run(files: int, nodes: int, local_world: int, epochs: int, step: int, seed: 
     spec = SamplerSpec("distributed", seed=seed, num_replicas=nodes * local_world, rank=0)
     streams = NodeStreams(spec, local_world, np.arange(files, dtype=np.int64))
     streams(0, 0)   # torch is imported outside the measured memory
+    budgets = [home_budget([capacity])] * nodes
     t0 = time.perf_counter()
-    plans = NodePlans(streams, nodes, 0, sizes, [capacity])
+    plans = NodePlans(streams, nodes, 0, sizes, budgets)
     plans_s = time.perf_counter() - t0
     own = Planner(sizes, Clairvoyant.plan_capacities([capacity]), window=64, pinned=plans.pinned())
     own_s = 0.0
     starts: list[int] = []
     per_epoch: list[dict[str, int]] = []
-    times: list[tuple[int, int]] = []
     for e in range(epochs):
         while len(starts) < min(epochs, e + 1 + Clairvoyant.ahead):
             starts.append(own.end)
@@ -56,27 +56,24 @@ def run(files: int, nodes: int, local_world: int, epochs: int, step: int, seed: 
         length = len(streams(0, e))
         got = {"epoch": e, "pfs_bytes": 0, "peer_bytes": 0, "fetches": 0, "peer_fetches": 0, "missed_bytes": 0}
         for offset in range(0, length, step):
-            times.append((e, offset))
             read = own.stream[own.reader - own.base:starts[e] + offset - own.base]
             missed = np.array([f not in own.resident for f in read.tolist()], bool)
             got["missed_bytes"] += int(sizes[read[missed]].sum())   # the reader's own PFS reads
-            t0 = time.perf_counter()
-            plans.move_to((e, offset))
             t1 = time.perf_counter()
             own.consume_range(own.reader, starts[e] + offset)
             acts = own.advance()
             t2 = time.perf_counter()
             own_s += t2 - t1
-            plans_s += t1 - t0
             fetched = acts.file[acts.kind == FETCH]
             holders = np.array([plans.holder(int(f)) is not None for f in fetched.tolist()], bool)
+            plans_s += time.perf_counter() - t2
             got["fetches"] += len(fetched)
             got["peer_fetches"] += int(holders.sum())
             got["peer_bytes"] += int(sizes[fetched[holders]].sum())
             got["pfs_bytes"] += int(sizes[fetched[~holders]].sum())
         got["pfs_bytes"] += got["missed_bytes"]
         per_epoch.append(got)
-    peak, kept = memory(streams, nodes, sizes, capacity, epochs, [t for t in times])
+    peak, kept = memory(streams, nodes, sizes, budgets)
     return {"files": files, "nodes": nodes, "local_world": local_world, "epochs": epochs,
             "data_bytes": int(sizes.sum()), "capacity_per_node": capacity,
             "own_planner_seconds": round(own_s, 3), "node_plans_seconds": round(plans_s, 3),
@@ -85,16 +82,17 @@ def run(files: int, nodes: int, local_world: int, epochs: int, step: int, seed: 
             "pfs_bytes_per_job_node0": sum(p["pfs_bytes"] for p in per_epoch)}
 
 
-def memory(streams: NodeStreams, nodes: int, sizes: np.ndarray, capacity: int, epochs: int,
-           times: list[tuple[int, int]]) -> tuple[int, int]:
-    """Memory NodePlans takes over the same run, alone (tracemalloc): the
-    peak (computing the homes), and what it keeps."""
+def memory(streams: NodeStreams, nodes: int, sizes: np.ndarray, budgets: list[int]) -> tuple[int, int]:
+    """Memory NodePlans takes, alone (tracemalloc): the peak (computing the
+    homes), and what it keeps (the sampler's permutation of epoch 0, which
+    it caches, is made before)."""
+    for n in range(nodes):
+        streams(n, 0)
     tracemalloc.start()
-    plans = NodePlans(streams, nodes, 0, sizes, [capacity])
-    for t in times:
-        plans.move_to(t)
-    kept, peak = tracemalloc.get_traced_memory()
+    plans = NodePlans(streams, nodes, 0, sizes, budgets)
+    kept, peak = tracemalloc.get_traced_memory()   # while plans is alive
     tracemalloc.stop()
+    del plans
     return peak, kept
 
 

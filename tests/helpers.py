@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -341,3 +342,15 @@ def age(*roots: Path, seconds: float = 3600) -> None:
     for root in roots:
         for d, _, _ in os.walk(root):
             os.utime(d, (t, t))
+
+
+class Entered(threading.Event):
+    """An event that tells when someone waits for it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting = threading.Event()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waiting.set()
+        return super().wait(timeout)

@@ -44,6 +44,7 @@ class JobSpec:
     nodes: int
     mode: str = "peers"         # pfs | local | peers
     capacity: int = 1 << 20     # bytes of each node's one tier
+    capacities: list[int] | None = None   # per node, instead of capacity
     epochs: int = 3
     batch: int = 8
     seed: int = 11
@@ -70,9 +71,10 @@ class JobResult:
 def profile_text(spec: JobSpec, node: int) -> str:
     tiers = spec.work / f"tiers{node}"
     tiers.mkdir(parents=True, exist_ok=True)
+    capacity = spec.capacities[node] if spec.capacities else spec.capacity
     return (f"name: node{node}\n"
             "tiers:\n"
-            f"  - {{name: ssd, kind: filesystem, path: {tiers}, capacity: {spec.capacity}, threads: 2}}\n"
+            f"  - {{name: ssd, kind: filesystem, path: {tiers}, capacity: {capacity}, threads: 2}}\n"
             f"pfs: {{read_threads: 2, bandwidth: {{1: {spec.pfs_mb_s}}}, latency_ms: {spec.pfs_latency_ms}}}\n"
             "network: {bandwidth: 1000, latency_ms: 0.1, interface: eth0}\n")
 

@@ -393,11 +393,12 @@ def test_two_nodes_meet_and_serve_copies_to_the_job_only(tmp_path: Path, job):
     for r, p in enumerate(peers):
         assert (p["met"], p["secret"], p["node_rank"], p["nodes"]) == (True, True, r, 2)
         assert p["address"] == entries[r]["address"]
-    assert peers[0]["server"] == {"served": 1, "bytes": (data / rel).stat().st_size, "absent": 0, "refused": 1,
-                                  "errors": 0}
+    assert peers[0]["server"] == {"served": 1, "bytes": (data / rel).stat().st_size, "absent": 0, "early": 0,
+                                  "refused": 1, "errors": 0}
     assert not jobdir.exists()                           # node 0 removed it at exit
     assert "peers    node 0 of 2" in results[0][1]
-    assert tier_dirs(tmp_path / "tiers0") == [] and tier_dirs(tmp_path / "tiers1") == []
+    wait_for(lambda: tier_dirs(tmp_path / "tiers0") == [] and tier_dirs(tmp_path / "tiers1") == [],
+             "both nodes' tiers removed (in the background, after the job)")
 
 
 def test_the_peer_lookup_finds_published_copies_through_the_index(tmp_path: Path):

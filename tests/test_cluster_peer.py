@@ -7,12 +7,13 @@ import os
 import socket
 import stat
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
 import pytest
 
-from helpers import private_dir
+from helpers import Entered, private_dir, wait_for
 from tiering.catalog import CatalogFile
 from tiering.cluster.peer import (
     FETCH,
@@ -123,6 +124,25 @@ def test_a_server_serves_only_once_it_knows_the_secret(tmp_path):
     server.stop(0)
     assert server.counters.snapshot() == {"early": 1, "served": 1, "bytes": 3}
     assert client.counters.snapshot() == {"early": 1, "fetched": 1, "bytes": 3}
+
+
+def test_a_call_made_while_the_nodes_finish_meeting_waits_for_the_secret(tmp_path):
+    """Another node met the others a poll before this one: its call waits
+    for this node's secret and is served, not answered "early"."""
+    (tmp_path / "f").write_bytes(b"abc")
+    server = PeerServer("127.0.0.1", None, lambda r, p: Published(str(tmp_path / p), 3, 1))
+    server._met = Entered()
+    client = PeerClient(server.start(), SECRET)
+    with ThreadPoolExecutor(1) as pool:
+        call = pool.submit(client.fetch, FileKey(0, "f", 3, 1), tmp_path / "x.part", 30)
+        wait_for(server._met.waiting.is_set, "the call waiting for the secret")
+        server.secret = SECRET
+        assert call.result() == 3
+    assert (tmp_path / "x.part").read_bytes() == b"abc"
+    client.close()
+    server.stop(0)
+    assert server.counters.snapshot() == {"served": 1, "bytes": 3}
+    assert client.counters.snapshot() == {"fetched": 1, "bytes": 3}
 
 
 def test_a_malformed_request_is_an_error_not_a_crash(served):

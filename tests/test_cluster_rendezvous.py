@@ -111,3 +111,17 @@ def test_directories_and_files_that_are_not_private_are_refused(tmp_path):
 def test_a_job_id_is_needed(tmp_path):
     with pytest.raises(RendezvousError, match="needs a job id"):
         JobDirectory(tmp_path, NodeIdentity("", 0, 2))
+
+
+def test_every_node_learns_every_node_s_budget_and_an_altered_one_is_not_proven(tmp_path):
+    nodes = [node(tmp_path, r, 2) for r in range(2)]
+    with ThreadPoolExecutor(2) as pool:
+        futures = [pool.submit(n.meet, f"10.0.0.{r + 1}:5000", 30, None, (r + 1) << 30) for r, n in enumerate(nodes)]
+        meetings = [f.result() for f in futures]
+    assert [[p.budget for p in m.peers] for m in meetings] == [[1 << 30, 2 << 30]] * 2
+    entry = json.loads((nodes[0].path / "node-1.json").read_text())
+    assert JobDirectory._proven(entry, meetings[0].secret)
+    for budget in (3 << 30, -1, "1", None, True):
+        assert not JobDirectory._proven({**entry, "budget": budget}, meetings[0].secret)
+    for n in nodes:
+        n.close()

@@ -1,7 +1,8 @@
 """The daemon's peer tier with real peer services on loopback: a file the
 node-aware plan places on another node is fetched from it instead of the
 PFS; any failure of the peer (absent, stopped, stalled, refused) costs a PFS
-copy of the same bytes, counted by reason; no peer before the nodes met."""
+copy of the same bytes, counted by reason; no peer before the nodes met, and
+no copy ever waits for them."""
 from __future__ import annotations
 
 import os
@@ -13,14 +14,16 @@ import numpy as np
 import pytest
 from test_daemon import Setup
 from test_event_batches import post
+from test_node_plans import stream_time
 
-from helpers import make_data, wait_for
+from helpers import Entered, make_data, wait_for
 from tiering.clairvoyant.feeds import ListFeed
-from tiering.clairvoyant.nodes import NodePlans, NodeStreams
+from tiering.clairvoyant.nodes import NodePlans, NodeStreams, home_budget
 from tiering.clairvoyant.policy import Clairvoyant
 from tiering.clairvoyant.samplers import SamplerSpec
 from tiering.cluster.links import PeerLinks
 from tiering.cluster.peer import Network, PeerClient, PeerServer, Published
+from tiering.placement.api import Policy
 from tiering.placement.daemon import Daemon
 from tiering.placement.index import lib
 from tiering.report import JobRecord, to_json
@@ -43,19 +46,33 @@ class CountingDaemon(Daemon):
 
 
 class Holders:
-    """A node-aware plan that names node 1 for the files given."""
+    """A node-aware plan that names node 1 for the files given; node 0's home
+    files are those it names no node for."""
 
-    def __init__(self, files: set[int] | None = None):
+    def __init__(self, files: set[int] | None = None, n: int = len(FILES)):
         self.files = files
-        self.followed = 0
-        self.threads: set[str] = set()   # where follow() was called
+        self.n = n
 
     def holder(self, f: int) -> int | None:
         return 1 if self.files is None or f in self.files else None
 
-    def follow(self, policy: object) -> None:
-        self.followed += 1
-        self.threads.add(threading.current_thread().name)
+    def pinned(self, node: int | None = None) -> np.ndarray:
+        return np.array([self.holder(f) is None for f in range(self.n)])
+
+    def counts(self) -> list[int]:
+        mine = int(self.pinned().sum())
+        return [mine, self.n - mine]
+
+
+class Pins(Policy):
+    """A policy that notes the pins it is given, and where."""
+
+    def __init__(self, placement: object):
+        super().__init__(placement)  # type: ignore[arg-type]
+        self.pins: list[tuple[list[int], str]] = []
+
+    def pin(self, pinned: np.ndarray) -> None:
+        self.pins.append((np.flatnonzero(pinned).tolist(), threading.current_thread().name))
 
 
 class Peer:
@@ -68,12 +85,14 @@ class Peer:
         self.pfs = tmp / "pfs"
         self.absent: set[str] = set()
         self.stall = threading.Event()     # set: lookups wait until released
+        self.stalled = threading.Event()   # a lookup is waiting
         self.release = threading.Event()
         self.server = PeerServer("127.0.0.1", SECRET, self.lookup)
         self.address = self.server.start()
 
     def lookup(self, root: int, rel: str) -> Published | None:
         if self.stall.is_set():
+            self.stalled.set()
             self.release.wait(60)
         if root != 0 or rel in self.absent or not (self.copies / rel).is_file():
             return None
@@ -107,8 +126,7 @@ def peer(tmp_path):
 
 def links_to(peer: Peer, plans: object, secret: bytes = SECRET, ready: bool = True,
              pfs_mb_s: float = 1.0, pfs_latency_ms: float = 1.0) -> PeerLinks:
-    links = PeerLinks(0, 2, FAST, plans=plans, pfs_bandwidth=pfs_mb_s, pfs_latency_ms=pfs_latency_ms,  # type: ignore[arg-type]
-                      link_wait=0.0)
+    links = PeerLinks(0, 2, FAST, plans=plans, pfs_bandwidth=pfs_mb_s, pfs_latency_ms=pfs_latency_ms)  # type: ignore[arg-type]
     links.clients[1] = PeerClient(peer.address, secret, links.counters)
     if ready:
         links.ready.set()
@@ -185,67 +203,124 @@ def test_a_peer_that_cannot_serve_costs_a_pfs_copy_of_the_same_bytes_counted_by_
     assert s.d.peer_report()["fallbacks"] == {reason: len(FILES)}
 
 
-def test_no_peer_is_asked_before_the_nodes_have_met(setups, peer):
-    """The PFS copies of files the plan places on a peer are counted as
-    "unlinked" (the nodes have not met, or never will)."""
+def test_no_peer_is_asked_and_no_copy_waits_while_the_nodes_are_not_linked(setups, peer):
+    """Homes known but the nodes not linked (the peer tier closed): the PFS
+    copies of files the plan places on a peer are counted as "unlinked", at
+    once: no copy worker waits."""
     links = links_to(peer, Holders(), ready=False)
+    links.ready, links._wake = Entered(), Entered()
     s = setups(files=FILES, daemon_cls=with_peers(links))
     place_all(s)
     assert_same_bytes_published(s)
     assert sorted(s.d.pfs_copies) == sorted(FILES)
     assert links.counters.snapshot() == {} and peer.server.counters.snapshot() == {}
     assert s.d.stats.peer_fallbacks == {"unlinked": len(FILES)}
+    assert not links.ready.waiting.is_set() and not links._wake.waiting.is_set()
 
 
-class Entered(threading.Event):
-    """The links' ready event, telling when someone waits for it."""
+def test_before_the_homes_are_known_the_daemon_reads_the_pfs_and_asks_no_peer(setups, peer):
+    """The nodes have not met: no homes, so every copy is a PFS copy, not a
+    peer fallback; once the homes are known the policy is given this node's
+    home files, once, in the event thread (the policy's), and the files
+    homed elsewhere come from their home."""
+    links = links_to(peer, None, ready=False)
+    policies: list[Pins] = []
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.waiting = threading.Event()
+    def pins(d: Daemon) -> Pins:
+        policies.append(Pins(d))
+        return policies[-1]
 
-    def wait(self, timeout: float | None = None) -> bool:
-        self.waiting.set()
-        return super().wait(timeout)
+    s = setups(files=FILES, daemon_cls=with_peers(links, pins))
+    assert s.d.place(s.i["a/x.bin"], 0)
+    s.wait()
+    assert s.d.pfs_copies == ["a/x.bin"] and s.d.stats.peer_fallbacks == {} and policies[0].pins == []
+    plans = Holders({s.i["a/y.bin"], s.i["big.bin"]})
+    links.ready.set()
+    links.plans = plans
+    wait_for(lambda: policies[0].pins, "the home files pinned")
+    home = sorted(s.i[r] for r in ("a/x.bin", "b/z.bin", "e.bin"))
+    assert policies[0].pins == [(home, "tiering-events")]
+    for rel in ("a/y.bin", "big.bin", "b/z.bin"):
+        assert s.d.place(s.i[rel], 0)
+    s.wait()
+    assert sorted(s.d.pfs_copies) == ["a/x.bin", "b/z.bin"] and s.d.stats.peer_fetches == 2
+    s.d.stop()
+    assert len(policies[0].pins) == 1    # once, however many turns the event thread made
 
 
-def test_a_copy_at_the_start_waits_for_the_nodes_to_meet(setups, peer):
-    """Within link_wait of the start, a copy the plan places on a peer waits
-    for the rendezvous and then comes from the peer, not the PFS."""
-    links = links_to(peer, Holders(), ready=False)
-    links.link_wait, links.ready = 60.0, Entered()
+class Candidates:
+    """A planning whose first readers are node 1 for the files given."""
+
+    def __init__(self, files: set[int] | None = None):
+        self.files = files
+
+    def elsewhere(self, f: int) -> bool:
+        return self.files is None or f in self.files
+
+    def plans(self, budgets: list[int]) -> Holders:
+        return Holders(self.files)
+
+
+def waiting_links(peer: Peer, files: set[int] | None = None, **kw) -> PeerLinks:  # type: ignore[no-untyped-def]
+    """Links whose nodes have not met yet: no homes, a planning, a long
+    link_wait, and a wake event that tells when a copy waits on it."""
+    links = links_to(peer, None, ready=False, **kw)
+    links.planning, links.link_wait, links._wake = Candidates(files), 3600.0, Entered()
+    return links
+
+
+def test_a_copy_before_the_nodes_met_waits_for_the_homes_then_comes_from_its_home(setups, peer):
+    """A copy of a file another node reads first, planned before the nodes
+    met, waits for the rendezvous's outcome and then comes from the peer,
+    not the PFS."""
+    links = waiting_links(peer)
     s = setups(files=FILES, daemon_cls=with_peers(links))
     assert s.d.place(s.i["a/x.bin"], 0)
-    wait_for(links.ready.waiting.is_set, "the copy waiting for the nodes")
+    wait_for(links._wake.waiting.is_set, "the copy waiting for the homes")
     assert s.d.stats.copies == 0 and s.d.stats.pfs_opens == 0
     links.ready.set()
+    links.plan_homes([1, 1])
+    links.settle()
     s.wait()
     assert s.state("a/x.bin") == 1 and (s.tier.data / "0" / "a/x.bin").read_bytes() == s.contents["a/x.bin"]
     assert s.d.stats.peer_fetches == 1 and s.d.stats.pfs_opens == 0 and s.d.stats.peer_fallbacks == {}
 
 
-def test_a_copy_the_peer_would_not_serve_does_not_wait_for_the_nodes(setups, peer):
-    """Within link_wait of the start, a copy whose size the network does not
-    serve faster than the PFS is read from the PFS at once: it never waits
-    for the rendezvous."""
-    links = links_to(peer, Holders(), ready=False, pfs_mb_s=1e6, pfs_latency_ms=0.0)   # a PFS faster than the network
-    links.link_wait, links.ready = 2.0, Entered()
+def test_a_waiting_copy_reads_the_pfs_at_once_when_the_rendezvous_gives_up(setups, peer):
+    links = waiting_links(peer)
+    s = setups(files=FILES, daemon_cls=with_peers(links))
+    assert s.d.place(s.i["a/x.bin"], 0)
+    wait_for(links._wake.waiting.is_set, "the copy waiting for the homes")
+    links.settle()     # given up (peering._give_up): no homes, ever
+    s.wait()           # long before link_wait (an hour)
+    assert s.d.pfs_copies == ["a/x.bin"] and s.d.stats.peer_fetches == 0 and s.d.stats.peer_fallbacks == {}
+    assert s.state("a/x.bin") == 1
+
+
+def test_a_waiting_copy_ends_when_the_daemon_stops(setups, peer):
+    links = waiting_links(peer)
+    s = setups(files=FILES, daemon_cls=with_peers(links))
+    assert s.d.place(s.i["a/x.bin"], 0)
+    wait_for(links._wake.waiting.is_set, "the copy waiting for the homes")
+    assert s.d.stop() is True              # every copy ended (not after link_wait: an hour)
+    assert s.state("a/x.bin") == lib.TIERING_STATE_NONE and s.d.stats.peer_fetches == 0
+
+
+@pytest.mark.parametrize("case", ["late", "own file", "slower"])
+def test_copies_that_need_no_homes_never_wait(setups, peer, case):
+    """After link_wait (a clock past it), for a file this node reads first,
+    or of a size the network does not serve faster than the PFS: the copy
+    reads the PFS at once."""
+    kw = {"pfs_mb_s": 1e6, "pfs_latency_ms": 0.0} if case == "slower" else {}
+    links = waiting_links(peer, set() if case == "own file" else None, **kw)
+    if case == "late":
+        links.clock = lambda: links.started + links.link_wait + 1
     s = setups(files=FILES, daemon_cls=with_peers(links))
     place_all(s)
     assert_same_bytes_published(s)
-    assert not links.ready.waiting.is_set()
-    assert sorted(s.d.pfs_copies) == sorted(FILES) and s.d.stats.peer_fallbacks == {"slower": len(FILES)}
+    assert not links._wake.waiting.is_set()
+    assert sorted(s.d.pfs_copies) == sorted(FILES) and s.d.stats.peer_fallbacks == {}
     assert peer.server.counters.snapshot() == {}
-
-
-def test_the_plans_follow_the_reader_in_the_event_thread_only(setups, peer):
-    """Once per batch of events, where the policy runs; a placement asked
-    from another thread does not move them."""
-    plans = Holders()
-    s = setups(files=FILES, daemon_cls=with_peers(links_to(peer, plans)))
-    place_all(s)
-    wait_for(lambda: plans.followed > 0, "the event loop following")
-    assert plans.threads == {"tiering-events"}
 
 
 def test_only_files_the_plan_places_on_a_peer_are_asked_for(setups, peer):
@@ -275,6 +350,7 @@ def test_an_invalidated_file_fetched_from_a_peer_is_not_published(setups, peer):
     s = setups(files={"a/x.bin": 5000}, daemon_cls=with_peers(links))
     i = s.i["a/x.bin"]
     assert s.d.place(i, 0)
+    wait_for(peer.stalled.is_set, "the fetch at the peer")
     s.d._invalidate(i)   # a write open while the copy is in flight
     peer.release.set()
     s.wait()
@@ -297,7 +373,7 @@ def test_the_node_aware_plan_sends_the_daemon_to_each_file_s_home(tmp_path, setu
         streams = NodeStreams(spec, 2, np.arange(n, dtype=np.int64))   # catalog ids are sorted paths: d/fNN
         sizes = [files[rel] for rel in sorted(files)]
         capacity = 1 << 30
-        plans = NodePlans(streams, 2, 0, sizes, [capacity])
+        plans = NodePlans(streams, 2, 0, sizes, [home_budget([capacity])] * 2)
         links = links_to(peer, plans)
 
         def clairvoyant(d: Daemon) -> Clairvoyant:
@@ -310,7 +386,7 @@ def test_the_node_aware_plan_sends_the_daemon_to_each_file_s_home(tmp_path, setu
         wait_for(lambda: s.d.stats.copies == len(first), "epochs 0 and 1 placed")
         assert s.d.stats.pfs_opens == len(mine) and s.d.stats.peer_fetches == len(first - mine)
         post(s.index, [(lib.TIERING_EV_OPEN_TIER, s.d.slots[f], 4242, 0) for f in streams(0, 0).tolist()])
-        wait_for(lambda: plans.time == (1, 0), "the reader in epoch 1")
+        wait_for(lambda: stream_time(s.d.policy) == (1, 0), "the reader in epoch 1")
         third = set(streams(0, 2).tolist()) - first
         assert third and all(plans.holder(f) == 1 for f in third)   # two nodes: what node 0 did not read, node 1 did
         wait_for(lambda: s.d.stats.copies == len(first | third), "epoch 2 placed")

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_node_plans import held
 
-from tiering.clairvoyant.nodes import NodePlans, NodeStreams, home_nodes
+from tiering.clairvoyant.nodes import SHARE, NodePlans, NodeStreams, home_budget, home_nodes
 from tiering.clairvoyant.planner import EVICT, FETCH, Planner, allocations
 from tiering.clairvoyant.policy import Clairvoyant
 from tiering.clairvoyant.samplers import SamplerSpec
@@ -46,13 +47,13 @@ def test_the_home_rule_partitions_the_data_set_the_same_on_every_node(nodes: int
     per_node = int(SIZES.sum()) // nodes
     capacity = int(per_node * capacity_share)
     streams = streams_for(nodes)
-    plans = [NodePlans(streams_for(nodes), nodes, me, SIZES, [capacity // 2, capacity - capacity // 2])
-             for me in range(nodes)]
+    budgets = [home_budget([capacity // 2, capacity - capacity // 2])] * nodes
+    plans = [NodePlans(streams_for(nodes), nodes, me, SIZES, budgets) for me in range(nodes)]
     home = plans[0].home
     for p in plans[1:]:
         assert np.array_equal(p.home, home)   # the same answer on every node, without a message
     budget = int((int(capacity // 2 * Clairvoyant.margin) + int((capacity - capacity // 2) * Clairvoyant.margin))
-                 * NodePlans.share)
+                 * SHARE)
     allocs = allocations(SIZES)
     homed = 0
     for n in range(nodes):
@@ -66,7 +67,7 @@ def test_the_home_rule_partitions_the_data_set_the_same_on_every_node(nodes: int
         assert np.array_equal(plans[n].pinned(), home == n) and np.array_equal(plans[0].pinned(n), home == n)
         homed += len(mine)
     assert ((home >= -1) & (home < nodes)).all()              # at most one home each
-    if capacity_share < 1 / NodePlans.share:    # the budget is below a node's share: some have no home
+    if capacity_share < 1 / SHARE:    # the budget is below a node's share: some have no home
         assert 0 < homed < N and int(allocs[home >= 0].sum()) <= nodes * budget
     else:                                       # the aggregate holds the data set: every file has a home
         assert homed == N
@@ -84,19 +85,37 @@ def test_capacity_weighted_budgets() -> None:
 
 def test_holder_is_the_home_and_held_what_the_home_has_read() -> None:
     streams = streams_for(2)
-    plans = NodePlans(streams, 2, 0, SIZES, [int(SIZES.sum())])   # every file has a home
+    plans = NodePlans(streams, 2, 0, SIZES, [int(SIZES.sum())] * 2)   # every file has a home
     f1, f0 = int(streams(1, 0)[5]), int(streams(0, 0)[5])
     assert plans.home[f1] == 1 and plans.home[f0] == 0
     assert plans.holder(f1) == 1 and plans.holder(f0) is None   # asked of its home; f0 is this node's own
-    assert len(plans.held(1)) == 0                                # not following yet
-    plans.move_to((0, 5))
-    assert f1 not in plans.held(1).tolist() and len(plans.held(1)) == 5   # node 1 reads it at offset 5
-    plans.move_to((0, 6))
-    assert f1 in plans.held(1).tolist() and len(plans.held(1)) == 6
-    plans.move_to((3, 0))
-    assert plans.holder(f1) == 1 and len(plans.held(1)) == N // 2
-    plans.move_to(None)
-    assert plans.holder(f1) == 1 and len(plans.held(1)) == 0
+    assert len(held(plans, 1, None)) == 0                       # not following
+    assert f1 not in held(plans, 1, (0, 5)).tolist() and len(held(plans, 1, (0, 5))) == 5   # read at offset 5
+    assert f1 in held(plans, 1, (0, 6)).tolist() and len(held(plans, 1, (0, 6))) == 6
+    assert len(held(plans, 1, (3, 0))) == N // 2
+
+
+@pytest.mark.parametrize("nodes", [2, 3])
+def test_nodes_with_different_tiers_agree_on_the_homes_given_the_published_budgets(nodes: int) -> None:
+    """Each node's budget comes from its own tiers (RAM ``auto``, another
+    profile); given every node's budget (the rendezvous publishes them) all
+    nodes compute the same homes, and each node's home files fit its own
+    budget: the node with the smaller tiers homes fewer bytes."""
+    streams = streams_for(nodes)
+    per_node = int(SIZES.sum()) // nodes
+    tiers = [[int(per_node * (0.4 + 0.5 * n)) // 2, int(per_node * (0.4 + 0.5 * n)) // 2] for n in range(nodes)]
+    budgets = [home_budget(t) for t in tiers]
+    assert len(set(budgets)) == nodes
+    plans = [NodePlans(streams, nodes, me, SIZES, budgets) for me in range(nodes)]
+    for p in plans[1:]:
+        assert np.array_equal(p.home, plans[0].home) and np.array_equal(p.offset, plans[0].offset)
+    allocs = allocations(SIZES)
+    homed = [int(allocs[plans[0].home == n].sum()) for n in range(nodes)]
+    assert all(h <= b for h, b in zip(homed, budgets)) and homed[0] < homed[1]
+    for me, p in enumerate(plans):   # each node names the same holder for every file, itself excepted
+        named = np.array([-1 if p.holder(f) is None else p.holder(f) for f in range(N)])
+        mine = p.home == me
+        assert (named[mine] == -1).all() and np.array_equal(named[~mine], p.home[~mine])
 
 
 def run_pinned(engine: str, monkeypatch: pytest.MonkeyPatch, pinned: np.ndarray | None, capacity: int,
@@ -135,7 +154,7 @@ def test_home_files_are_never_evicted_for_files_that_are_not(engine: str, ahead:
     and go in the rest of the tiers."""
     streams = streams_for(2)
     capacity = int(SIZES.sum() * 0.6 / 2)
-    plans = NodePlans(streams, 2, 0, SIZES, [capacity // 3, capacity - capacity // 3])
+    plans = NodePlans(streams, 2, 0, SIZES, [home_budget([capacity // 3, capacity - capacity // 3])] * 2)
     home = plans.pinned()
     epochs = [streams(0, e) for e in range(4)]
     acts, p = run_pinned(engine, monkeypatch, home, capacity, epochs, ahead=ahead)
@@ -154,9 +173,61 @@ def test_home_files_are_never_evicted_for_files_that_are_not(engine: str, ahead:
 def test_pins_make_the_same_decisions_in_c_and_in_python(monkeypatch: pytest.MonkeyPatch) -> None:
     streams = streams_for(3)
     capacity = int(SIZES.sum() * 0.5 / 3)
-    home = NodePlans(streams, 3, 1, SIZES, [capacity // 3, capacity - capacity // 3]).pinned()
+    home = NodePlans(streams, 3, 1, SIZES, [home_budget([capacity // 3, capacity - capacity // 3])] * 3).pinned()
     epochs = [streams(1, e) for e in range(3)]
     c_acts, c_p = run_pinned("c", monkeypatch, home, capacity, epochs, step=5, ahead=2)
     py_acts, py_p = run_pinned("python", monkeypatch, home, capacity, epochs, step=5, ahead=2)
     assert c_acts == py_acts and len(c_acts) > 200
     assert c_p.resident == py_p.resident
+
+
+def run_pinned_late(engine: str, monkeypatch: pytest.MonkeyPatch,
+                    home: np.ndarray) -> tuple[list[tuple[int, int, int]], Planner, set[int]]:
+    """Node 0's planner started without pins (the nodes have not met), its
+    first fetches made and 40 positions read, then pinned (the homes known)
+    and driven on over four epochs: the actions after the pins, the planner,
+    and the home files it held when pinned."""
+    streams = streams_for(2)
+    capacity = int(SIZES.sum() * 0.6 / 2)
+    epochs = [streams(0, e) for e in range(4)]
+    with monkeypatch.context() as m:
+        if engine == "python":
+            m.setenv("TIERING_PLANNER", "python")
+        else:
+            m.delenv("TIERING_PLANNER", raising=False)
+        p = Planner(SIZES, [capacity // 3, capacity - capacity // 3], window=64)
+        p.extend(epochs[0])
+        p.extend(epochs[1])
+        assert len(p.advance().file) > 0
+        p.consume_range(0, 40)
+        held_then = {f for f in p.resident if home[f]}
+        p.pin(home)
+        acts: list[tuple[int, int, int]] = []
+        for e in range(4):
+            if e + 2 < len(epochs):
+                p.extend(epochs[e + 2])
+            stop = (e + 1) * len(epochs[0])
+            while p.reader < stop:
+                a = p.advance()
+                acts += list(zip(a.kind.tolist(), a.file.tolist(), a.tier.tolist()))
+                p.consume_range(p.reader, min(stop, p.reader + 17))
+    return acts, p, held_then
+
+
+def test_pins_given_mid_run_keep_the_home_files_from_then_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The homes are known once the nodes met, after the planner started:
+    pinned then, the home files held at that moment are never evicted nor
+    fetched again, every other home file is fetched once and kept; the same
+    decisions in C and in Python."""
+    capacity = int(SIZES.sum() * 0.6 / 2)
+    home = NodePlans(streams_for(2), 2, 0, SIZES,
+                     [home_budget([capacity // 3, capacity - capacity // 3])] * 2).pinned()
+    c_acts, c_p, held_then = run_pinned_late("c", monkeypatch, home)
+    evicted = [f for k, f, _ in c_acts if k == EVICT]
+    assert held_then and len(evicted) > 100 and not home[evicted].any()   # no home file evicted once pinned
+    assert all(f in c_p.resident for f in np.flatnonzero(home).tolist())   # every home file held at the end
+    fetched = [f for k, f, _ in c_acts if k == FETCH and home[f]]
+    assert not set(fetched) & held_then and len(fetched) == len(set(fetched))
+    assert set(fetched) | held_then == set(np.flatnonzero(home).tolist())
+    py_acts, py_p, py_held = run_pinned_late("python", monkeypatch, home)
+    assert (py_acts, py_held) == (c_acts, held_then) and py_p.resident == c_p.resident

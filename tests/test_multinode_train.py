@@ -202,3 +202,23 @@ def test_a_stopped_node_costs_the_others_a_deadline_per_file_then_the_pfs(tmp_pa
     node0 = got.stats[0]["peer"]
     assert node0["bytes"] == 0 and node0["fallbacks"].get("deadline", 0) > 0, node0
     assert node0["client"].get("deadline", 0) == node0["fallbacks"]["deadline"]
+
+
+def test_nodes_whose_tiers_differ_agree_on_the_homes(tmp_path: Path, pfs: SlowFs):
+    """Node 0's tier is half node 1's, below what it reads in the first
+    epoch: each node publishes its own budget, both compute the homes from
+    both budgets, so node 1 never asks node 0 for a file node 0 does not
+    keep (no "absent"), and the training reads the same samples."""
+    with netns.emulated_nodes(2, net=39) as net:
+        got, got_pfs = run(pfs, spec(tmp_path, pfs.path, "peers", "uneven", capacities=[D // 2, D]), net)
+    assert samples(got) == multinode.expected_samples(pfs.source, 2, EPOCHS, 11)
+    peers = [s["peer"] for s in got.stats]
+    budgets = [p["budget"] for p in peers]
+    assert budgets[0] < D // 2 < budgets[1]                      # node 0 cannot home all it reads first
+    assert [p["budgets"] for p in peers] == [budgets, budgets]   # every node knows every node's
+    homes = peers[0]["homes"]
+    assert peers[1]["homes"] == homes and 0 < homes[0] < FILES // 2 == homes[1]   # the same homes on both
+    assert all(p["planned"] and p["linked"] for p in peers)
+    assert sum(p["bytes"] for p in peers) > 0
+    assert all(p["fallbacks"].get("absent", 0) <= 2 for p in peers), [p["fallbacks"] for p in peers]
+    wait_for(lambda: all(multinode.tier_files(tmp_path / "uneven", n) == 0 for n in range(2)), "tiers removed")

@@ -2,6 +2,7 @@
 now, and its answer is the other node's own plan."""
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from collections.abc import Iterator
 
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 
 from tiering.clairvoyant.feeds import ListFeed
-from tiering.clairvoyant.nodes import NodePlans, NodeStreams, node_ranks, plans_from_options, stream_time
+from tiering.clairvoyant.nodes import NodePlans, NodeStreams, home_budget, node_ranks, planning_from_options
 from tiering.clairvoyant.options import OrderOptions, rank_specs
 from tiering.clairvoyant.policy import Clairvoyant
 from tiering.clairvoyant.samplers import SamplerSpec, epoch_permutation, node_stream_array, rank_share
@@ -19,6 +20,32 @@ N = 600          # data-set samples (catalog ids 0..N-1, mapped in reverse to te
 L = 2            # ranks per node
 MAPPING = np.arange(N, dtype=np.int64)[::-1].copy()
 SIZES = (4096 * (1 + np.arange(N) % 3)).tolist()
+
+
+def stream_time(policy: Clairvoyant) -> tuple[int, int] | None:
+    """Where the clairvoyant policy's reader is: (epoch, offset in its
+    stream of that epoch); None when it follows no order."""
+    planner, starts, epochs = policy.planner, policy.epoch_starts, policy.epochs
+    if planner is None or not starts or not policy.following:
+        return None
+    k = max(0, bisect.bisect_right(starts, int(planner.reader)) - 1)
+    return int(epochs[k]), int(planner.reader) - int(starts[k])
+
+
+def held(plans: NodePlans, node: int, when: tuple[int, int] | None) -> np.ndarray:
+    """The files `node` surely holds for the others when the readers of
+    every node (in lockstep) are at `when`: its home files it has read
+    (sorted; none when no order is followed)."""
+    mine = np.flatnonzero(plans.home == node)
+    if when is None:
+        return mine[:0]
+    epoch, offset = when
+    return mine if epoch > plans.first_epoch else mine[plans.offset[mine] < offset]
+
+
+def budgets(nodes: int, capacities: list[int]) -> list[int]:
+    """Every node's budget when every node has these tiers."""
+    return [home_budget(capacities)] * nodes
 
 
 def env_of(node: int, nodes: int, local_rank: int = 0) -> dict[str, str]:
@@ -133,9 +160,9 @@ def test_node_0_names_a_node_only_for_files_that_node_s_own_plan_holds(nodes):
     read (held from then to the end)."""
     epochs = 4
     capacity = int(sum(SIZES) * 0.6 / nodes)      # a node's tiers hold 60% of what it reads per epoch
-    mine = NodePlans(streams_for(nodes), nodes, 0, SIZES, [capacity])
+    mine = NodePlans(streams_for(nodes), nodes, 0, SIZES, budgets(nodes, [capacity]))
     others = {n: own_policy(n, nodes, capacity, epochs, mine.pinned(n)) for n in range(1, nodes)}
-    mine.move_to(stream_time(others[1][0]))
+    when = stream_time(others[1][0])
     per_epoch = N // nodes
     named = evicted = 0
     for pos in range(0, epochs * per_epoch, 23):
@@ -148,44 +175,38 @@ def test_node_0_names_a_node_only_for_files_that_node_s_own_plan_holds(nodes):
             times.add(stream_time(policy))
             evicted += policy.evictions
         assert len(times) == 1                     # the nodes are in lockstep
-        mine.move_to(times.pop())
+        when = times.pop()
         for n, (policy, place) in others.items():
-            held = mine.held(n).tolist()
-            assert set(held) <= set(policy.planner.resident) and set(held) <= set(place.placed)
-            assert all(mine.holder(f) == n for f in held)
-            named += len(held)
+            has = held(mine, n, when).tolist()
+            assert set(has) <= set(policy.planner.resident) and set(has) <= set(place.placed)
+            assert all(mine.holder(f) == n for f in has)
+            named += len(has)
     for n, (policy, _) in others.items():
         # every home file of node n was read there in epoch 0, named from then on, and is still held
-        assert mine.held(n).tolist() == np.flatnonzero(mine.home == n).tolist()
-        assert set(mine.held(n).tolist()) <= set(policy.planner.resident)
+        assert held(mine, n, when).tolist() == np.flatnonzero(mine.home == n).tolist()
+        assert set(held(mine, n, when).tolist()) <= set(policy.planner.resident)
     assert named > epochs * per_epoch and evicted > 0   # the plans did hold files, and evicted others
 
 
 def test_the_home_is_named_whether_this_node_follows_its_order_or_not():
     """The homes hold their files from the start to the end: held() follows
     the readers, holder() does not need them."""
-    mine = NodePlans(streams_for(2), 2, 0, SIZES, [sum(SIZES)])
+    mine = NodePlans(streams_for(2), 2, 0, SIZES, [sum(SIZES)] * 2)
     f = int(streams_for(2)(1, 0)[0])
-    assert mine.holder(f) == 1 and len(mine.held(1)) == 0    # nothing followed yet
-    mine.move_to((0, 10))
-    assert mine.holder(f) == 1 and f in mine.held(1).tolist() and len(mine.held(1)) == 10
+    assert mine.holder(f) == 1 and len(held(mine, 1, None)) == 0    # nothing followed
+    assert f in held(mine, 1, (0, 10)).tolist() and len(held(mine, 1, (0, 10))) == 10
     assert mine.holder(int(streams_for(2)(0, 0)[0])) is None    # node 0's own home file
-    mine.move_to(None)
-    assert mine.holder(f) == 1 and len(mine.held(1)) == 0
 
 
-def test_a_follow_of_the_policy_moves_the_readers():
+def test_the_reader_s_time_is_the_epoch_and_offset_of_the_policy_s_reader():
     place = InstantPlacement(sum(SIZES))
     policy = Clairvoyant(place, ListFeed(iter([own_stream(0, 2, e) for e in range(2)])))  # type: ignore[arg-type]
-    mine = NodePlans(streams_for(2), 2, 0, SIZES, [sum(SIZES)])
-    mine.follow(policy)
-    assert mine.time is None                       # not started: no order followed
+    assert stream_time(policy) is None             # not started: no order followed
     policy.start()
     place.land(policy)
     files = own_stream(0, 2, 0)[:40]
     policy.on_opens(files, np.ones(len(files), bool), np.full(len(files), 7))
-    mine.follow(policy)
-    assert mine.time == (0, 40)
+    assert stream_time(policy) == (0, 40)
 
 
 def test_plans_only_from_a_sampler_every_node_can_compute(tmp_path):
@@ -195,18 +216,18 @@ def test_plans_only_from_a_sampler_every_node_can_compute(tmp_path):
     cat = scan([str(tmp_path / "d")])
     env = env_of(1, 2)
     dist = OrderOptions(sampler="distributed", seed=3)
-    plans = plans_from_options(dist, cat, 2, 1, [1 << 20], env=env)
-    assert plans is not None and plans.nodes == 2 and plans.me == 1
-    assert plans_from_options(OrderOptions(), cat, 2, 1, [1 << 20], env=env) is None          # the hook's orders
-    assert plans_from_options(OrderOptions(sampler="distributed", order_file=tmp_path / "o"), cat, 2, 1,
-                              [1 << 20], env=env) is None                                        # an order file
-    assert plans_from_options(dist, cat, 3, 1, [1 << 20], env=env) is None    # ranks of another node count
-    assert plans_from_options(dist, cat, 2, 0, [1 << 20], env=env) is None    # this rank is on node 1
-    assert plans_from_options(dist, cat, 1, 0, [1 << 20], env={}) is None     # one node: no peers
+    planning = planning_from_options(dist, cat, 2, 1, env=env)
+    assert planning is not None and planning.nodes == 2 and planning.me == 1
+    assert planning_from_options(OrderOptions(), cat, 2, 1, env=env) is None         # the hook's orders
+    assert planning_from_options(OrderOptions(sampler="distributed", order_file=tmp_path / "o"), cat, 2, 1,
+                                 env=env) is None                                     # an order file
+    assert planning_from_options(dist, cat, 3, 1, env=env) is None    # ranks of another node count
+    assert planning_from_options(dist, cat, 2, 0, env=env) is None    # this rank is on node 1
+    assert planning_from_options(dist, cat, 1, 0, env={}) is None     # one node: no peers
 
 
-def test_plans_from_options_home_the_catalog_s_files_by_their_sizes(tmp_path):
-    """The homes plans_from_options computes are those of the catalog's
+def test_the_planning_homes_the_catalog_s_files_by_their_sizes(tmp_path):
+    """The homes of planning_from_options are those of the catalog's
     files with their own sizes (a budget that binds: the sizes decide)."""
     from helpers import make_data
     from tiering.catalog import dataset_ids, scan
@@ -215,10 +236,11 @@ def test_plans_from_options_home_the_catalog_s_files_by_their_sizes(tmp_path):
     cat = scan([str(tmp_path / "d")])
     dist = OrderOptions(sampler="distributed", seed=3)
     caps = [60_000]
-    plans = plans_from_options(dist, cat, 2, 1, caps, env=env_of(1, 2))
-    assert plans is not None
+    planning = planning_from_options(dist, cat, 2, 1, env=env_of(1, 2))
+    assert planning is not None
+    plans = planning.plans(budgets(2, caps))
     spec = rank_specs(dist, env_of(1, 2))[0]
     streams = NodeStreams(spec, L, dataset_ids(cat, layout_of(dist)))
-    by_hand = NodePlans(streams, 2, 1, [f.size for f in cat.files], caps)
+    by_hand = NodePlans(streams, 2, 1, [f.size for f in cat.files], budgets(2, caps))
     assert np.array_equal(plans.home, by_hand.home)
     assert 0 < int((plans.home >= 0).sum()) < 90        # some files homed, the budget cut the rest

@@ -259,9 +259,8 @@ def _make_daemon(job: Job) -> None:
     feed = job.feed
 
     def make_policy(d: Daemon) -> Policy:
-        if job.policy == Clairvoyant.name:
-            plans = job.peer.links.plans if job.peer is not None else None
-            return Clairvoyant(d, feed, window=opts.window, pinned=plans.pinned() if plans is not None else None)
+        if job.policy == Clairvoyant.name:   # the home files are pinned once the nodes met (Daemon._take_homes)
+            return Clairvoyant(d, feed, window=opts.window)
         return SIMPLE_POLICIES[job.policy](d)
 
     job.daemon = Daemon(job.index, cat, job.slots, job.tiers, opts.profile.pfs.read_threads, make_policy,
@@ -494,9 +493,10 @@ def warm(job: Job) -> None:
 
 def _plan_peers(job: Job, cat: catalog_mod.Catalog) -> None:
     """What the daemon needs to ask a peer (NOTE [node-aware plan]): the
-    other nodes' plans when the sampler is given (None: no peer fetch) and
-    the PFS's rate per stream to compare with the network's."""
-    from .clairvoyant.nodes import plans_from_options
+    inputs of the homes when the sampler is given (None: no peer fetch) and
+    this node's budget for them, which the rendezvous publishes (NOTE [home
+    nodes]); the PFS's rate per stream to compare with the network's."""
+    from .clairvoyant.nodes import home_budget, planning_from_options
     from .cluster.links import pfs_stream_rate
     assert job.peer is not None
     opts, links = job.opts, job.peer.links
@@ -504,9 +504,9 @@ def _plan_peers(job: Job, cat: catalog_mod.Catalog) -> None:
     links.pfs_latency_ms = opts.profile.pfs.latency_ms or 0.0
     if job.policy != "clairvoyant":
         return
+    links.budget = home_budget([t.capacity for t in job.tiers])
     try:
-        links.plans = plans_from_options(opts.order, cat, opts.node.node_count, opts.node.node_rank,
-                                         [t.capacity for t in job.tiers])
+        links.planning = planning_from_options(opts.order, cat, opts.node.node_count, opts.node.node_rank)
     except Exception as e:   # no peer fetch: this node reads the PFS
         log.warning("the other nodes' plans cannot be computed (%r): no copies from peers", e)
 

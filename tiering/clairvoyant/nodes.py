@@ -4,21 +4,19 @@ on every node without a message (NOTE [node-aware plan] in docs/design.md).
 Every node computes every node's stream from the sampler's parameters
 (DistributedSampler: the global shuffle split by rank; node n runs the ranks
 n*L .. n*L+L-1 under block placement, as torchrun and Slurm place them).
-From every node's first epoch it computes each file's home node (the home
-rule, NOTE [home nodes]): the node that reads it first, within that node's
-share of its tiers.  A node's planner keeps its home files once it has them
-(they are pinned), so a file another node holds is its home's, from the
-moment the home node has read it (the readers of the nodes move in
-lockstep: same epoch, same offset in it; data-parallel ranks read one batch
-per step).  Only those are asked.
+From every node's first epoch and every node's budget (published at the
+rendezvous: the nodes' tiers may differ) it computes each file's home node
+(the home rule, NOTE [home nodes]): the node that reads it first, within
+that node's budget.  A node's planner keeps its home files once it has them
+(they are pinned), so a file another node holds is its home's from the
+moment the home node has read it.  Only those are asked.
 
 When the other nodes' streams cannot be computed (the order is known only
 from each node's hook, or an order file), there is no node-aware plan and no
-peer fetch: ``plans_from_options`` returns None.
+peer fetch: ``planning_from_options`` returns None.
 """
 from __future__ import annotations
 
-import bisect
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 
@@ -31,6 +29,7 @@ from .policy import Clairvoyant
 from .samplers import SamplerSpec, node_stream_array
 
 MAX_NODES = 127   # a file's home node is an int8
+SHARE = 7 / 8     # of a node's tiers (after the margin) its home files take at most; the rest is its window
 
 Streams = Callable[[int, int], np.ndarray]   # (node rank, epoch) -> the catalog ids that node reads
 
@@ -65,104 +64,138 @@ class NodeStreams:
         return self.mapping[node_stream_array(self.specs(node), len(self.mapping), epoch)]
 
 
-def stream_time(policy: object) -> tuple[int, int] | None:
-    """Where the clairvoyant policy's reader is: (epoch, offset in its
-    stream of that epoch); None when it follows no order."""
-    planner = getattr(policy, "planner", None)
-    starts, epochs = getattr(policy, "epoch_starts", None), getattr(policy, "epochs", None)
-    if planner is None or not starts or not epochs or not getattr(policy, "following", False):
-        return None
-    reader = int(planner.reader)
-    k = max(0, bisect.bisect_right(starts, reader) - 1)
-    return int(epochs[k]), reader - int(starts[k])
+def first_readers(first: Sequence[np.ndarray], n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each file's first reader in the first epoch (`first[k]`: node k's
+    stream of catalog ids; the earlier offset wins, then the lower node):
+    (node per file, int8, -1: read by none; the offset of that first read,
+    int32, -1: none).  The homes before the budgets cut them (home_nodes)."""
+    node = np.full(n, -1, np.int8)
+    offset = np.full(n, np.iinfo(np.int32).max, np.int64)
+    for k, stream in enumerate(first):
+        files, at = np.unique(np.asarray(stream, np.int64), return_index=True)
+        earlier = at < offset[files]
+        node[files[earlier]] = k
+        offset[files[earlier]] = at[earlier]
+    offset[node < 0] = -1
+    return node, offset.astype(np.int32)
+
+
+def cut_to_budgets(readers: np.ndarray, offset: np.ndarray, allocs: np.ndarray,
+                   budgets: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """The homes: each first reader keeps the files it reads first, in that
+    order, while their allocations' running sum fits its budget; the others
+    have no home (-1, offset -1).  New arrays; the inputs are unchanged."""
+    home, at = readers.copy(), offset.copy()
+    for node, budget in enumerate(budgets):
+        mine = np.flatnonzero(home == node)
+        mine = mine[np.argsort(at[mine], kind="stable")]
+        home[mine[np.cumsum(allocs[mine]) > budget]] = -1
+    at[home < 0] = -1
+    return home, at
 
 
 def home_nodes(first: Sequence[np.ndarray], allocs: np.ndarray,
                budgets: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
     """The home rule (NOTE [home nodes]): each file's home is the node whose
-    ranks read it first in the first epoch (`first[n]`: node n's stream of
-    catalog ids; the earlier offset wins, then the lower node), as long as
-    the files a node reads first, in that order, fit its budget (their
-    allocations' running sum); the others have no home.  Returns (home node
-    per file, int8, -1: none; the offset of the file's first read in its
-    home node's first epoch, int32, -1: no home)."""
-    n = len(allocs)
-    home = np.full(n, -1, np.int8)
-    offset = np.full(n, np.iinfo(np.int32).max, np.int64)
-    for node, stream in enumerate(first):
-        files, at = np.unique(np.asarray(stream, np.int64), return_index=True)
-        earlier = at < offset[files]
-        home[files[earlier]] = node
-        offset[files[earlier]] = at[earlier]
-    for node, budget in enumerate(budgets):
-        mine = np.flatnonzero(home == node)
-        mine = mine[np.argsort(offset[mine], kind="stable")]
-        home[mine[np.cumsum(allocs[mine]) > budget]] = -1
-    offset[home < 0] = -1
-    return home, offset.astype(np.int32)
+    ranks read it first in the first epoch (first_readers), as long as the
+    files a node reads first, in that order, fit its budget (cut_to_budgets).
+    Returns (home node per file, int8, -1: none; the offset of the file's
+    first read in its home node's first epoch, int32, -1: no home)."""
+    return cut_to_budgets(*first_readers(first, len(allocs)), allocs, budgets)
+
+
+def home_budget(capacities: Sequence[int]) -> int:
+    """The bytes of this node's tiers its home files may take (NOTE [home
+    nodes]): SHARE of the tiers after the clairvoyant margin; the rest is its
+    window.  Each node computes its own (RAM ``auto`` and the profile may
+    differ between nodes) and publishes it at the rendezvous."""
+    return int(sum(Clairvoyant.plan_capacities(capacities)) * SHARE)
 
 
 class NodePlans:
     """Who holds which file of a job's data set, on every node without a
-    message: each file's home node (home_nodes over every node's first
-    epoch), which keeps it from its first epoch on; the readers of the nodes
-    are in lockstep with this node's (the same epoch and offset).  5 bytes
+    message: each file's home node (home_nodes over every node's first epoch
+    and every node's published budget), which keeps it from its first epoch
+    on.  Every node given the same budgets computes the same homes.  5 bytes
     a file."""
 
-    share = 7 / 8       # of a node's tiers (after the margin) its home files take at most; the rest is its window
-
     def __init__(self, streams: Streams, nodes: int, me: int, sizes: Sequence[int] | np.ndarray,
-                 capacities: Sequence[int], first_epoch: int = 0):
-        if not 1 <= nodes <= MAX_NODES or not 0 <= me < nodes:
-            raise ValueError(f"node {me} of {nodes}: the node-aware plan covers 1 to {MAX_NODES} nodes")
-        self.nodes, self.me, self.first_epoch = nodes, me, first_epoch
-        budget = int(sum(Clairvoyant.plan_capacities(capacities)) * self.share)   # the same profile on every node
-        self.home, self._offset = home_nodes([streams(n, first_epoch) for n in range(nodes)],
-                                             allocations(np.asarray(sizes, np.int64)), [budget] * nodes)
-        self.time: tuple[int, int] | None = None                 # None: no answer (not following)
+                 budgets: Sequence[int], first_epoch: int = 0):
+        self._cut(HomePlanning.of(streams, nodes, me, sizes, first_epoch), budgets)
+
+    @classmethod
+    def cut(cls, planning: HomePlanning, budgets: Sequence[int]) -> NodePlans:
+        """The homes of `planning`'s first readers within `budgets`."""
+        plans = cls.__new__(cls)
+        plans._cut(planning, budgets)
+        return plans
+
+    def _cut(self, planning: HomePlanning, budgets: Sequence[int]) -> None:
+        self.nodes, self.me, self.first_epoch = planning.nodes, planning.me, planning.first_epoch
+        self.budgets = [int(b) for b in budgets]
+        if len(self.budgets) != self.nodes:
+            raise ValueError(f"{len(self.budgets)} budgets for {self.nodes} nodes")
+        # per file: its home node (-1: none) and the offset of its first read in its home's first epoch
+        allocs = allocations(np.asarray(planning.sizes, np.int64))
+        self.home, self.offset = cut_to_budgets(planning.readers, planning.offset, allocs, self.budgets)
 
     def pinned(self, node: int | None = None) -> np.ndarray:
         """A bool per file: the home files of `node` (this node by default),
         which its planner keeps once held."""
         return self.home == (self.me if node is None else node)
 
-    # -- following this node's reader ---------------------------------------------
-    def follow(self, policy: object) -> None:
-        """Called by the daemon's event thread after each batch of events."""
-        self.move_to(stream_time(policy))
+    def counts(self) -> list[int]:
+        """The number of home files of each node."""
+        return np.bincount(self.home[self.home >= 0], minlength=self.nodes).tolist()
 
-    def move_to(self, when: tuple[int, int] | None) -> None:
-        """The readers of every node are at (epoch, offset); None: this node
-        follows no order, so nothing is answered until it does again."""
-        self.time = when
-
-    # -- answers (any thread) ----------------------------------------------------------
     def holder(self, f: int) -> int | None:
-        """The node to ask for f: its home, which keeps it from the start of
-        the job (it fetches its home files first: one still in flight there
-        is answered "absent", and the PFS is read); None for this node's own
-        files and files with no home.  Whether this node follows its order
-        or not, the homes hold their files."""
+        """The node to ask for f (any thread): its home, which keeps it from
+        the start of the job (it fetches its home files first: one still in
+        flight there is answered "absent", and the PFS is read); None for
+        this node's own files and files with no home."""
         h = int(self.home[f])
         return None if h < 0 or h == self.me else h
 
-    def held(self, node: int) -> np.ndarray:
-        """The files node surely holds for the others now: its home files it
-        has read (sorted; none while this node follows no order)."""
-        mine = np.flatnonzero(self.home == node)
-        if self.time is None:
-            return mine[:0]
-        epoch, offset = self.time
-        return mine if epoch > self.first_epoch else mine[self._offset[mine] < offset]
+
+@dataclasses.dataclass(frozen=True)
+class HomePlanning:
+    """What a node knows of the homes before every node's budget is (at the
+    rendezvous, NOTE [home nodes]): each file's first reader in the first
+    epoch, computed at the start (5 bytes a file; the sizes are the
+    catalog's column); plans(budgets) cuts them to the budgets."""
+    streams: Streams
+    nodes: int
+    me: int
+    first_epoch: int
+    readers: np.ndarray          # int8 per file: its first reader (-1: none)
+    offset: np.ndarray           # int32 per file: the offset of that read (-1: none)
+    sizes: Sequence[int] | np.ndarray   # per file (not copied)
+
+    @classmethod
+    def of(cls, streams: Streams, nodes: int, me: int, sizes: Sequence[int] | np.ndarray,
+           first_epoch: int = 0) -> HomePlanning:
+        if not 1 <= nodes <= MAX_NODES or not 0 <= me < nodes:
+            raise ValueError(f"node {me} of {nodes}: the node-aware plan covers 1 to {MAX_NODES} nodes")
+        readers, offset = first_readers([streams(n, first_epoch) for n in range(nodes)], len(sizes))
+        return cls(streams, nodes, me, first_epoch, readers, offset, sizes)
+
+    def elsewhere(self, f: int) -> bool:
+        """Whether f may have its home at another node (another node reads
+        it first): a copy of it is worth waiting for the homes."""
+        r = int(self.readers[f])
+        return r >= 0 and r != self.me
+
+    def plans(self, budgets: Sequence[int]) -> NodePlans:
+        return NodePlans.cut(self, budgets)
 
 
-def plans_from_options(opts: OrderOptions, catalog: Catalog, nodes: int, node_rank: int,
-                       capacities: Sequence[int], env: Mapping[str, str] | None = None) -> NodePlans | None:
-    """The node-aware plan of a job whose sampler is given on the command line
-    (``--sampler distributed``, world size and local world size from the
-    launcher or the options); None when the other nodes' streams cannot be
-    computed here (hook or order file: each node knows only its own order) or
-    the ranks do not match the job's nodes."""
+def planning_from_options(opts: OrderOptions, catalog: Catalog, nodes: int, node_rank: int,
+                          env: Mapping[str, str] | None = None) -> HomePlanning | None:
+    """The node-aware plan's inputs for a job whose sampler is given on the
+    command line (``--sampler distributed``, world size and local world size
+    from the launcher or the options); None when the other nodes' streams
+    cannot be computed here (hook or order file: each node knows only its
+    own order) or the ranks do not match the job's nodes."""
     if opts.sampler != "distributed" or opts.order_file is not None or nodes < 2:
         return None
     import os
@@ -171,4 +204,4 @@ def plans_from_options(opts: OrderOptions, catalog: Catalog, nodes: int, node_ra
     if node_count(world, local_world) != nodes or specs[0].rank // local_world != node_rank:
         return None
     streams = NodeStreams(specs[0], local_world, dataset_ids(catalog, layout_of(opts)))
-    return NodePlans(streams, nodes, node_rank, catalog.files.size, capacities)   # the column: no object per file
+    return HomePlanning.of(streams, nodes, node_rank, catalog.files.size)   # the column: no object per file

@@ -418,9 +418,8 @@ class Planner:
         else:
             self._alloc = np.fromiter((alloc(int(s)) for s in self._size), np.int64, n)
         self._fits = self._alloc <= max(self.capacities, default=-1)   # some tier can hold it
-        self._pin = None if pinned is None or not np.any(pinned) else np.ascontiguousarray(pinned, dtype=bool)
-        if self._pin is not None and len(self._pin) != n:
-            raise ValueError(f"pinned has {len(self._pin)} flags for {n} files")
+        self._pin: np.ndarray | None = None
+        self._set_pin(pinned)
         self._tier = np.full(n, -1, np.int8)
         self._need = np.full(n, INF, np.int64)
         self._uses = np.zeros(n, np.int32)
@@ -454,6 +453,20 @@ class Planner:
         self.need = _Need(self)
         self._sets_changed = True                    # the C core's view of the victim sets is out of date
         self._core: _Core | None = None
+
+    def _set_pin(self, pinned: np.ndarray | None) -> None:
+        pin = None if pinned is None or not np.any(pinned) else np.ascontiguousarray(pinned, dtype=bool)
+        if pin is not None and len(pin) != len(self._size):
+            raise ValueError(f"pinned has {len(pin)} flags for {len(self._size)} files")
+        self._pin = pin
+
+    def pin(self, pinned: np.ndarray | None) -> None:
+        """The files kept once held from now on (instead of those given
+        before): the held ones among them leave the victim sets, the others
+        stay in them."""
+        self._set_pin(pinned)
+        self._stale = True        # the victim sets are rebuilt when next needed
+        self._sets_changed = True
 
     def _set_buffers(self, stream: np.ndarray, nxt: np.ndarray, cons: np.ndarray) -> None:
         self._stream, self._next, self._cons = stream, nxt, cons

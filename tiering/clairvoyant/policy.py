@@ -85,6 +85,12 @@ class Clairvoyant(Policy):
             if self.planner is not None:
                 self._pump()  # known from the start: begin now
 
+    def pin(self, pinned: np.ndarray) -> None:
+        """This node's home files from now on, in this plan and every later one."""
+        self.pinned = pinned
+        if self.planner is not None:
+            self.planner.pin(pinned)
+
     @classmethod
     def plan_capacities(cls, capacities: Sequence[int]) -> list[int]:
         """The capacity of each tier the plan fills: its margin off."""

@@ -14,7 +14,10 @@ and most training samples are small).
   job's secret (the secret itself never crosses the network), compared in
   constant time; a call without it or with a wrong one ends UNAUTHENTICATED
   and is counted; a call before this node knows the secret (the nodes are
-  still meeting) ends FAILED_PRECONDITION and is counted as early;
+  still meeting: one node finishes meeting up to a poll of the job
+  directory after another) waits for it up to EARLY_WAIT seconds (within
+  the call's deadline), then ends FAILED_PRECONDITION and is counted as
+  early;
 - response: the copy's bytes, then status OK; NOT_FOUND at once when the
   copy is not published here or its source's identity differs from the
   request's; DATA_LOSS when the copy is shorter than catalogued.
@@ -49,6 +52,7 @@ FETCH = "/tiering.Peer/Fetch"    # streamed, any size
 GET = "/tiering.Peer/Get"        # one message, at most one chunk
 AUTH_KEY = "tiering-auth"
 CHUNK = 1 << 20
+EARLY_WAIT = 1.0                 # seconds a call made before the secret is known waits for it
 
 
 def unlink_quietly(path: Path) -> None:
@@ -113,10 +117,13 @@ def auth_token(secret: bytes, method: str, request: bytes) -> str:
     return hmac.new(secret, method.encode() + b"\0" + request, hashlib.sha256).hexdigest()
 
 
+SERVER_COUNTS = ("served", "bytes", "absent", "early", "refused", "errors")
+CLIENT_COUNTS = ("fetched", "bytes", "absent", "early", "refused", "deadline", "stopped", "error")
+
+
 @dataclass
 class Counters:
-    """Thread-safe counts (server: served, bytes, absent, early, refused, errors;
-    client: fetched, bytes, absent, early, refused, deadline, stopped, errors)."""
+    """Thread-safe counts (a server's: SERVER_COUNTS; a client's: CLIENT_COUNTS)."""
     values: dict[str, int] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -125,8 +132,13 @@ class Counters:
             self.values[name] = self.values.get(name, 0) + n
 
     def snapshot(self) -> dict[str, int]:
+        """The counts that are not 0."""
         with self._lock:
             return dict(self.values)
+
+    def report(self, names: tuple[str, ...]) -> dict[str, int]:
+        """Every count of `names` (0 included) and any other counted."""
+        return {**dict.fromkeys(names, 0), **self.snapshot()}
 
 
 # -- addresses ------------------------------------------------------------------
@@ -149,16 +161,28 @@ class PeerServer:
     """Serves this node's published copies to the job's other nodes; listens
     on one address only, from start() to stop().  Without a secret (None:
     the address has to be published before the rendezvous gives the secret)
-    every call ends at once as early."""
+    a call waits for it up to EARLY_WAIT seconds, then ends as early."""
 
     def __init__(self, host: str, secret: bytes | None, lookup: Lookup, port: int = 0, workers: int = 8,
                  chunk: int = CHUNK):
         self.host, self.port = host, port
+        self._met = threading.Event()      # set with the secret
+        self._secret: bytes | None = None
         self.secret, self.lookup, self.chunk = secret, lookup, chunk
         self.workers = workers
         self.counters = Counters()
         self._server: grpc.Server | None = None
         self.address = ""
+
+    @property
+    def secret(self) -> bytes | None:
+        return self._secret
+
+    @secret.setter
+    def secret(self, value: bytes | None) -> None:
+        self._secret = value
+        if value is not None:
+            self._met.set()   # the calls waiting for it go on
 
     def start(self) -> str:
         """Listens; returns host:port (the port the system chose for port 0)."""
@@ -218,6 +242,10 @@ class PeerServer:
         the requested identity: an fd on the copy, else the call ends."""
         token = dict(context.invocation_metadata()).get(AUTH_KEY, "")
         secret = self.secret
+        if secret is None:
+            left = context.time_remaining()
+            self._met.wait(EARLY_WAIT if left is None else max(0.0, min(EARLY_WAIT, left)))
+            secret = self.secret
         if secret is None:
             self.counters.add("early")
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, "the nodes of this job are still meeting")

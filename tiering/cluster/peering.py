@@ -4,10 +4,14 @@ PeerLinks the daemon fetches through ("Integration" in docs/design.md,
 NOTE [peer tier in the job]).
 
 The job never waits for and never fails because of this part: the server
-starts with no secret (every call ends at once as "early") and the nodes
-meet while COMMAND runs; until they have met (a copy planned at a peer
-waits for them only in the first PeerLinks.link_wait seconds), and for
-good when they cannot (a warning), the daemon reads the PFS.
+starts with no secret (a call waits for it up to peer.EARLY_WAIT, then ends
+as "early") and the nodes meet while COMMAND runs, each publishing its
+budget for home files; until they have met there are no homes (the node
+plans as a single node; a copy that may come from a peer waits for the
+outcome in the job's first PeerLinks.link_wait seconds), and for good when
+they cannot (a warning), the daemon reads the PFS.  Once they have met,
+this thread computes the homes from every node's budget (NOTE [home
+nodes]).
 """
 from __future__ import annotations
 
@@ -25,7 +29,17 @@ from ..placement.tiers import TierState
 from ..profile.model import Network
 from .identity import NodeIdentity
 from .links import PeerLinks
-from .peer import Lookup, PeerClient, PeerError, PeerServer, Published, interface_address
+from .peer import (
+    CLIENT_COUNTS,
+    SERVER_COUNTS,
+    Counters,
+    Lookup,
+    PeerClient,
+    PeerError,
+    PeerServer,
+    Published,
+    interface_address,
+)
 from .rendezvous import DEFAULT_RENDEZVOUS_TIMEOUT, JobDirectory, RendezvousError, RendezvousStopped, default_base
 
 log = logging.getLogger("tiering")
@@ -112,7 +126,7 @@ class PeerTier:
     def _meet(self) -> None:
         assert self._directory is not None and self.server is not None
         try:
-            meeting = self._directory.meet(self.address, self.timeout, self._stop)
+            meeting = self._directory.meet(self.address, self.timeout, self._stop, self.links.budget)
         except RendezvousStopped:
             return
         except (RendezvousError, OSError) as e:
@@ -128,6 +142,9 @@ class PeerTier:
             self.met = True
             self.links.ready.set()
         log.info("peer tier: %d nodes met; this node serves on %s", self.ident.node_count, self.address)
+        if not self._stop.is_set():
+            self.links.plan_homes([p.budget for p in meeting.peers])   # after ready: the homes name met nodes only
+        self.links.settle()
 
     def _give_up(self, why: str) -> None:
         """One warning; no peer tier for this job (nothing listens, nothing is left in the job directory)."""
@@ -136,6 +153,7 @@ class PeerTier:
         self._shut()
 
     def _shut(self) -> None:
+        self.links.settle()
         with self._lock:
             self._stop.set()
             self.links.ready.clear()
@@ -158,7 +176,6 @@ class PeerTier:
     def report(self) -> dict[str, Any]:
         """The JSON ``peer`` object: this node, whether the nodes met, and the
         counters of its server and of its clients (never the secret)."""
-        server = self.server.counters.snapshot() if self.server is not None else {}
         return {
             "node_rank": self.ident.node_rank,
             "nodes": self.ident.node_count,
@@ -169,18 +186,22 @@ class PeerTier:
             "error": self.error,
             "network": {"bandwidth": self.network.bandwidth, "latency_ms": self.network.latency_ms,
                         "interface": self.network.interface},
-            "server": {k: server.get(k, 0) for k in ("served", "bytes", "absent", "refused", "errors")},
-            "client": self.links.counters.snapshot(),
+            "server": (self.server.counters if self.server is not None else Counters()).report(SERVER_COUNTS),
+            "client": self.links.counters.report(CLIENT_COUNTS),
         }
 
 
 def peer_summary(p: dict[str, Any]) -> str:
-    """The summary's line about the peer tier."""
+    """The summary's line about the peer tier: every count of the server,
+    the client's fetches and the daemon's PFS copies in their stead by reason."""
     s = p["server"]
     if not p["met"]:
         return (f"  peers    node {p['node_rank']} of {p['nodes']}: the nodes did not meet, no peer tier"
                 + (f" ({p['error']})" if p.get("error") else ""))
     c = p["client"]
+    refusals = ", ".join(f"{s.get(k, 0):,} {k}" for k in SERVER_COUNTS[2:])
+    fallbacks = p.get("fallbacks") or {}
+    instead = ("; from the PFS instead: " + ", ".join(f"{n:,} {r}" for r, n in sorted(fallbacks.items()))
+               if fallbacks else "")
     return (f"  peers    node {p['node_rank']} of {p['nodes']} on {p['address']}: served {s['served']:,} copies "
-            f"({s['bytes']:,} B), {s['absent']:,} absent, {s['refused']:,} refused; fetched "
-            f"{c.get('fetched', 0):,} ({c.get('bytes', 0):,} B)")
+            f"({s['bytes']:,} B), {refusals}; fetched {c.get('fetched', 0):,} ({c.get('bytes', 0):,} B){instead}")

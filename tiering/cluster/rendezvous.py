@@ -5,9 +5,10 @@ NOTE [rendezvous] in docs/design.md.  In ``<base>/tiering-job-<digest>/``
 (0700, checked; the base must not let other users rename entries):
 
 - ``secret``: 32 random bytes (hex), written once by node 0, mode 0600.
-- ``node-<r>.json``: node r's entry, {"rank", "host", "address", "nonce",
-  "proof"}; proof is an HMAC of the other fields under the secret, empty
-  until node r knows the secret is this run's.
+- ``node-<r>.json``: node r's entry, {"rank", "host", "address", "budget",
+  "nonce", "proof"}; budget: the bytes of node r's tiers its home files may
+  take (NOTE [home nodes]); proof is an HMAC of the other fields under the
+  secret, empty until node r knows the secret is this run's.
 - ``ack-<r>``: node 0's HMAC of node r's nonce: node r trusts the secret it
   read only once node 0 acknowledged the nonce node r made at its start, so a
   secret or entries left by an earlier run of the same job id are never used.
@@ -52,6 +53,7 @@ class Peer:
     rank: int
     host: str
     address: str             # host:port of its peer service
+    budget: int = 0          # the bytes of its tiers its home files may take
 
 
 @dataclass(frozen=True)
@@ -127,14 +129,17 @@ class JobDirectory:
 
     @staticmethod
     def _proven(rec: dict[str, Any], secret: bytes) -> bool:
-        want = mac(secret, rec.get("rank"), rec.get("host"), rec.get("address"), rec.get("nonce"))
+        budget = rec.get("budget")
+        if not isinstance(budget, int) or isinstance(budget, bool) or budget < 0:
+            return False
+        want = mac(secret, rec.get("rank"), rec.get("host"), rec.get("address"), budget, rec.get("nonce"))
         return hmac.compare_digest(want, str(rec.get("proof", "")))
 
     # -- the meeting --------------------------------------------------------------
 
-    def meet(self, address: str, timeout: float, stop: threading.Event | None = None) -> Meeting:
-        """Publishes this node's address and waits for every node's; a set
-        ``stop`` ends the wait early (RendezvousStopped)."""
+    def meet(self, address: str, timeout: float, stop: threading.Event | None = None, budget: int = 0) -> Meeting:
+        """Publishes this node's address and budget and waits for every
+        node's; a set ``stop`` ends the wait early (RendezvousStopped)."""
         self._prepare()
         rank, count = self.ident.node_rank, self.ident.node_count
         if rank == 0:
@@ -151,18 +156,19 @@ class JobDirectory:
                 assert secret is not None
                 self._acknowledge(secret, entries, acks)
             trusted = secret is not None and (rank == 0 or self._acknowledged(secret))
-            mine = {"rank": rank, "host": host, "address": address, "nonce": self.nonce, "proof": ""}
+            mine = {"rank": rank, "host": host, "address": address, "budget": budget, "nonce": self.nonce,
+                    "proof": ""}
             if trusted:
                 assert secret is not None
-                mine["proof"] = mac(secret, rank, host, address, self.nonce)
+                mine["proof"] = mac(secret, rank, host, address, budget, self.nonce)
             if mine != written:
                 write_private(self.path / f"node-{rank}.json", json.dumps(mine).encode())
                 written = mine
             proven = {r: e for r, e in entries.items()
                       if trusted and secret is not None and r < count and self._proven(e, secret)}
             if trusted and len(proven) == count and secret is not None:
-                return Meeting(secret, tuple(Peer(r, str(proven[r]["host"]), str(proven[r]["address"]))
-                                             for r in range(count)))
+                return Meeting(secret, tuple(Peer(r, str(proven[r]["host"]), str(proven[r]["address"]),
+                                                  proven[r]["budget"]) for r in range(count)))
             if time.monotonic() >= deadline:
                 raise RendezvousError(self._missing(timeout, secret is not None, set(proven)))
             if pause(self.poll, stop):

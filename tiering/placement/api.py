@@ -87,6 +87,10 @@ class Policy:
     def poll(self) -> None:
         """Called before each batch of events (about every 5 ms)."""
 
+    def pin(self, pinned: np.ndarray) -> None:
+        """From now on keep these files (a bool per file) once placed: this
+        node's home files in a multi-node job, NOTE [home nodes]."""
+
     def on_open(self, i: int, from_tier: bool, pid: int = 0) -> None:
         """File i was opened by process pid of the job, from a tier or from the PFS."""
 

@@ -103,6 +103,7 @@ class Daemon:
                  peers: PeerLinks | None = None):
         self.index = index
         self.peers = peers                  # the other nodes of a multi-node job (None: one node)
+        self._homes: object | None = None   # the homes the policy keeps (peers.plans, once known)
         self.catalog = catalog
         self.files = catalog.files
         self.slots = slots
@@ -246,6 +247,8 @@ class Daemon:
         with self._lock:  # a place() past its stop check has queued already
             self._stop.set()
             self._cancel_queued()
+        if self.peers is not None:
+            self.peers.wake()   # copies waiting for the homes
         if self._thread:
             self._thread.join(max(0.0, deadline - time.monotonic()))
         with self._lock:
@@ -275,7 +278,6 @@ class Daemon:
     # -- the event thread -------------------------------------------------------
     def _event_loop(self) -> None:
         self._guarded(self.policy.start)
-        self._guarded(self._follow_peers)   # the readers' time (NodePlans.held); holder() does not use it
         last_tail_move = time.monotonic()
         last_pending = -1
         while not self._stop.wait(0.005):
@@ -289,7 +291,7 @@ class Daemon:
                 last_tail_move = time.monotonic()
             last_pending = self.index.pending_events()
             self._guarded(self._handle, events)
-            self._guarded(self._follow_peers)
+            self._guarded(self._take_homes)
 
     def _deliver_landed(self) -> None:
         while True:
@@ -453,30 +455,36 @@ class Daemon:
         self._landed.put((i, tier, published))
 
     # -- the peer tier (NOTE [node-aware plan]) -----------------------------------
-    def _follow_peers(self) -> None:
-        """The other nodes' plans follow this node's reader: in the event
-        thread (the policy's), after the policy starts and after each batch
-        of events."""
-        if self.peers is not None and self.peers.plans is not None:
-            self.peers.plans.follow(self.policy)
+    def _take_homes(self) -> None:
+        """Once the homes are known (the nodes met, NOTE [home nodes]), the
+        policy keeps this node's home files: once, in the event thread (the
+        policy's)."""
+        peers = self.peers
+        if peers is not None and peers.plans is not None and peers.plans is not self._homes:
+            self._homes = peers.plans
+            self.policy.pin(peers.plans.pinned())
 
     def _from_peer(self, i: int, f: CatalogFile, t: TierState) -> int | None:
         """f copied from the node whose plan holds it now, put in place like a
         PFS copy (not yet published): the bytes it takes on the tier.  None:
-        read the PFS (no node holds it; or counted by reason: the network is
-        not faster for this size; the nodes have not met, yet or at all,
-        "unlinked"; the fetch failed)."""
+        read the PFS (no node holds it: there are no homes before the nodes
+        met, for which a copy that may come from a peer waits a little,
+        PeerLinks.await_homes; or counted by reason: the network is not
+        faster for this size; the peer tier is closed, "unlinked"; the fetch
+        failed)."""
         peers = self.peers
-        if peers is None or peers.plans is None:
-            return None
-        node = peers.plans.holder(i)
-        if node is None:
+        if peers is None:
             return None
         from ..cluster.peer import PeerUnavailable, fetch_copy, fetch_deadline, peer_is_faster
         if not peer_is_faster(f.size, peers.network, peers.pfs_bandwidth, peers.pfs_latency_ms):
-            self._peer_fallback("slower")   # before linked(): a copy the peer would not serve never waits
+            if peers.plans is not None and peers.plans.holder(i) is not None:
+                self._peer_fallback("slower")   # a copy the peer would not serve faster never waits
             return None
-        client = peers.client(node) if peers.linked() else None
+        plans = peers.await_homes(i)   # a copy planned before the nodes met, of a file homed elsewhere
+        node = plans.holder(i) if plans is not None else None
+        if node is None:
+            return None
+        client = peers.client(node)
         if client is None:
             self._peer_fallback("unlinked")
             return None
@@ -509,7 +517,9 @@ class Daemon:
             st = self.stats
             mine = {"fetches": st.peer_fetches, "bytes": st.peer_bytes, "fallbacks": dict(st.peer_fallbacks)}
         return {**mine, "nodes": peers.nodes, "node_rank": peers.node_rank, "linked": peers.ready.is_set(),
-                "planned": peers.plans is not None, "client": peers.counters.snapshot()}
+                "planned": peers.plans is not None, "budget": peers.budget, "budgets": peers.budgets,
+                "homes": peers.homes,
+                "client": peers.counters.snapshot()}
     def _settle(self, i: int, tier: int, reserved: int, allocated: int | None, failure: Exception | None,
                 src: str) -> bool:
         """Under the lock: publishes a complete copy (unless its file was
