@@ -469,3 +469,40 @@ def test_a_file_gone_or_replaced_by_a_directory_before_its_stat_stays_incomplete
         assert complete != gone, rel
         assert (se.state(rel) == lib.TIERING_STATE_INVALID) == gone, rel
     assert cat.files.rel(0) == "c0/f0.bin" and int(cat.files.size[0]) == len(FILES["c0/f0.bin"])
+
+
+NOFOLLOW_PROBE = textwrap.dedent("""
+    import errno, json, os, stat, sys
+    p = sys.argv[1]
+    st = os.lstat(p)
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW)
+        got = os.read(fd, 1 << 20).decode("latin-1")
+        os.close(fd)
+    except OSError as e:
+        got = errno.errorcode[e.errno]
+    print(json.dumps([stat.S_ISLNK(st.st_mode), st.st_ino, got]))
+""")
+
+
+def test_a_file_replaced_by_a_symlink_before_its_stat_is_catalogued_as_a_link(tmp_path):
+    """A regular file by d_type replaced by a symlink to a regular file
+    between the listing and the stat: its record says symlink, so lstat and
+    an O_NOFOLLOW open get the kernel's answers (a link, ELOOP), not the
+    target's stat from the index or a tier copy."""
+    root = tmp_path / "pfs"
+    write_tree(root)
+    se, cat, slots = names_first_env(tmp_path, root)
+    rel = "c2/f5.bin"
+    (root / rel).unlink()
+    (root / rel).symlink_to(root / "c2/f6.bin")
+    complete_all(se, cat, slots)
+    assert se.index.filled() == 0
+    r = se.run([PYTHON, "-c", NOFOLLOW_PROBE, str(root / rel)])
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == [True, os.lstat(root / rel).st_ino, "ELOOP"]
+    k = int(se.index.entries[se.slots[rel]].file)
+    assert se.index.files["flags"][k] & lib.TIERING_FILE_COMPLETE
+    assert not se.index.files["flags"][k] & lib.TIERING_FILE_NO_LINK
+    i = next(k for k in range(len(cat.files)) if cat.files.rel(k) == rel)
+    assert bool(cat.files.link[i]) and int(cat.files.size[i]) == len(FILES["c2/f6.bin"])
