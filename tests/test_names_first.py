@@ -506,3 +506,33 @@ def test_a_file_replaced_by_a_symlink_before_its_stat_is_catalogued_as_a_link(tm
     assert not se.index.files["flags"][k] & lib.TIERING_FILE_NO_LINK
     i = next(k for k in range(len(cat.files)) if cat.files.rel(k) == rel)
     assert bool(cat.files.link[i]) and int(cat.files.size[i]) == len(FILES["c2/f6.bin"])
+
+
+APPENDER = textwrap.dedent("""
+    import sys
+    for step in range(int(sys.argv[1])):
+        for p in sys.argv[2:]:
+            with open(p, "a") as f:     # a log appended to line by line, opened each time
+                f.write(f"step {step}\\n")
+""")
+
+
+def test_files_opened_for_writing_again_and_again_during_the_fill_are_logged_once(tmp_path):
+    """A program that opens the same few files for writing at every step
+    (logs appended line by line, one of them a hard link of a catalogued
+    file) logs each file once per process, not once per open: a log of 8
+    entries holds 3 files opened 200 times each, and every catalogued path
+    of the file written is invalid once the fill ends."""
+    root, outside = tmp_path / "pfs", tmp_path / "elsewhere"
+    write_tree(root)
+    outside.mkdir()
+    os.link(root / "c0/f1.bin", outside / "hard")
+    se, cat, slots = names_first_env(tmp_path, root)
+    se.index.header.wlog_size = 8
+    r = se.run([PYTHON, "-c", APPENDER, "200", str(outside / "a.log"), str(outside / "hard"), str(outside / "b.log")])
+    assert r.returncode == 0, r.stderr
+    assert int(se.index.header.wlog_head) == 3
+    complete_all(se, cat, slots)
+    assert se.index.filled() == 1
+    assert {rel for rel in se.contents if se.state(rel) == lib.TIERING_STATE_INVALID} == {"c0/f1.bin"}
+    assert (outside / "hard").read_bytes().endswith(b"step 199\n")
