@@ -536,3 +536,45 @@ def test_files_opened_for_writing_again_and_again_during_the_fill_are_logged_onc
     assert se.index.filled() == 1
     assert {rel for rel in se.contents if se.state(rel) == lib.TIERING_STATE_INVALID} == {"c0/f1.bin"}
     assert (outside / "hard").read_bytes().endswith(b"step 199\n")
+
+
+MANY_WRITER = textwrap.dedent("""
+    import os, sys
+    out, n = sys.argv[1], int(sys.argv[2])
+    for k in range(n):     # a file of its own per sample (a cache of preprocessed samples)
+        fd = os.open(os.path.join(out, f"s{k}"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        os.close(fd)
+    fd = os.open(sys.argv[3], os.O_WRONLY)
+    os.close(fd)
+""")
+
+
+def test_a_fill_that_sees_tens_of_thousands_of_files_written_keeps_the_index(tmp_path):
+    """COMMAND writes 20,000 files of its own while the sizes are read (a
+    cache of preprocessed samples, outside the data set) and opens one
+    catalogued file for writing through a hard link outside the data set:
+    the log holds every one, so the fill ends with that file invalid and
+    the index still in service."""
+    root, out = tmp_path / "pfs", tmp_path / "samples"
+    write_tree(root)
+    out.mkdir()
+    os.link(root / "c1/f7.bin", tmp_path / "hard")
+    se, cat, slots = names_first_env(tmp_path, root)
+    r = se.run([PYTHON, "-c", MANY_WRITER, str(out), "20000", str(tmp_path / "hard")])
+    assert r.returncode == 0, r.stderr
+    assert int(se.index.header.wlog_head) == 20_001
+    complete_all(se, cat, slots)
+    assert se.index.filled() == 1
+    assert {rel for rel in se.contents if se.state(rel) == lib.TIERING_STATE_INVALID} == {"c1/f7.bin"}
+
+
+def test_an_index_with_every_size_has_no_write_log(tmp_path):
+    """Only an index filled from names first logs write opens: one written
+    with every size has a log of no entries (and none of its bytes)."""
+    root = tmp_path / "pfs"
+    write_tree(root)
+    cat = scan([str(root)])
+    index, _ = SharedIndex.for_catalog(private_dir(tmp_path / "run") / "index", [Root(cat.roots[0], 0)],
+                                       [str(private_dir(tmp_path / "tier"))], cat)
+    assert not index.filling and int(index.header.wlog_size) == 0
+    assert int(index.header.ring_offset) - int(index.header.wlog_offset) < 64

@@ -26,7 +26,9 @@ if TYPE_CHECKING:
 PACKAGE_DIR = Path(__file__).resolve().parent.parent     # tiering/
 RING_MIN = 1 << 16        # ring slots at least (2 MiB)
 RING_MAX = 1 << 21        # ... and at most (64 MiB)
-WRITE_LOG = 1 << 14       # identities of write opens an index filled from names first can log (256 KiB)
+# identities of write opens an index filled from names first can log (16 MiB
+# of the index file at most, a sparse file: only the entries logged take pages)
+WRITE_LOG = 1 << 20
 DRAIN = 1 << 16           # events copied out of the ring per call of the C helper
 
 
@@ -330,8 +332,10 @@ class SharedIndex:
         entries_offset = _aligned(hsize)
         idents_offset = _aligned(entries_offset + nslots * esize)
         files_offset = _aligned(idents_offset + nslots * 4)
+        filling = pending is not None and bool(np.any(pending))
+        wlog_size = WRITE_LOG if filling else 0     # only a fill logs write opens
         wlog_offset = _aligned(files_offset + n * fsize)
-        ring_offset = _aligned(wlog_offset + WRITE_LOG * ffi.sizeof("struct tiering_written"))
+        ring_offset = _aligned(wlog_offset + wlog_size * ffi.sizeof("struct tiering_written"))
         total = ring_offset + ring_size * evsize
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
@@ -354,8 +358,8 @@ class SharedIndex:
         h.files_offset = files_offset
         h.ring_offset = ring_offset
         h.wlog_offset = wlog_offset
-        h.wlog_size = WRITE_LOG
-        h.filling = int(pending is not None and bool(np.any(pending)))
+        h.wlog_size = wlog_size
+        h.filling = int(filling)
         h.total_size = total
         h.daemon_pid = os.getpid()
         who = scanner or Credentials.current()
