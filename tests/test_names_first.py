@@ -578,3 +578,40 @@ def test_an_index_with_every_size_has_no_write_log(tmp_path):
                                        [str(private_dir(tmp_path / "tier"))], cat)
     assert not index.filling and int(index.header.wlog_size) == 0
     assert int(index.header.ring_offset) - int(index.header.wlog_offset) < 64
+
+
+def test_the_cache_written_aside_holds_no_mapping_of_the_index(tmp_path, monkeypatch):
+    """COMMAND ended before the sizes were read: the child that reads them
+    and writes the cache (it may outlive the job by minutes on a slow PFS)
+    has let go of the index, so the removed index's memory is not kept."""
+    import tiering.fill as fill_mod
+    from tiering.fill import GATE_ENV, SizeFill
+    root, gate, maps = tmp_path / "pfs", tmp_path / "gate", tmp_path / "maps"
+    write_tree(root)
+    age(root)
+    cat = scan([str(root)], cache_dir=tmp_path / "cache", names_first=True)
+    assert cat.deferred is not None and cat.deferred.saves
+    index, slots = SharedIndex.for_catalog(private_dir(tmp_path / "run") / "index", [Root(cat.roots[0], 0)],
+                                           [str(private_dir(tmp_path / "tier"))], cat, cat.deferred.pending)
+    real = fill_mod.stat_deferred
+
+    def stat_and_show_maps(*args, **kwargs):
+        maps.write_bytes(Path("/proc/self/maps").read_bytes())   # in the child
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(fill_mod, "stat_deferred", stat_and_show_maps)
+    gate.touch()
+    monkeypatch.setenv(GATE_ENV, str(gate))
+    fill = SizeFill(cat, index, slots, 2, lambda place: None)
+    fill.start()
+    fill.stop()
+    assert not fill.complete
+    pid = fill.cache_aside()
+    assert pid is not None
+    assert os.waitpid(pid, 0)[1] == 0
+    assert str(index.path) in Path("/proc/self/maps").read_text()      # the job's own mapping stays
+    assert str(index.path) not in maps.read_text()
+    with ThreadPoolExecutor(2) as pool:
+        cached = load_cache(tmp_path / "cache", str(root), pool)
+    assert cached is not None and int(cached.files.size.sum()) == sum(map(len, FILES.values()))
+    index.close()

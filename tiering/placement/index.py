@@ -8,6 +8,7 @@ through the same cffi definitions.
 """
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 from collections.abc import Sequence
@@ -526,3 +527,14 @@ class SharedIndex:
     def close(self) -> None:
         del self.entries, self.header, self.base, self._buf, self.opens, self.files
         self._mm.close()
+
+    def unmap_in_child(self) -> None:
+        """In a forked child that never touches the index again and ends
+        with os._exit (the catalog cache writer, NOTE [names first]): drops
+        the mapping, so that a child outliving the job does not keep the
+        removed index's memory (its views are not released: the child
+        never returns to them)."""
+        munmap = ctypes.CDLL(None, use_errno=True).munmap
+        munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+        if munmap(int(ffi.cast("uintptr_t", self.base)), len(self._mm)) != 0:
+            raise OSError(ctypes.get_errno(), "munmap of the index")
