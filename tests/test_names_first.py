@@ -469,3 +469,149 @@ def test_a_file_gone_or_replaced_by_a_directory_before_its_stat_stays_incomplete
         assert complete != gone, rel
         assert (se.state(rel) == lib.TIERING_STATE_INVALID) == gone, rel
     assert cat.files.rel(0) == "c0/f0.bin" and int(cat.files.size[0]) == len(FILES["c0/f0.bin"])
+
+
+NOFOLLOW_PROBE = textwrap.dedent("""
+    import errno, json, os, stat, sys
+    p = sys.argv[1]
+    st = os.lstat(p)
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW)
+        got = os.read(fd, 1 << 20).decode("latin-1")
+        os.close(fd)
+    except OSError as e:
+        got = errno.errorcode[e.errno]
+    print(json.dumps([stat.S_ISLNK(st.st_mode), st.st_ino, got]))
+""")
+
+
+def test_a_file_replaced_by_a_symlink_before_its_stat_is_catalogued_as_a_link(tmp_path):
+    """A regular file by d_type replaced by a symlink to a regular file
+    between the listing and the stat: its record says symlink, so lstat and
+    an O_NOFOLLOW open get the kernel's answers (a link, ELOOP), not the
+    target's stat from the index or a tier copy."""
+    root = tmp_path / "pfs"
+    write_tree(root)
+    se, cat, slots = names_first_env(tmp_path, root)
+    rel = "c2/f5.bin"
+    (root / rel).unlink()
+    (root / rel).symlink_to(root / "c2/f6.bin")
+    complete_all(se, cat, slots)
+    assert se.index.filled() == 0
+    r = se.run([PYTHON, "-c", NOFOLLOW_PROBE, str(root / rel)])
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == [True, os.lstat(root / rel).st_ino, "ELOOP"]
+    k = int(se.index.entries[se.slots[rel]].file)
+    assert se.index.files["flags"][k] & lib.TIERING_FILE_COMPLETE
+    assert not se.index.files["flags"][k] & lib.TIERING_FILE_NO_LINK
+    i = next(k for k in range(len(cat.files)) if cat.files.rel(k) == rel)
+    assert bool(cat.files.link[i]) and int(cat.files.size[i]) == len(FILES["c2/f6.bin"])
+
+
+APPENDER = textwrap.dedent("""
+    import sys
+    for step in range(int(sys.argv[1])):
+        for p in sys.argv[2:]:
+            with open(p, "a") as f:     # a log appended to line by line, opened each time
+                f.write(f"step {step}\\n")
+""")
+
+
+def test_files_opened_for_writing_again_and_again_during_the_fill_are_logged_once(tmp_path):
+    """A program that opens the same few files for writing at every step
+    (logs appended line by line, one of them a hard link of a catalogued
+    file) logs each file once per process, not once per open: a log of 8
+    entries holds 3 files opened 200 times each, and every catalogued path
+    of the file written is invalid once the fill ends."""
+    root, outside = tmp_path / "pfs", tmp_path / "elsewhere"
+    write_tree(root)
+    outside.mkdir()
+    os.link(root / "c0/f1.bin", outside / "hard")
+    se, cat, slots = names_first_env(tmp_path, root)
+    se.index.header.wlog_size = 8
+    r = se.run([PYTHON, "-c", APPENDER, "200", str(outside / "a.log"), str(outside / "hard"), str(outside / "b.log")])
+    assert r.returncode == 0, r.stderr
+    assert int(se.index.header.wlog_head) == 3
+    complete_all(se, cat, slots)
+    assert se.index.filled() == 1
+    assert {rel for rel in se.contents if se.state(rel) == lib.TIERING_STATE_INVALID} == {"c0/f1.bin"}
+    assert (outside / "hard").read_bytes().endswith(b"step 199\n")
+
+
+MANY_WRITER = textwrap.dedent("""
+    import os, sys
+    out, n = sys.argv[1], int(sys.argv[2])
+    for k in range(n):     # a file of its own per sample (a cache of preprocessed samples)
+        fd = os.open(os.path.join(out, f"s{k}"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        os.close(fd)
+    fd = os.open(sys.argv[3], os.O_WRONLY)
+    os.close(fd)
+""")
+
+
+def test_a_fill_that_sees_tens_of_thousands_of_files_written_keeps_the_index(tmp_path):
+    """COMMAND writes 20,000 files of its own while the sizes are read (a
+    cache of preprocessed samples, outside the data set) and opens one
+    catalogued file for writing through a hard link outside the data set:
+    the log holds every one, so the fill ends with that file invalid and
+    the index still in service."""
+    root, out = tmp_path / "pfs", tmp_path / "samples"
+    write_tree(root)
+    out.mkdir()
+    os.link(root / "c1/f7.bin", tmp_path / "hard")
+    se, cat, slots = names_first_env(tmp_path, root)
+    r = se.run([PYTHON, "-c", MANY_WRITER, str(out), "20000", str(tmp_path / "hard")])
+    assert r.returncode == 0, r.stderr
+    assert int(se.index.header.wlog_head) == 20_001
+    complete_all(se, cat, slots)
+    assert se.index.filled() == 1
+    assert {rel for rel in se.contents if se.state(rel) == lib.TIERING_STATE_INVALID} == {"c1/f7.bin"}
+
+
+def test_an_index_with_every_size_has_no_write_log(tmp_path):
+    """Only an index filled from names first logs write opens: one written
+    with every size has a log of no entries (and none of its bytes)."""
+    root = tmp_path / "pfs"
+    write_tree(root)
+    cat = scan([str(root)])
+    index, _ = SharedIndex.for_catalog(private_dir(tmp_path / "run") / "index", [Root(cat.roots[0], 0)],
+                                       [str(private_dir(tmp_path / "tier"))], cat)
+    assert not index.filling and int(index.header.wlog_size) == 0
+    assert int(index.header.ring_offset) - int(index.header.wlog_offset) < 64
+
+
+def test_the_cache_written_aside_holds_no_mapping_of_the_index(tmp_path, monkeypatch):
+    """COMMAND ended before the sizes were read: the child that reads them
+    and writes the cache (it may outlive the job by minutes on a slow PFS)
+    has let go of the index, so the removed index's memory is not kept."""
+    import tiering.fill as fill_mod
+    from tiering.fill import GATE_ENV, SizeFill
+    root, gate, maps = tmp_path / "pfs", tmp_path / "gate", tmp_path / "maps"
+    write_tree(root)
+    age(root)
+    cat = scan([str(root)], cache_dir=tmp_path / "cache", names_first=True)
+    assert cat.deferred is not None and cat.deferred.saves
+    index, slots = SharedIndex.for_catalog(private_dir(tmp_path / "run") / "index", [Root(cat.roots[0], 0)],
+                                           [str(private_dir(tmp_path / "tier"))], cat, cat.deferred.pending)
+    real = fill_mod.stat_deferred
+
+    def stat_and_show_maps(*args, **kwargs):
+        maps.write_bytes(Path("/proc/self/maps").read_bytes())   # in the child
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(fill_mod, "stat_deferred", stat_and_show_maps)
+    gate.touch()
+    monkeypatch.setenv(GATE_ENV, str(gate))
+    fill = SizeFill(cat, index, slots, 2, lambda place: None)
+    fill.start()
+    fill.stop()
+    assert not fill.complete
+    pid = fill.cache_aside()
+    assert pid is not None
+    assert os.waitpid(pid, 0)[1] == 0
+    assert str(index.path) in Path("/proc/self/maps").read_text()      # the job's own mapping stays
+    assert str(index.path) not in maps.read_text()
+    with ThreadPoolExecutor(2) as pool:
+        cached = load_cache(tmp_path / "cache", str(root), pool)
+    assert cached is not None and int(cached.files.size.sum()) == sum(map(len, FILES.values()))
+    index.close()

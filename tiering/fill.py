@@ -17,7 +17,6 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from functools import partial
 
 import numpy as np
 
@@ -79,8 +78,16 @@ class SizeFill:
         if self.complete or not saves or self.cat.deferred is None:
             return None
         cat, threads = self.cat, self.threads
-        return save_in_child(saves, partial(as_plain_child, ignored_at_start()),
+        return save_in_child(saves, self.writer_prepare,
                              first=lambda: stat_deferred(cat, threads, lambda filled, gone: None))
+
+    def writer_prepare(self) -> None:
+        """In the catalog cache writer the fill forks (here or once the sizes
+        are known): the signals as COMMAND has them, and no mapping of the
+        index (the writer may outlive the job: it must not keep the memory
+        of the index the teardown removed)."""
+        as_plain_child(ignored_at_start())
+        self.index.unmap_in_child()
 
     def _gate(self) -> None:
         gate = os.environ.get(GATE_ENV)

@@ -281,13 +281,12 @@ def _sizes_known(job: Job, place: bool) -> None:
     watch takes it on its next tick."""
     cat = job.catalog
     assert cat is not None
-    saves = job.fill.saves if job.fill is not None else []
-    if job.fill is not None:
-        job.fill.saves = []
+    fill = job.fill
+    assert fill is not None
+    saves, fill.saves = fill.saves, []
     if saves:
         assert job.run_dir is not None
-        job.cache_writer = catalog_mod.save_in_child(saves, partial(as_plain_child, ignored_at_start()),
-                                                     job.run_dir / CACHE_WRITER_OUTPUT)
+        job.cache_writer = catalog_mod.save_in_child(saves, fill.writer_prepare, job.run_dir / CACHE_WRITER_OUTPUT)
     cat.files.release_indexed()
     give_back_freed_memory()
     if place:

@@ -66,6 +66,7 @@ STAT_BATCH = 64           # entries stat'ed by one task through os.scandir
 C_STAT_BATCH = 2048       # ... and in C (a task costs more than an entry there)
 FORMAT_BITS = 0o170000    # of st_mode: the file type (stat.S_IFMT's mask)
 DT_REG = 8                # d_type of a regular file (dirent.h)
+DT_UNKNOWN = 0            # ... of an entry of unknown type: lstat'ed, followed only when a symlink
 
 
 @dataclass
@@ -621,7 +622,9 @@ def stat_deferred(cat: Catalog, threads: int, done: Callable[[np.ndarray, np.nda
     cols = cat.files.columns
     work = []
     for path, names, ids in d.parts:
-        listing = _Listing(names, np.full(len(ids), DT_REG, np.uint8))
+        # a regular file when listed, but maybe a symlink by now: lstat'ed
+        # first (as cheap as the stat), so a link is never recorded as none
+        listing = _Listing(names, np.full(len(ids), DT_UNKNOWN, np.uint8))
         ends = listing.bounds()
         work += [(path, listing.part(a, min(len(ids), a + C_STAT_BATCH), ends), ids[a:a + C_STAT_BATCH])
                  for a in range(0, len(ids), C_STAT_BATCH)]

@@ -8,6 +8,7 @@ through the same cffi definitions.
 """
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 from collections.abc import Sequence
@@ -26,7 +27,9 @@ if TYPE_CHECKING:
 PACKAGE_DIR = Path(__file__).resolve().parent.parent     # tiering/
 RING_MIN = 1 << 16        # ring slots at least (2 MiB)
 RING_MAX = 1 << 21        # ... and at most (64 MiB)
-WRITE_LOG = 1 << 14       # identities of write opens an index filled from names first can log (256 KiB)
+# identities of write opens an index filled from names first can log (16 MiB
+# of the index file at most, a sparse file: only the entries logged take pages)
+WRITE_LOG = 1 << 20
 DRAIN = 1 << 16           # events copied out of the ring per call of the C helper
 
 
@@ -330,8 +333,10 @@ class SharedIndex:
         entries_offset = _aligned(hsize)
         idents_offset = _aligned(entries_offset + nslots * esize)
         files_offset = _aligned(idents_offset + nslots * 4)
+        filling = pending is not None and bool(np.any(pending))
+        wlog_size = WRITE_LOG if filling else 0     # only a fill logs write opens
         wlog_offset = _aligned(files_offset + n * fsize)
-        ring_offset = _aligned(wlog_offset + WRITE_LOG * ffi.sizeof("struct tiering_written"))
+        ring_offset = _aligned(wlog_offset + wlog_size * ffi.sizeof("struct tiering_written"))
         total = ring_offset + ring_size * evsize
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
@@ -354,8 +359,8 @@ class SharedIndex:
         h.files_offset = files_offset
         h.ring_offset = ring_offset
         h.wlog_offset = wlog_offset
-        h.wlog_size = WRITE_LOG
-        h.filling = int(pending is not None and bool(np.any(pending)))
+        h.wlog_size = wlog_size
+        h.filling = int(filling)
         h.total_size = total
         h.daemon_pid = os.getpid()
         who = scanner or Credentials.current()
@@ -522,3 +527,14 @@ class SharedIndex:
     def close(self) -> None:
         del self.entries, self.header, self.base, self._buf, self.opens, self.files
         self._mm.close()
+
+    def unmap_in_child(self) -> None:
+        """In a forked child that never touches the index again and ends
+        with os._exit (the catalog cache writer, NOTE [names first]): drops
+        the mapping, so that a child outliving the job does not keep the
+        removed index's memory (its views are not released: the child
+        never returns to them)."""
+        munmap = ctypes.CDLL(None, use_errno=True).munmap
+        munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+        if munmap(int(ffi.cast("uintptr_t", self.base)), len(self._mm)) != 0:
+            raise OSError(ctypes.get_errno(), "munmap of the index")
