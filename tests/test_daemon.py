@@ -500,3 +500,29 @@ def test_published_copies_cost_the_daemon_no_python_object_each(setup_factory):
     for k in range(n):
         assert s.d.evict(k)
     assert s.tier.files == 0 and s.tier.used == 0
+
+
+def test_a_copy_makes_no_catalog_file_object(setup_factory, monkeypatch):
+    """NOTE [copy in C]: a small file's copy reads what it needs from the
+    catalog's arrays (a CopyOf, the same fields as the CatalogFile) instead
+    of making a frozen CatalogFile, which cost ~10 us of the ~25 us of
+    Python per copy; copies and evictions are as exact as before."""
+    from tiering.catalog import FileTable
+    from tiering.placement.tiers import CopyOf
+    files = {f"d{k % 3}/f{k}.bin": 100 + k for k in range(40)}
+    s = setup_factory(files=files)
+    for i, f in enumerate(s.catalog.files):
+        assert CopyOf.of(s.catalog.files, i) == (f.root, f.rel, f.size, f.mtime_ns, f.link)
+    made = []
+    real = FileTable.__getitem__
+    monkeypatch.setattr(FileTable, "__getitem__", lambda self, i: made.append(i) or real(self, i))
+    for i in range(len(files)):
+        assert s.d.place(i, 0)
+    s.wait()
+    assert s.d.stats.copies == len(files) and made == []
+    for rel, data in s.contents.items():
+        assert (s.tier.data / "0" / rel).read_bytes() == data
+    for i in range(len(files)):
+        assert s.d.evict(i)
+    assert made == [] and s.tier.files == 0 and s.tier.used == 0
+    assert not any(p.is_file() for p in s.tier.data.rglob("*"))

@@ -30,11 +30,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..catalog import Catalog, CatalogFile
+from ..catalog import Catalog
 from ..catalog.model import IntColumn
 from .api import NOT_PLACED, Policy, allocation
 from .index import Event, SharedIndex, events_array, lib
-from .tiers import PfsReads, SourceChanged, TierState, copy_file
+from .tiers import CopyOf, CopySource, PfsReads, SourceChanged, TierState, copy_file
 
 if TYPE_CHECKING:   # the peer tier (grpc) is imported only when the job has peers
     from ..cluster.links import PeerLinks
@@ -373,11 +373,11 @@ class Daemon:
                 self._drop_copy(i, tier)
                 self.stats.invalidated += 1
         log.info("%s was opened for writing: never served from a tier again",
-                 self.catalog.source_path(self.files[i]))
+                 self.catalog.source_path(CopyOf.of(self.files, i)))
 
     def _drop_copy(self, i: int, tier: int) -> None:
         """Under the lock: unpublish, then delete, then account."""
-        f = self.files[i]
+        f = CopyOf.of(self.files, i)
         self.index.cas_state(self.slots[i], tier + 1, lib.TIERING_STATE_NONE)
         t = self.tiers[tier]
         t.remove_copy(f)
@@ -412,11 +412,11 @@ class Daemon:
         with self._lock:
             self.stats.pfs_bytes += n
 
-    def _copy(self, src: str, f: CatalogFile, t: TierState) -> int | None:
+    def _copy(self, src: str, f: CopySource, t: TierState) -> int | None:
         """One copy, inside the PFS semaphore (tests wrap it)."""
         return copy_file(src, f, t, self._stop, self._count_read, self._reads)
 
-    def _copy_from_pfs(self, src: str, f: CatalogFile, t: TierState) -> int | None:
+    def _copy_from_pfs(self, src: str, f: CopySource, t: TierState) -> int | None:
         """A copy read from the PFS, inside its semaphore."""
         with self._reads.semaphore:
             with self._lock:
@@ -432,13 +432,13 @@ class Daemon:
         """One copy: read inside the PFS semaphore, then published and
         accounted in one hold of the lock."""
         t = self.tiers[tier]
-        f = self.files[i]
+        f = CopyOf.of(self.files, i)    # not a CatalogFile: ~7 us less per copy (NOTE [copy in C])
         src = self.catalog.source_path(f)
         allocated: int | None = None
         failure: Exception | None = None
         published = False
         try:
-            allocated = self._from_peer(i, f, t)
+            allocated = self._from_peer(i, t)
             if allocated is None:
                 allocated = self._copy_from_pfs(src, f, t)
         except Exception as e:  # a failed copy only means the PFS serves this file
@@ -460,8 +460,8 @@ class Daemon:
         if self.peers is not None and self.peers.plans is not None:
             self.peers.plans.follow(self.policy)
 
-    def _from_peer(self, i: int, f: CatalogFile, t: TierState) -> int | None:
-        """f copied from the node whose plan holds it now, put in place like a
+    def _from_peer(self, i: int, t: TierState) -> int | None:
+        """File i copied from the node whose plan holds it now, put in place like a
         PFS copy (not yet published): the bytes it takes on the tier.  None:
         read the PFS (no node holds it; or counted by reason: the network is
         not faster for this size; the nodes have not met, yet or at all,
@@ -472,6 +472,7 @@ class Daemon:
         node = peers.plans.holder(i)
         if node is None:
             return None
+        f = self.files[i]
         from ..cluster.peer import PeerUnavailable, fetch_copy, fetch_deadline, peer_is_faster
         if not peer_is_faster(f.size, peers.network, peers.pfs_bandwidth, peers.pfs_latency_ms):
             self._peer_fallback("slower")   # before linked(): a copy the peer would not serve never waits
@@ -537,7 +538,7 @@ class Daemon:
         else:
             t.used -= reserved
             if allocated is not None:
-                t.remove_copy(self.files[i])
+                t.remove_copy(CopyOf.of(self.files, i))
         return published
 
     # -- observation (NOTE [status file]) -------------------------------------------
