@@ -265,27 +265,40 @@ def test_once_the_lead_is_reached_it_grows_at_a_bounded_pace_up_to_the_horizon()
     could land at 6,000/s.  Until its rate is known, and then up to the
     minimum lead (2 s of its reading), fetches go out as fast as they land;
     from there at most (1 + growth) x its rate, so the lead grows by 500
-    positions/s and still reaches the 20 s horizon; a pause lifts the pace."""
+    positions/s and still reaches the 20 s horizon; a pause lifts the pace.
+    Paced fetches go out in batches (the copy workers sleep between them),
+    and a landed copy does not make the policy look at the pace again before
+    the next batch is due."""
     n = 70_000
     order = np.random.default_rng(4).permutation(n)
     clock = Clock()
     fake, policy, land = on_a_clock(order, 20.0, clock)
-    policy.lead_min, policy.lead_min_floor, policy.growth = 2.0, 500, 0.5
+    policy.lead_min, policy.lead_min_floor, policy.growth, policy.pace_batch = 2.0, 500, 0.5, 300
+    looks = [0]
+    paced = policy._paced
+
+    def counted(part: Any, rate: float | None) -> Any:
+        looks[0] += 1
+        return paced(part, rate)
+
+    policy._paced = counted   # type: ignore[method-assign]
     policy.start()
-    read, paced_from, leads = 0, None, []
-    for _ in range(450):                                    # 45 s at 1,000 positions/s, in 0.1 s steps
+    read, paced_from, leads, handed = 0, None, [], 0
+    for step in range(450):                                 # 45 s at 1,000 positions/s, in 0.1 s steps
         policy.on_opens(order[read:read + 100], np.ones(100, bool), np.full(100, 7))
         read += 100
         clock.now += 0.1
         land(600)
-        handed = policy._handed_to()
+        before, handed = handed, policy._handed_to()
         if paced_from is None and read >= 400 and handed - read >= 2000:   # its rate is known by then
-            paced_from = (clock.now, handed)                # the minimum lead is reached
+            paced_from = (clock.now, handed, step, looks[0])    # the minimum lead is reached
         elif paced_from is not None:
-            t0, h0 = paced_from
+            t0, h0, s0, _ = paced_from
             assert handed - h0 <= 1500 * (clock.now - t0) + policy.chunk   # (1 + growth) x its rate
+            assert step < s0 + 20 or handed == before or handed - before >= 300   # in batches
         leads.append(handed - read)
     assert paced_from is not None and paced_from[0] < 101.0  # the minimum lead came at once
+    assert looks[0] - paced_from[3] <= 3 * (450 - paced_from[2])   # a few looks a step, not one per copy
     assert leads[150] < 12_000                              # 15 s on: still growing ...
     assert 20_000 <= leads[-1] <= 20_000 + policy.chunk      # ... and then at the horizon
     report = policy.report()

@@ -51,6 +51,8 @@ class Clairvoyant(Policy):
     lead_min = 5.0
     lead_min_floor = 8192
     growth = 0.25
+    pace_batch = 512     # ... in batches of this many (the copy workers then sleep between them)
+    pace_wait = 0.25     # seconds the pace is not looked at again after it held (at most)
     clock = staticmethod(time.monotonic)
 
     def __init__(self, placement: Placement, feed: ListFeed | HookFeed | None = None, window: int = 64,
@@ -87,6 +89,7 @@ class Clairvoyant(Policy):
         self.paced = 0                      # turns that issued fewer fetches than had room: the pace
         self._tokens = 0.0                  # fetches the pace allows now
         self._paced_at: float | None = None   # when _tokens was last topped up; None: not pacing
+        self._resume_at = 0.0               # the pace let nothing out: not looked at again before then
 
     # -- the stream ----------------------------------------------------------
     def start(self) -> None:
@@ -395,6 +398,10 @@ class Clairvoyant(Policy):
         not a million queued copies; NOTE [event batches])."""
         p = self.placement
         rate = self._rate()
+        if rate is None:
+            self._paced_at, self._resume_at = None, 0.0
+        elif self._resume_at and self.clock() < self._resume_at:
+            return      # held by the pace: not a numpy pass per landed copy
         bound = self._lead_bound(rate)
         while self._actions and self.following:
             if p.stopping:
@@ -471,9 +478,15 @@ class Clairvoyant(Policy):
         near = ~fetch | (part.need < self.planner.reader + max(self.lead_min_floor, rate * self.lead_min))
         free = len(part) if near.all() else int(np.argmin(near))   # below the minimum lead: not paced
         fetches = np.cumsum(fetch)
-        take = max(free, int(np.searchsorted(fetches, self._tokens, side="right")))
+        batch = min(self.pace_batch, int(fetches[-1]) - (int(fetches[free - 1]) if free else 0))
+        paced = int(np.searchsorted(fetches, self._tokens, side="right")) if self._tokens >= batch else 0
+        take = max(free, paced)
         if take > free:
             self._tokens -= int(fetches[take - 1]) - (int(fetches[free - 1]) if free else 0)
+        if take < len(part):   # held: the next batch is due when its tokens are
+            self._resume_at = now + min(self.pace_wait, max(0.0, batch - self._tokens) / (rate * (1 + self.growth)))
+        else:
+            self._resume_at = 0.0
         return part[:take]
 
     def on_placed(self, i: int, tier: int) -> None:
