@@ -95,6 +95,12 @@ class DaemonSnapshot:
     changed_sources: int
 
 
+class _Tally(threading.local):
+    """A copying thread's count of the bytes its copy of a small file read."""
+    small = False
+    n = 0
+
+
 class Daemon:
     """Implements the Placement contract (placement/api.py) for its policy."""
 
@@ -129,6 +135,7 @@ class Daemon:
         self._work = [threading.Condition(self._lock) for _ in tiers]
         self._running = 0                   # copies taken from a queue and not finished
         self._quiet = threading.Condition(self._lock)   # notified when _running drops to 0
+        self._tally = _Tally()              # per copying thread: the bytes its small copy read so far
         self._workers: list[threading.Thread] = []
         self._closing = False                # close_pools(): workers end when idle
         self._landed: queue.SimpleQueue[tuple[int, int, bool]] = queue.SimpleQueue()  # file, tier, published
@@ -400,15 +407,16 @@ class Daemon:
                     return
                 i, reserved = q.popleft()
                 self._running += 1
-            try:
-                self._copy_job(i, tier, reserved)
-            finally:
-                with self._lock:
-                    self._running -= 1
-                    if not self._running:
-                        self._quiet.notify_all()
+            self._copy_job(i, tier, reserved)   # ends _running's count of it
 
     def _count_read(self, n: int) -> None:
+        """The bytes a copy read: a small file's are added up in its thread and
+        counted with the copy's end (one hold of the lock less per copy); a
+        chunked copy's (read by several threads, for minutes) as they come."""
+        tally = self._tally
+        if tally.small:
+            tally.n += n
+            return
         with self._lock:
             self.stats.pfs_bytes += n
 
@@ -418,26 +426,31 @@ class Daemon:
 
     def _copy_from_pfs(self, src: str, f: CopySource, t: TierState) -> int | None:
         """A copy read from the PFS, inside its semaphore."""
+        tally = self._tally
         with self._reads.semaphore:
             with self._lock:
                 self.stats.pfs_opens += 1
                 self._reading += 1
+            tally.small, tally.n = f.size < t.chunked_bytes, 0
             try:
                 return self._copy(src, f, t)
             finally:
+                tally.small = False
                 with self._lock:
                     self._reading -= 1
+                    self.stats.pfs_bytes += tally.n
 
     def _copy_job(self, i: int, tier: int, reserved: int) -> None:
         """One copy: read inside the PFS semaphore, then published and
-        accounted in one hold of the lock."""
+        accounted (and no longer counted as running) in one hold of the lock."""
         t = self.tiers[tier]
-        f = CopyOf.of(self.files, i)    # not a CatalogFile: ~7 us less per copy (NOTE [copy in C])
-        src = self.catalog.source_path(f)
+        src = ""
         allocated: int | None = None
         failure: Exception | None = None
         published = False
         try:
+            f = CopyOf.of(self.files, i)    # not a CatalogFile: ~7 us less per copy (NOTE [copy in C])
+            src = self.catalog.source_path(f)
             allocated = self._from_peer(i, t)
             if allocated is None:
                 allocated = self._copy_from_pfs(src, f, t)
@@ -445,11 +458,16 @@ class Daemon:
             failure = e
         finally:
             with self._lock:
-                published = self._settle(i, tier, reserved, allocated, failure, src)
+                try:
+                    published = self._settle(i, tier, reserved, allocated, failure, src)
+                finally:
+                    self._running -= 1
+                    if not self._running:
+                        self._quiet.notify_all()
         if isinstance(failure, SourceChanged):
             log.info("%s changed since the scan: not placed", src)
         elif failure is not None:
-            log.debug("copy of %s to %s failed: %s", f.rel, t.name, failure)
+            log.debug("copy of %s to %s failed: %s", src, t.name, failure)
         self._landed.put((i, tier, published))
 
     # -- the peer tier (NOTE [node-aware plan]) -----------------------------------
