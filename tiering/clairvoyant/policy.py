@@ -24,6 +24,21 @@ from .progress import Progress
 log = logging.getLogger("tiering")
 
 
+def first_fetch(kind: np.ndarray) -> int | None:
+    """The index of the first FETCH in `kind`, looked for in windows that
+    grow eightfold: the plan held back by the horizon or the pace is one
+    array of up to an epoch's actions, asked for its first fetch at every
+    batch of opens (the lead), and evictions come before a fetch a few at a
+    time, so the whole array is not compared each time."""
+    start, step = 0, 64
+    while start < len(kind):
+        hit = np.flatnonzero(kind[start:start + step] == FETCH)
+        if len(hit):
+            return start + int(hit[0])
+        start, step = start + step, step * 8
+    return None
+
+
 class Clairvoyant(Policy):
     """Places files ahead of the reader, in the order it will read them."""
 
@@ -365,9 +380,9 @@ class Clairvoyant(Policy):
         daemon yet (the plan's cursor when all were)."""
         assert self.planner is not None
         for actions in self._actions:
-            fetch = np.flatnonzero(actions.kind == FETCH)
-            if len(fetch):
-                return int(actions.need[fetch[0]])
+            at = first_fetch(actions.kind)
+            if at is not None:
+                return int(actions.need[at])
         return self.planner.cursor
 
     def _give_up(self, why: str) -> None:
