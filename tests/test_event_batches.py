@@ -310,6 +310,23 @@ def test_once_the_lead_is_reached_it_grows_at_a_bounded_pace_up_to_the_horizon()
     assert sorted(fake.placed) == list(range(n))             # the rest went out, each file once
 
 
+def test_a_reader_standing_still_gets_its_minimum_lead_and_no_more() -> None:
+    """A rate of 0 (matched opens that did not move the reader) lets out the
+    fetches within the minimum lead only, and looks again after pace_wait."""
+    n = 5000
+    order = np.random.default_rng(5).permutation(n)
+    fake, policy, _ = on_a_clock(order, 20.0)
+    policy.in_flight, policy.lead_min_floor = n, 1000
+    policy.planner = None
+    policy._extend_from_list()
+    assert policy.planner is not None
+    head = policy.planner.advance()
+    out = policy._paced(head[:policy.chunk], 0.0)
+    out = policy._paced(head[:policy.chunk], 0.0)            # no tokens come with a rate of 0
+    assert len(out) == 1000 and out.need.max() < 1000
+    assert policy._resume_at == policy.clock() + policy.pace_wait
+
+
 class StoppingPlacement(FakePlacement):
     """Refuses every copy once stopping, as the daemon does after COMMAND exited."""
 

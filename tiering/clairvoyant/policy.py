@@ -498,8 +498,10 @@ class Clairvoyant(Policy):
         take = max(free, paced)
         if take > free:
             self._tokens -= int(fetches[take - 1]) - (int(fetches[free - 1]) if free else 0)
-        if take < len(part):   # held: the next batch is due when its tokens are
-            self._resume_at = now + min(self.pace_wait, max(0.0, batch - self._tokens) / (rate * (1 + self.growth)))
+        if take < len(part):   # held: the next batch is due when its tokens are (a reader standing still: never)
+            speed = rate * (1 + self.growth)
+            due = max(0.0, batch - self._tokens) / speed if speed > 0 else self.pace_wait
+            self._resume_at = now + min(self.pace_wait, due)
         else:
             self._resume_at = 0.0
         return part[:take]
