@@ -4,7 +4,7 @@ as arrays in order, and the clairvoyant policy handing a large plan to the
 daemon a bounded number of copies at a time."""
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +14,7 @@ import pytest
 from helpers import make_data, private_dir
 from tiering.catalog import scan
 from tiering.clairvoyant.feeds import ListFeed
+from tiering.clairvoyant.planner import EVICT, FETCH, Actions
 from tiering.clairvoyant.policy import Clairvoyant
 from tiering.placement.api import NOT_PLACED, Policy
 from tiering.placement.daemon import Daemon
@@ -202,6 +203,26 @@ class Clock:
         return self.now
 
 
+def on_a_clock(order: np.ndarray, horizon: float,
+               clock: Clock | None = None) -> tuple[FakePlacement, Clairvoyant, Callable[..., None]]:
+    """A policy over `order` on a fake clock, and land(most): the first `most`
+    copies it handed out land, in order."""
+    fake = FakePlacement(len(order), 10 * 4096 * len(order))
+    policy = Clairvoyant(fake, ListFeed(iter([order])))  # type: ignore[arg-type]
+    policy.clock = clock or Clock()   # type: ignore[assignment]
+    policy.horizon, policy.lead_floor, policy.in_flight, policy.rate_span = horizon, 1000, 512, 0.5
+
+    def land(most: int = len(order)) -> None:
+        for _ in range(most):
+            if not fake.pending:
+                return
+            f = fake.pending.pop(0)
+            fake.placed.append(f)
+            policy.on_placed(f, 0)
+
+    return fake, policy, land
+
+
 def test_copies_are_issued_at_most_a_horizon_of_reading_ahead_of_a_reading_reader() -> None:
     """NOTE [prefetch horizon]: before the reader reads, the plan is issued as
     fast as copies land; once it reads at 1,000 positions/s, no copy is issued
@@ -209,30 +230,13 @@ def test_copies_are_issued_at_most_a_horizon_of_reading_ahead_of_a_reading_reade
     the rest goes out."""
     n = 40_000
     order = np.random.default_rng(3).permutation(n)
-    fake = FakePlacement(n, 10 * 4096 * n)
-    policy = Clairvoyant(fake, ListFeed(iter([order])))  # type: ignore[arg-type]
-    clock = policy.clock = Clock()   # type: ignore[assignment]
-    policy.horizon, policy.lead_floor, policy.in_flight, policy.rate_span = 5.0, 1000, 512, 0.5
-    issued: list[int] = []
-
-    def land(most: int = n) -> None:                        # copies land, at most `most` of them
-        for _ in range(most):
-            if not fake.pending:
-                return
-            f = fake.pending.pop(0)
-            issued.append(f)
-            fake.placed.append(f)
-            policy.on_placed(f, 0)
-
+    clock = Clock()
+    fake, policy, land = on_a_clock(order, 5.0, clock)
     policy.start()
     land()                                                  # no reader yet: everything goes out
-    assert len(issued) == n and policy.report()["held_by_horizon"] == 0
+    assert len(fake.placed) == n and policy.report()["held_by_horizon"] == 0
     # the same with a reader: a fresh policy over the same order
-    fake = FakePlacement(n, 10 * 4096 * n)
-    policy = Clairvoyant(fake, ListFeed(iter([order])))  # type: ignore[arg-type]
-    policy.clock = clock  # type: ignore[assignment]
-    policy.horizon, policy.lead_floor, policy.in_flight, policy.rate_span = 5.0, 1000, 512, 0.5
-    issued.clear()
+    fake, policy, land = on_a_clock(order, 5.0, clock)
     policy.start()
     read = 0
     for _ in range(30):                                     # 3 s at 1,000 positions/s, in 0.1 s steps
@@ -242,19 +246,85 @@ def test_copies_are_issued_at_most_a_horizon_of_reading_ahead_of_a_reading_reade
         land(2000)                                          # copies land at 20,000/s
     # the reader's 5 s: 5,000 positions ahead of it, and nothing beyond (but
     # for the rest of a chunk of actions); fewer while its rate was not known
-    furthest = max(np.flatnonzero(np.isin(order, issued)))
+    furthest = max(np.flatnonzero(np.isin(order, fake.placed)))
     assert read + 5000 - 1 <= furthest < read + 5000 + policy.chunk
     assert policy.report()["held_by_horizon"] > 0
-    assert policy._lead_bound() is not None
+    assert policy._rate() is not None
     assert policy.lead() == furthest - read + 1                # the copies handed out and landed, not the plan
     clock.now += 1.0                                        # the reader pauses
     policy.poll()
     land()
-    assert sorted(issued) == list(range(n))                  # the rest went out, each file once
+    assert sorted(fake.placed) == list(range(n))             # the rest went out, each file once
     policy.on_opens(order[read:read + 100], np.ones(100, bool), np.full(100, 7))
-    assert policy._lead_bound() is not None                  # reading again
+    assert policy._rate() is not None                        # reading again
     policy._reset(0, [order])                               # a new plan: its reader's rate is not known yet
-    assert policy._lead_bound() is None
+    assert policy._rate() is None
+
+
+def test_once_the_lead_is_reached_it_grows_at_a_bounded_pace_up_to_the_horizon() -> None:
+    """NOTE [prefetch horizon]: a reader at 1,000 positions/s, copies that
+    could land at 6,000/s.  Until its rate is known, and then up to the
+    minimum lead (2 s of its reading), fetches go out as fast as they land;
+    from there at most (1 + growth) x its rate, so the lead grows by 500
+    positions/s and still reaches the 20 s horizon; a pause lifts the pace.
+    Paced fetches go out in batches (the copy workers sleep between them),
+    and a landed copy does not make the policy look at the pace again before
+    the next batch is due."""
+    n = 70_000
+    order = np.random.default_rng(4).permutation(n)
+    clock = Clock()
+    fake, policy, land = on_a_clock(order, 20.0, clock)
+    policy.lead_min, policy.lead_min_floor, policy.growth, policy.pace_batch = 2.0, 500, 0.5, 300
+    looks = [0]
+    paced = policy._paced
+
+    def counted(part: Any, rate: float | None) -> Any:
+        looks[0] += 1
+        return paced(part, rate)
+
+    policy._paced = counted   # type: ignore[method-assign]
+    policy.start()
+    read, paced_from, leads, handed = 0, None, [], 0
+    for step in range(450):                                 # 45 s at 1,000 positions/s, in 0.1 s steps
+        policy.on_opens(order[read:read + 100], np.ones(100, bool), np.full(100, 7))
+        read += 100
+        clock.now += 0.1
+        land(600)
+        before, handed = handed, policy._handed_to()
+        if paced_from is None and read >= 400 and handed - read >= 2000:   # its rate is known by then
+            paced_from = (clock.now, handed, step, looks[0])    # the minimum lead is reached
+        elif paced_from is not None:
+            t0, h0, s0, _ = paced_from
+            assert handed - h0 <= 1500 * (clock.now - t0) + policy.chunk   # (1 + growth) x its rate
+            assert step < s0 + 20 or handed == before or handed - before >= 300   # in batches
+        leads.append(handed - read)
+    assert paced_from is not None and paced_from[0] < 101.0  # the minimum lead came at once
+    assert looks[0] - paced_from[3] <= 3 * (450 - paced_from[2])   # a few looks a step, not one per copy
+    assert leads[150] < 12_000                              # 15 s on: still growing ...
+    assert 20_000 <= leads[-1] <= 20_000 + policy.chunk      # ... and then at the horizon
+    report = policy.report()
+    assert report["held_by_pace"] > 0 and report["held_by_horizon"] > 0
+    clock.now += 1.0                                        # the reader pauses: no pace, no horizon
+    policy.poll()
+    land()
+    assert sorted(fake.placed) == list(range(n))             # the rest went out, each file once
+
+
+def test_a_reader_standing_still_gets_its_minimum_lead_and_no_more() -> None:
+    """A rate of 0 (matched opens that did not move the reader) lets out the
+    fetches within the minimum lead only, and looks again after pace_wait."""
+    n = 5000
+    order = np.random.default_rng(5).permutation(n)
+    fake, policy, _ = on_a_clock(order, 20.0)
+    policy.in_flight, policy.lead_min_floor = n, 1000
+    policy.planner = None
+    policy._extend_from_list()
+    assert policy.planner is not None
+    head = policy.planner.advance()
+    out = policy._paced(head[:policy.chunk], 0.0)
+    out = policy._paced(head[:policy.chunk], 0.0)            # no tokens come with a rate of 0
+    assert len(out) == 1000 and out.need.max() < 1000
+    assert policy._resume_at == policy.clock() + policy.pace_wait
 
 
 class StoppingPlacement(FakePlacement):
@@ -280,3 +350,39 @@ def test_a_stopping_daemon_is_handed_no_more_of_the_plan() -> None:
     report = policy.report()
     assert report["refused"] == 0 and report["fetches"] == policy.in_flight
     assert report["planned_not_issued"] == n - policy.in_flight
+
+
+class Watched(np.ndarray):
+    """An action kind array that counts the elements compared."""
+    compared = 0
+
+    def __eq__(self, other: object) -> Any:   # type: ignore[override]
+        Watched.compared += self.size
+        return np.asarray(self) == other
+
+
+def test_the_lead_does_not_compare_the_whole_held_plan() -> None:
+    """The plan held back by the horizon or the pace is one array of up to an
+    epoch's actions, and the lead (at every batch of opens) asks it for its
+    first fetch: found by looking at its head, not by comparing all of it
+    (at 1.28 M files that was a fifth of the daemon's CPU while prefetching)."""
+    n = 2_000_000
+    fake = FakePlacement(10, 1 << 30)
+    policy = Clairvoyant(fake, ListFeed(iter([np.arange(10)])))  # type: ignore[arg-type]
+    policy.start()
+    assert policy.planner is not None
+    for evictions in (0, 3, 100, 5000):
+        kind = np.full(n, FETCH, np.int8)
+        kind[:evictions] = EVICT
+        need = np.arange(n, dtype=np.int64) + 7
+        policy._actions.clear()
+        policy._actions.append(Actions(kind.view(Watched), np.zeros(n, np.int64), np.zeros(n, np.int8),
+                                       np.zeros(n, np.int64), need))
+        Watched.compared = 0
+        assert policy._handed_to() == evictions + 7             # the first fetch's position
+        assert Watched.compared <= 8 * max(64, evictions)
+    only = Actions(np.full(5, EVICT, np.int8), np.zeros(5, np.int64), np.zeros(5, np.int8), np.zeros(5, np.int64),
+                   np.full(5, -1, np.int64))
+    policy._actions.clear()
+    policy._actions.append(only)
+    assert policy._handed_to() == policy.planner.cursor          # no fetch held: the plan's cursor

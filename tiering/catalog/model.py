@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeAlias, overload
+from typing import Any, Protocol, TypeAlias, overload
 
 import numpy as np
 
@@ -41,6 +41,16 @@ class CatalogFile:
     ctime_ns: int = 0
     blocks: int = 0
     blksize: int = 0
+
+
+class FileRef(Protocol):
+    """What names a catalogued file's source: a CatalogFile, or the lighter
+    record a copy is made from (placement/tiers.py's CopyOf)."""
+
+    @property
+    def root(self) -> int: ...
+    @property
+    def rel(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -284,7 +294,7 @@ class Catalog:
     def total_bytes(self) -> int:
         return int(self.files.size.sum())
 
-    def source_path(self, f: CatalogFile) -> str:
+    def source_path(self, f: FileRef) -> str:
         return os.path.join(self.roots[f.root], f.rel)
 
 

@@ -24,6 +24,21 @@ from .progress import Progress
 log = logging.getLogger("tiering")
 
 
+def first_fetch(kind: np.ndarray) -> int | None:
+    """The index of the first FETCH in `kind`, looked for in windows that
+    grow eightfold: the plan held back by the horizon or the pace is one
+    array of up to an epoch's actions, asked for its first fetch at every
+    batch of opens (the lead), and evictions come before a fetch a few at a
+    time, so the whole array is not compared each time."""
+    start, step = 0, 64
+    while start < len(kind):
+        hit = np.flatnonzero(kind[start:start + step] == FETCH)
+        if len(hit):
+            return start + int(hit[0])
+        start, step = start + step, step * 8
+    return None
+
+
 class Clairvoyant(Policy):
     """Places files ahead of the reader, in the order it will read them."""
 
@@ -44,6 +59,15 @@ class Clairvoyant(Policy):
     horizon = 30.0
     lead_floor = 65536
     rate_span = 2.0
+    # ... and once the lead is lead_min seconds of reading (never fewer than
+    # lead_min_floor positions), fetches are handed out at most (1 + growth)
+    # times the reader's rate: the lead grows to the horizon over minutes, not
+    # in a burst of copies that takes the training's CPU
+    lead_min = 5.0
+    lead_min_floor = 8192
+    growth = 0.25
+    pace_batch = 512     # ... in batches of this many (the copy workers then sleep between them)
+    pace_wait = 0.25     # seconds the pace is not looked at again after it held (at most)
     clock = staticmethod(time.monotonic)
 
     def __init__(self, placement: Placement, feed: ListFeed | HookFeed | None = None, window: int = 64,
@@ -77,6 +101,10 @@ class Clairvoyant(Policy):
         self._late: tuple[np.ndarray, np.ndarray] = (np.zeros(0, np.int64), np.zeros(0, np.int64))
         self._pace: deque[tuple[float, int]] = deque()   # (time, reader position) of the last rate_span s
         self.held = 0                       # turns that issued nothing because of the horizon
+        self.paced = 0                      # turns that issued fewer fetches than had room: the pace
+        self._tokens = 0.0                  # fetches the pace allows now
+        self._paced_at: float | None = None   # when _tokens was last topped up; None: not pacing
+        self._resume_at = 0.0               # the pace let nothing out: not looked at again before then
 
     # -- the stream ----------------------------------------------------------
     def start(self) -> None:
@@ -358,9 +386,9 @@ class Clairvoyant(Policy):
         daemon yet (the plan's cursor when all were)."""
         assert self.planner is not None
         for actions in self._actions:
-            fetch = np.flatnonzero(actions.kind == FETCH)
-            if len(fetch):
-                return int(actions.need[fetch[0]])
+            at = first_fetch(actions.kind)
+            if at is not None:
+                return int(actions.need[at])
         return self.planner.cursor
 
     def _give_up(self, why: str) -> None:
@@ -390,7 +418,12 @@ class Clairvoyant(Policy):
         in_flight copies are queued there (a plan of a million fetches is
         not a million queued copies; NOTE [event batches])."""
         p = self.placement
-        bound = self._lead_bound()
+        rate = self._rate()
+        if rate is None:
+            self._paced_at, self._resume_at = None, 0.0
+        elif self._resume_at and self.clock() < self._resume_at:
+            return      # held by the pace: not a numpy pass per landed copy
+        bound = self._lead_bound(rate)
         while self._actions and self.following:
             if p.stopping:
                 return    # the job ended: nothing more is placed (not a refusal per planned copy)
@@ -401,7 +434,10 @@ class Clairvoyant(Policy):
             if bound is not None and head.kind[0] == FETCH and int(head.need[0]) >= bound:
                 self.held += 1
                 return
-            part = head[:min(self.chunk, room)]     # at most room fetches
+            part = self._paced(head[:min(self.chunk, room)], rate)    # at most room fetches
+            if not len(part):
+                self.paced += 1
+                return
             for kind, f, tier in zip(part.kind.tolist(), part.file.tolist(), part.tier.tolist()):
                 if kind != FETCH:
                     self.evictions += 1
@@ -425,18 +461,56 @@ class Clairvoyant(Policy):
         while len(self._pace) > 2 and self._pace[1][0] <= now - self.rate_span:
             self._pace.popleft()
 
-    def _lead_bound(self) -> int | None:
-        """The stream position copies are not issued at or beyond while the
-        reader reads (NOTE [prefetch horizon]); None: no bound (the reader
-        has not read for rate_span seconds, or its rate is not known yet)."""
+    def _rate(self) -> float | None:
+        """The reader's positions per second over the last rate_span (NOTE
+        [prefetch horizon]); None: not reading (it has not read for
+        rate_span seconds, or its rate is not known yet)."""
         if self.planner is None or len(self._pace) < 2:
             return None
         (t0, r0), (t1, r1) = self._pace[0], self._pace[-1]
-        now = self.clock()
-        if now - t1 > self.rate_span or t1 - t0 < self.rate_span / 2:
+        if self.clock() - t1 > self.rate_span or t1 - t0 < self.rate_span / 2:
             return None
-        rate = (r1 - r0) / (t1 - t0)
+        return (r1 - r0) / (t1 - t0)
+
+    def _lead_bound(self, rate: float | None) -> int | None:
+        """The stream position copies are not issued at or beyond while the
+        reader reads at `rate` (NOTE [prefetch horizon]); None: no bound."""
+        if rate is None or self.planner is None:
+            return None
         return self.planner.reader + max(self.lead_floor, int(rate * self.horizon))
+
+    def _paced(self, part: Actions, rate: float | None) -> Actions:
+        """The head of `part` the pace lets out now (NOTE [prefetch horizon]):
+        all of it while the reader's rate is not known; else the fetches of
+        positions less than lead_min ahead of the reader, and beyond them as
+        many fetches as (1 + growth) x rate has allowed since (evictions are
+        not counted)."""
+        assert self.planner is not None
+        if rate is None:
+            self._paced_at = None
+            return part
+        now = self.clock()
+        if self._paced_at is not None:
+            self._tokens = min(self._tokens + (now - self._paced_at) * rate * (1 + self.growth), self.chunk)
+        else:
+            self._tokens = 0.0
+        self._paced_at = now
+        fetch = part.kind == FETCH
+        near = ~fetch | (part.need < self.planner.reader + max(self.lead_min_floor, rate * self.lead_min))
+        free = len(part) if near.all() else int(np.argmin(near))   # below the minimum lead: not paced
+        fetches = np.cumsum(fetch)
+        batch = min(self.pace_batch, int(fetches[-1]) - (int(fetches[free - 1]) if free else 0))
+        paced = int(np.searchsorted(fetches, self._tokens, side="right")) if self._tokens >= batch else 0
+        take = max(free, paced)
+        if take > free:
+            self._tokens -= int(fetches[take - 1]) - (int(fetches[free - 1]) if free else 0)
+        if take < len(part):   # held: the next batch is due when its tokens are (a reader standing still: never)
+            speed = rate * (1 + self.growth)
+            due = max(0.0, batch - self._tokens) / speed if speed > 0 else self.pace_wait
+            self._resume_at = now + min(self.pace_wait, due)
+        else:
+            self._resume_at = 0.0
+        return part[:take]
 
     def on_placed(self, i: int, tier: int) -> None:
         if self.following and self.planner is not None and not self.planner.adopt_if_room(i, tier):
@@ -470,6 +544,7 @@ class Clairvoyant(Policy):
             "resyncs": pr.resyncs if pr else 0,
             "planned_not_issued": sum(len(a) for a in self._actions),
             "held_by_horizon": self.held,
+            "held_by_pace": self.paced,
             "fetches": self.fetches,
             "evictions": self.evictions,
             "refused": self.refused,

@@ -29,9 +29,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple, Protocol
 
-from ..catalog import CatalogFile
+from ..catalog import FileTable
+from ..catalog.model import FileRef
 from .index import ffi, lib
 
 log = logging.getLogger("tiering")
@@ -40,6 +41,33 @@ CHUNK_ALIGN = 1 << 20      # the ranges of a chunked copy start at multiples of 
 CHUNKED_BYTES = 64 << 20   # files of this size or more are copied in parallel chunks (profile: large_file_mb)
 CHUNK_THREADS = 4          # ... by this many threads
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class CopySource(FileRef, Protocol):
+    """What a copy needs of a catalogued file: a CatalogFile has it, and so
+    has the CopyOf the daemon makes for each copy."""
+
+    @property
+    def size(self) -> int: ...
+    @property
+    def mtime_ns(self) -> int: ...
+    @property
+    def link(self) -> bool: ...
+
+
+class CopyOf(NamedTuple):
+    """A file's CopySource read from the catalog's arrays: a tuple, a third
+    of a frozen CatalogFile's cost to make (NOTE [copy in C])."""
+    root: int
+    rel: str
+    size: int
+    mtime_ns: int
+    link: bool
+
+    @classmethod
+    def of(cls, files: FileTable, i: int) -> CopyOf:
+        c = files.columns
+        return cls(files.root.item(i), files.rel(i), c["size"].item(i), c["mtime_ns"].item(i), c["link"].item(i))
 
 
 class SourceChanged(Exception):
@@ -198,18 +226,18 @@ class TierDirs:
         log.warning("the staging directory of %s had vanished; made it again", self.root)
 
     @staticmethod
-    def key(f: CatalogFile) -> tuple[str, str]:
+    def key(f: CopySource) -> tuple[str, str]:
         """(directory below data/, name) of a file's copy."""
         parent, name = posixpath.split(f.rel)
         return (f"{f.root}/{parent}" if parent else str(f.root)), name
 
-    def publish(self, name: str, staging_fd: int, f: CatalogFile) -> None:
+    def publish(self, name: str, staging_fd: int, f: CopySource) -> None:
         """Renames staging file `name` to the file's final name."""
         key, leaf = self.key(f)
         with self.data.get(key, create=True) as dir_fd:
             os.rename(name, leaf, src_dir_fd=staging_fd, dst_dir_fd=dir_fd)
 
-    def remove_copy(self, f: CatalogFile) -> None:
+    def remove_copy(self, f: CopySource) -> None:
         key, leaf = self.key(f)
         try:
             with self.data.get(key, create=False) as dir_fd:
@@ -259,12 +287,12 @@ class TierState:
     def free(self) -> int:
         return self.capacity - self.used
 
-    def copy_path(self, f: CatalogFile) -> Path:
+    def copy_path(self, f: CopySource) -> Path:
         """Where a file's copy lives: <data>/<data-root id>/<relative path>
         (the shim builds the same path; the daemon reaches it through dirs)."""
         return self.data / str(f.root) / f.rel
 
-    def remove_copy(self, f: CatalogFile) -> None:
+    def remove_copy(self, f: CopySource) -> None:
         self.dirs.remove_copy(f)
 
 
@@ -317,7 +345,7 @@ class PfsReads:
             pool.shutdown(wait=wait, cancel_futures=True)
 
 
-def copy_file(src: str, f: CatalogFile, tier: TierState, stop: threading.Event,
+def copy_file(src: str, f: CopySource, tier: TierState, stop: threading.Event,
               on_read: Callable[[int], None], reads: PfsReads) -> int | None:
     """Copies one file into the tier under its final name; returns the bytes
     it takes there, or None when `stop` was set halfway.  Reads at most the
@@ -369,7 +397,7 @@ class _Call:
         self.handle = ffi.new_handle(self.progress)
 
     @classmethod
-    def of_thread(cls, f: CatalogFile) -> _Call:
+    def of_thread(cls, f: CopySource) -> _Call:
         """The calling thread's, set to copy f."""
         call: _Call | None = getattr(cls._local, "call", None)
         if call is None:
@@ -403,7 +431,7 @@ def _raise_for(status: int, err: int, src: str) -> None:
     raise OSError(err or errno.EIO, os.strerror(err or errno.EIO), src)
 
 
-def _copy_chunked(src: str, f: CatalogFile, tier: TierState, stop: threading.Event,
+def _copy_chunked(src: str, f: CopySource, tier: TierState, stop: threading.Event,
                   on_read: Callable[[int], None], name: str, reads: PfsReads) -> int | None:
     """A large file in parallel chunks (NOTE [chunked copy]), between the
     steps of the C copy (NOTE [copy in C]): tiering_copy_open opens and
