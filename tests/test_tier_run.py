@@ -706,6 +706,40 @@ def test_a_signal_during_set_up_stops_tier_run_before_command(tmp_path, sig, rel
     reliability.survived(f"{signal.Signals(sig).name} while tier-run sets up")
 
 
+def test_a_signal_between_making_a_tier_directory_and_recording_it_leaves_nothing(tmp_path):
+    """The set-up's signal interrupts the main thread at any point: here
+    just after the second tier's private directory is made, before the job
+    holds it.  tier-run ends as for any signal during the set-up, and no
+    directory of its own is left in either tier's parent."""
+    data = tmp_path / "pfs"
+    dataset(data, n=2)
+    driver = patched_tier_run("import signal\n"
+                              "import tiering.job as job\n"
+                              "from tiering.command import Interrupted\n"
+                              "real, made = job.TierState, []\n"
+                              "def cut(*a, **kw):\n"
+                              "    made.append(a[2])\n"
+                              "    if len(made) == 2:\n"
+                              "        raise Interrupted(signal.SIGINT)\n"
+                              "    return real(*a, **kw)\n"
+                              "job.TierState = cut\n")
+    marker = tmp_path / "ran"
+    p = subprocess.Popen([PYTHON, "-c", driver, "--profile", str(profile(tmp_path, second="1GiB")),
+                          "--data", str(data), "--", "touch", str(marker)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    try:
+        out, err = p.communicate(timeout=300)
+    finally:
+        p.kill()
+        p.wait()
+    assert p.returncode == 128 + signal.SIGINT, err
+    assert b"tier-run: interrupted by SIGINT before COMMAND started" in err and b"Traceback" not in err
+    assert not marker.exists()
+    assert list((tmp_path / "ssd").glob("tiering-*")) == []
+    wait_for(lambda: not list(Path("/dev/shm").glob(f"tiering-*-{p.pid}-*")),
+             "the removal of tier-run's directories in /dev/shm")
+
+
 def test_a_script_without_shebang_runs_with_sh(tmp_path):
     data = tmp_path / "pfs"
     dataset(data, n=2)

@@ -49,7 +49,15 @@ from .placement.policies import POLICIES as SIMPLE_POLICIES
 from .placement.tiers import TierState
 from .profile import Network, Profile
 from .report import JobRecord, stats_path_problem, summary_text, to_json, write_stats
-from .rundirs import current_user, index_parent, make_private_dir, remove_in_background, remove_tree, sweep_leftovers
+from .rundirs import (
+    current_user,
+    index_parent,
+    make_private_dir,
+    own_unheld,
+    remove_in_background,
+    remove_tree,
+    sweep_leftovers,
+)
 
 if TYPE_CHECKING:   # grpc is imported only by jobs that span nodes
     from .cluster.peering import PeerTier
@@ -379,6 +387,9 @@ def cleanup(job: Job) -> None:
     if job.index is not None:
         job.index.close()
         job.index = None
+    held = [t.root for t in job.tiers] + ([job.run_dir] if job.run_dir is not None else [])
+    for p in own_unheld([index_parent()] + [t.path for t in job.opts.profile.tiers], job.user, held):
+        remove_tree(p)     # made by a set-up a signal cut short before it was recorded
     # the copies go in the background (NOTE [background teardown]): the job ends now
     tiers = [t.root for t in job.tiers]
     if remove_in_background(tiers) is None:

@@ -199,12 +199,12 @@ def _owner_alive(path: Path) -> bool:
     return start_ticks(pid) == owner["start"]
 
 
-def sweep_leftovers(parents: list[str], user: str) -> list[Path]:
-    """Removes private directories of this user's dead jobs."""
-    removed = []
+def _my_dirs(parents: list[str], pattern: str) -> list[Path]:
+    """The directories (not symlinks) of this user named by pattern in parents."""
+    found = []
     for parent in dict.fromkeys(parents):
         try:
-            candidates = list(Path(parent).glob(f"tiering-{user}-*"))
+            candidates = list(Path(parent).glob(pattern))
         except OSError:
             continue
         for p in candidates:
@@ -212,12 +212,29 @@ def sweep_leftovers(parents: list[str], user: str) -> list[Path]:
                 st = p.lstat()
             except OSError:
                 continue
-            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
-                continue
-            if not _owner_alive(p):
-                remove_tree(p)
-                removed.append(p)
+            if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid():
+                found.append(p)
+    return found
+
+
+def sweep_leftovers(parents: list[str], user: str) -> list[Path]:
+    """Removes private directories of this user's dead jobs."""
+    removed = []
+    for p in _my_dirs(parents, f"tiering-{user}-*"):
+        if not _owner_alive(p):
+            remove_tree(p)
+            removed.append(p)
     return removed
+
+
+def own_unheld(parents: list[str], user: str, held: list[Path]) -> list[Path]:
+    """This process's private directories in parents that its job does not
+    hold: made by a set-up that a signal cut short between making one and
+    recording it (the set-up's signal interrupts the main thread wherever it
+    is, command.SetupWatch).  Names carry the maker's pid, so another job's
+    directory is never among them."""
+    names = {p.name for p in held}
+    return [p for p in _my_dirs(parents, f"tiering-{user}-{os.getpid()}-*") if p.name not in names]
 
 
 def remove_tree(path: Path) -> None:
