@@ -1092,20 +1092,27 @@ static inline uint64_t next_alias(uint64_t s)
     return f < nfiles ? __atomic_load_n(&files[f].next_alias, __ATOMIC_ACQUIRE) & slot_mask : s;
 }
 
-/* The log entries this process wrote last, one per identity hash bucket
- * (k + 1; 0: none): a file opened for writing again and again (a log
- * appended to line by line) is logged once, not once per open, so such a
- * program does not fill the log.  An entry is stored here (release) after
- * its fields, and the log is only appended to: an entry found here that
- * names the file is in the log, and tiering_index_filled sees it (its
- * writer was counted in fill_writers until after the store). */
+/* The log entries this process wrote last (k + 1; 0: none), the oldest
+ * replaced first: a file opened for writing again and again (a log appended
+ * to line by line) is logged once, not once per open, so such a program
+ * does not fill the log; all of them are looked at, so up to
+ * LOGGED_RECENT files written in turn are each logged once.  An entry is
+ * stored here (release) after its fields, and the log is only appended to:
+ * an entry found here that names the file is in the log, and
+ * tiering_index_filled sees it (its writer was counted in fill_writers
+ * until after the store). */
 #define LOGGED_RECENT 16
 static uint64_t logged_recent[LOGGED_RECENT];
+static unsigned logged_next;
 
-static inline int logged_already(const struct tiering_written *wlog, uint64_t *recent, uint32_t dev, uint64_t ino)
+static inline int logged_already(const struct tiering_written *wlog, uint32_t dev, uint64_t ino)
 {
-    uint64_t j = __atomic_load_n(recent, __ATOMIC_ACQUIRE);
-    return j && j <= idx->wlog_size && wlog[j - 1].ino == ino && wlog[j - 1].dev == dev;
+    for (int i = 0; i < LOGGED_RECENT; i++) {
+        uint64_t j = __atomic_load_n(&logged_recent[i], __ATOMIC_ACQUIRE);
+        if (j && j <= idx->wlog_size && wlog[j - 1].ino == ino && wlog[j - 1].dev == dev)
+            return 1;
+    }
+    return 0;
 }
 
 /* by_identity for a write open: while the index is filled (NOTE [names
@@ -1117,8 +1124,7 @@ static int64_t written_identity(const struct stat *st)
         struct tiering_written *wlog = (struct tiering_written *)((char *)idx + idx->wlog_offset);
         uint32_t dev = (uint32_t)st->st_dev;
         uint64_t ino = (uint64_t)st->st_ino;
-        uint64_t *recent = &logged_recent[tiering_identity_hash(dev, ino) % LOGGED_RECENT];
-        if (logged_already(wlog, recent, dev, ino))
+        if (logged_already(wlog, dev, ino))
             return by_identity(st);
         __atomic_fetch_add(&idx->fill_writers, 1, __ATOMIC_SEQ_CST);
         if (__atomic_load_n(&idx->filling, __ATOMIC_SEQ_CST)) {
@@ -1126,7 +1132,8 @@ static int64_t written_identity(const struct stat *st)
             if (k < idx->wlog_size) {
                 wlog[k].ino = ino;
                 wlog[k].dev = dev;
-                __atomic_store_n(recent, k + 1, __ATOMIC_RELEASE);
+                unsigned r = __atomic_fetch_add(&logged_next, 1, __ATOMIC_RELAXED) % LOGGED_RECENT;
+                __atomic_store_n(&logged_recent[r], k + 1, __ATOMIC_RELEASE);
             }
         }
         __atomic_fetch_sub(&idx->fill_writers, 1, __ATOMIC_SEQ_CST);

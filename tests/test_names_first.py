@@ -518,24 +518,27 @@ APPENDER = textwrap.dedent("""
 
 
 def test_files_opened_for_writing_again_and_again_during_the_fill_are_logged_once(tmp_path):
-    """A program that opens the same few files for writing at every step
-    (logs appended line by line, one of them a hard link of a catalogued
-    file) logs each file once per process, not once per open: a log of 8
-    entries holds 3 files opened 200 times each, and every catalogued path
-    of the file written is invalid once the fill ends."""
+    """A program that opens the same files for writing at every step (logs
+    appended line by line, one of them a hard link of a catalogued file)
+    logs each file once per process, not once per open: a log of 32 entries
+    holds 16 files opened 100 times each in turn (as many as the shim
+    remembers: with one remembered entry per hash bucket, files whose
+    identities shared a bucket were logged at every open), and every
+    catalogued path of the file written is invalid once the fill ends."""
     root, outside = tmp_path / "pfs", tmp_path / "elsewhere"
     write_tree(root)
     outside.mkdir()
     os.link(root / "c0/f1.bin", outside / "hard")
     se, cat, slots = names_first_env(tmp_path, root)
-    se.index.header.wlog_size = 8
-    r = se.run([PYTHON, "-c", APPENDER, "200", str(outside / "a.log"), str(outside / "hard"), str(outside / "b.log")])
+    se.index.header.wlog_size = 32
+    logs = [str(outside / f"{k}.log") for k in range(15)]
+    r = se.run([PYTHON, "-c", APPENDER, "100", str(outside / "hard"), *logs])
     assert r.returncode == 0, r.stderr
-    assert int(se.index.header.wlog_head) == 3
+    assert int(se.index.header.wlog_head) == 16
     complete_all(se, cat, slots)
     assert se.index.filled() == 1
     assert {rel for rel in se.contents if se.state(rel) == lib.TIERING_STATE_INVALID} == {"c0/f1.bin"}
-    assert (outside / "hard").read_bytes().endswith(b"step 199\n")
+    assert (outside / "hard").read_bytes().endswith(b"step 99\n")
 
 
 MANY_WRITER = textwrap.dedent("""
