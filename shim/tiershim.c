@@ -223,6 +223,62 @@ EXPORT void tiering_fingerprint(uint32_t root, const char *s, size_t len, uint64
 
 /* ---- helpers for the daemon ----------------------------------------------- */
 
+/* The tables of an index, as the daemon (at base) and the shim (its mapping)
+ * both walk them: the identity lookup and the ring of a file's aliases are
+ * written once, for both. */
+struct table {
+    struct tiering_entry *tab;
+    const struct tiering_file *recs;
+    const uint32_t *ids;
+    uint64_t mask, nrecs;
+};
+
+static inline struct table table_of(void *base)
+{
+    struct tiering_header *h = base;
+    return (struct table){tiering_entries(base), tiering_files(base), tiering_idents(base), h->nslots - 1, h->nfiles};
+}
+
+/* The next entry of the ring of slot s's file (complete or not: a record
+ * being filled is linked in with a release after its own next_alias). */
+static inline uint64_t ring_next(const struct table *t, uint64_t s)
+{
+    uint32_t f = t->tab[s].file;
+    return f < t->nrecs ? __atomic_load_n(&t->recs[f].next_alias, __ATOMIC_ACQUIRE) & t->mask : s;
+}
+
+/* The entry of the file (dev, ino) whose record is complete, or -1. */
+static int64_t find_identity(const struct table *t, uint32_t dev, uint64_t ino)
+{
+    uint64_t s = tiering_identity_hash(dev, ino) & t->mask;
+    for (uint64_t n = 0; n <= t->mask; n++, s = (s + 1) & t->mask) {
+        uint32_t v = __atomic_load_n(&t->ids[s], __ATOMIC_ACQUIRE);
+        if (!v)
+            return -1;
+        uint64_t e = (v - 1) & t->mask;
+        uint32_t f = t->tab[e].file;
+        if (f < t->nrecs && (__atomic_load_n(&t->recs[f].flags, __ATOMIC_ACQUIRE) & TIERING_FILE_COMPLETE) &&
+            t->recs[f].ino == ino && t->recs[f].dev == dev)
+            return (int64_t)e;
+    }
+    return -1;
+}
+
+/* Marks the file of slot invalid under every path it has (sequentially
+ * consistent: NOTE [linearizable redirect]); how many were not already. */
+static int64_t invalidate_file(const struct table *t, uint64_t slot)
+{
+    int64_t changed = 0;
+    uint64_t s = slot;
+    for (uint64_t n = 0; n <= t->mask; n++) {
+        if (__atomic_exchange_n(&t->tab[s].state, TIERING_STATE_INVALID, __ATOMIC_SEQ_CST) != TIERING_STATE_INVALID)
+            changed++;
+        if ((s = ring_next(t, s)) == slot)
+            break;
+    }
+    return changed;
+}
+
 /* Puts the entry in slot s into the identity table, or, when an entry of
  * the same file is there already, into that entry's ring of aliases.  The
  * stores that make it reachable are releases (after its record's identity
@@ -322,25 +378,6 @@ EXPORT int64_t tiering_index_complete(void *base, const uint64_t *slots, const s
     return (int64_t)n;
 }
 
-/* The entry of the file (dev, ino) in an index at base, or -1. */
-static int64_t identity_slot(void *base, uint32_t dev, uint64_t ino)
-{
-    struct tiering_header *h = base;
-    struct tiering_entry *tab = tiering_entries(base);
-    struct tiering_file *recs = tiering_files(base);
-    uint32_t *ids = tiering_idents(base);
-    uint64_t mask = h->nslots - 1, s = tiering_identity_hash(dev, ino) & mask;
-    for (uint64_t n = 0; n <= mask; n++, s = (s + 1) & mask) {
-        uint32_t v = __atomic_load_n(&ids[s], __ATOMIC_ACQUIRE);
-        if (!v)
-            return -1;
-        const struct tiering_file *f = &recs[tab[(v - 1) & mask].file];
-        if (f->ino == ino && f->dev == dev)
-            return (int64_t)((v - 1) & mask);
-    }
-    return -1;
-}
-
 /* Ends the fill of an index written from names first: from now on write
  * opens find every file by identity; those that may not have (they loaded
  * filling while it was set) logged their identities, looked up here once
@@ -349,16 +386,15 @@ static int64_t identity_slot(void *base, uint32_t dev, uint64_t ino)
 EXPORT int64_t tiering_index_filled(void *base, uint64_t wait_ns)
 {
     struct tiering_header *h = base;
-    struct tiering_entry *tab = tiering_entries(base);
-    struct tiering_file *recs = tiering_files(base);
-    struct tiering_written *wlog = (struct tiering_written *)((char *)base + h->wlog_offset);
-    uint64_t mask = h->nslots - 1, waited = 0;
+    const struct tiering_written *wlog = (const struct tiering_written *)((char *)base + h->wlog_offset);
+    const struct table t = table_of(base);
+    uint64_t waited = 0;
     __atomic_store_n(&h->filling, 0, __ATOMIC_SEQ_CST);
     while (__atomic_load_n(&h->fill_writers, __ATOMIC_SEQ_CST)) {
         if (waited >= wait_ns)
             return -1; /* a writer killed inside its few instructions, or stopped there */
-        struct timespec t = {0, 100000};
-        nanosleep(&t, NULL);
+        struct timespec ts = {0, 100000};
+        nanosleep(&ts, NULL);
         waited += 100000;
     }
     uint64_t logged = __atomic_load_n(&h->wlog_head, __ATOMIC_SEQ_CST);
@@ -366,15 +402,9 @@ EXPORT int64_t tiering_index_filled(void *base, uint64_t wait_ns)
         return -2;
     int64_t invalidated = 0;
     for (uint64_t k = 0; k < logged; k++) {
-        int64_t first = identity_slot(base, wlog[k].dev, wlog[k].ino);
-        uint64_t s = (uint64_t)first;
-        for (uint64_t n = 0; first >= 0 && n <= mask; n++) {
-            if (__atomic_exchange_n(&tab[s].state, TIERING_STATE_INVALID, __ATOMIC_SEQ_CST) !=
-                TIERING_STATE_INVALID)
-                invalidated++;
-            if ((s = recs[tab[s].file].next_alias & mask) == (uint64_t)first)
-                break;
-        }
+        int64_t first = find_identity(&t, wlog[k].dev, wlog[k].ino);
+        if (first >= 0)
+            invalidated += invalidate_file(&t, (uint64_t)first);
     }
     return invalidated;
 }
@@ -623,21 +653,22 @@ static inline uint64_t unbook(int fd)
  * (subprocess does just that) must not change the parent's bookkeeping. */
 static inline int in_vfork_child(void) { return (uint32_t)syscall(SYS_getpid) != my_pid; }
 
-/* fd is about to be closed (not in a vfork child): forget it, book what
- * was read through it and post a close event */
-static inline void closed(int fd)
+/* fd, booked as v (0: nothing), is about to be closed (not in a vfork
+ * child) and no longer booked: book what was read through it and post a
+ * close event */
+static inline void closed(int fd, uint64_t v)
 {
-    uint64_t v = unbook(fd);
     if ((uint32_t)v)
         closed_at(fd, v, books_bytes(fd) ? position(fd) : 0);
 }
 
 /* closed(fd), unless in a vfork child, whose close leaves the parent's
- * descriptor open (one getpid, only for a descriptor the book holds) */
+ * descriptor open (one getpid, only for a descriptor the book holds; the
+ * book read once before, then cleared) */
 static inline void closing(int fd)
 {
-    if (tracked(fd) && !in_vfork_child())
-        closed(fd);
+    if (idx && tracked(fd) && !in_vfork_child())
+        closed(fd, __atomic_exchange_n(&fd_book[fd], 0, __ATOMIC_RELAXED));
 }
 
 /* fd's number now names another file (its file was closed behind our back,
@@ -1066,30 +1097,19 @@ static inline const struct tiering_file *record(int64_t slot)
 
 /* ---- write opens: NOTE [alias invalidation] ------------------------------- */
 
+/* The shim's own index as a table (write opens only: not the hot path). */
+static inline struct table shim_table(void)
+{
+    return (struct table){entries, files, idents, slot_mask, nfiles};
+}
+
 /* The entry of a regular file with the identity st, or -1. */
 static int64_t by_identity(const struct stat *st)
 {
     if (!S_ISREG(st->st_mode) || st->st_ino == 0)
         return -1;
-    uint32_t dev = (uint32_t)st->st_dev;
-    uint64_t s = tiering_identity_hash(dev, (uint64_t)st->st_ino) & slot_mask;
-    for (uint64_t n = 0; n <= slot_mask; n++, s = (s + 1) & slot_mask) {
-        uint32_t v = __atomic_load_n(&idents[s], __ATOMIC_ACQUIRE);
-        if (!v)
-            return -1;
-        const struct tiering_file *f = record((int64_t)((v - 1) & slot_mask));
-        if (f && f->ino == (uint64_t)st->st_ino && f->dev == dev)
-            return (int64_t)((v - 1) & slot_mask);
-    }
-    return -1;
-}
-
-/* The next entry of the ring of slot's file (complete or not: a record
- * being filled is linked in with a release after its own next_alias). */
-static inline uint64_t next_alias(uint64_t s)
-{
-    uint32_t f = entries[s].file;
-    return f < nfiles ? __atomic_load_n(&files[f].next_alias, __ATOMIC_ACQUIRE) & slot_mask : s;
+    const struct table t = shim_table();
+    return find_identity(&t, (uint32_t)st->st_dev, (uint64_t)st->st_ino);
 }
 
 /* The log entries this process wrote last (k + 1; 0: none), the oldest
@@ -1143,11 +1163,12 @@ static int64_t written_identity(const struct stat *st)
 
 static int same_file(uint64_t a, uint64_t b)
 {
+    const struct table t = shim_table();
     uint64_t s = a;
     for (uint64_t n = 0; n <= slot_mask; n++) {
         if (s == b)
             return 1;
-        if ((s = next_alias(s)) == a)
+        if ((s = ring_next(&t, s)) == a)
             return 0;
     }
     return 0;
@@ -1174,12 +1195,8 @@ static void reached(struct written *wr, int64_t slot)
         count(&idx->counters.writes, 1);
     if (wr->n < 3)
         wr->slot[wr->n++] = slot;
-    uint64_t s = (uint64_t)slot;
-    for (uint64_t n = 0; n <= slot_mask; n++) {
-        __atomic_store_n(&entries[s].state, TIERING_STATE_INVALID, __ATOMIC_SEQ_CST);
-        if ((s = next_alias(s)) == (uint64_t)slot)
-            break;
-    }
+    const struct table t = shim_table();
+    invalidate_file(&t, (uint64_t)slot);
     post(TIERING_EV_WRITE, (uint32_t)slot, 0, 0);
 }
 
@@ -1238,13 +1255,6 @@ static __attribute__((noinline)) int open_write(enum which w, int atfd, const ch
 
 /* ---- read opens: NOTE [linearizable redirect] ---------------------------- */
 
-/* Is the catalogued path of slot known not to be a symlink itself? */
-static inline int not_a_link(int64_t slot)
-{
-    const struct tiering_file *f = record(slot);
-    return f && (f->flags & TIERING_FILE_NO_LINK);
-}
-
 /* Decides where a catalogued read-only open goes: fills phys and returns
  * the tier, or returns -1 for the original path. */
 static int route(int64_t slot, int flags, const char *rel, size_t rel_len, char *phys)
@@ -1254,9 +1264,10 @@ static int route(int64_t slot, int flags, const char *rel, size_t rel_len, char 
     if ((flags & REDIRECT_DENY) || st == TIERING_STATE_NONE || st > redirect_tiers ||
         __atomic_load_n(&idx->disabled, __ATOMIC_RELAXED))
         return -1;
-    if (!record(slot))
+    const struct tiering_file *f = record(slot);
+    if (!f)
         return -1; /* not complete yet: not catalogued for redirects */
-    if ((flags & O_NOFOLLOW) && !not_a_link(slot))
+    if ((flags & O_NOFOLLOW) && !(f->flags & TIERING_FILE_NO_LINK))
         return -1; /* the PFS fails it with ELOOP */
     if (tier_path(st - 1, e->root, rel, rel_len, phys) < 0)
         return -1;
@@ -1538,7 +1549,7 @@ EXPORT int close_range(unsigned int first, unsigned int last, int flags)
     ensure_init();
     if (idx && !(flags & (int)CLOSE_RANGE_CLOEXEC) && !in_vfork_child())
         for (unsigned int fd = first; fd <= last && fd < MAX_TRACKED_FDS; fd++)
-            closed((int)fd);
+            closed((int)fd, unbook((int)fd));
     if (real.close_range)
         return real.close_range(first, last, flags);
     return (int)syscall(SYS_close_range, first, last, flags);
