@@ -43,7 +43,7 @@ def run(files: int, nodes: int, local_world: int, epochs: int, step: int, seed: 
     streams(0, 0)   # torch is imported outside the measured memory
     budgets = [home_budget([capacity])] * nodes
     t0 = time.perf_counter()
-    plans = NodePlans(streams, nodes, 0, sizes, budgets)
+    plans = NodePlans.of_streams(streams, nodes, 0, sizes, budgets)
     plans_s = time.perf_counter() - t0
     own = Planner(sizes, Clairvoyant.plan_capacities([capacity]), window=64, pinned=plans.pinned())
     own_s = 0.0
@@ -89,7 +89,7 @@ def memory(streams: NodeStreams, nodes: int, sizes: np.ndarray, budgets: list[in
     for n in range(nodes):
         streams(n, 0)
     tracemalloc.start()
-    plans = NodePlans(streams, nodes, 0, sizes, budgets)
+    plans = NodePlans.of_streams(streams, nodes, 0, sizes, budgets)
     kept, peak = tracemalloc.get_traced_memory()   # while plans is alive
     tracemalloc.stop()
     del plans

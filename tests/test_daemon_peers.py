@@ -373,7 +373,7 @@ def test_the_node_aware_plan_sends_the_daemon_to_each_file_s_home(tmp_path, setu
         streams = NodeStreams(spec, 2, np.arange(n, dtype=np.int64))   # catalog ids are sorted paths: d/fNN
         sizes = [files[rel] for rel in sorted(files)]
         capacity = 1 << 30
-        plans = NodePlans(streams, 2, 0, sizes, [home_budget([capacity])] * 2)
+        plans = NodePlans.of_streams(streams, 2, 0, sizes, [home_budget([capacity])] * 2)
         links = links_to(peer, plans)
 
         def clairvoyant(d: Daemon) -> Clairvoyant:

@@ -48,7 +48,7 @@ def test_the_home_rule_partitions_the_data_set_the_same_on_every_node(nodes: int
     capacity = int(per_node * capacity_share)
     streams = streams_for(nodes)
     budgets = [home_budget([capacity // 2, capacity - capacity // 2])] * nodes
-    plans = [NodePlans(streams_for(nodes), nodes, me, SIZES, budgets) for me in range(nodes)]
+    plans = [NodePlans.of_streams(streams_for(nodes), nodes, me, SIZES, budgets) for me in range(nodes)]
     home = plans[0].home
     for p in plans[1:]:
         assert np.array_equal(p.home, home)   # the same answer on every node, without a message
@@ -85,7 +85,7 @@ def test_capacity_weighted_budgets() -> None:
 
 def test_holder_is_the_home_and_held_what_the_home_has_read() -> None:
     streams = streams_for(2)
-    plans = NodePlans(streams, 2, 0, SIZES, [int(SIZES.sum())] * 2)   # every file has a home
+    plans = NodePlans.of_streams(streams, 2, 0, SIZES, [int(SIZES.sum())] * 2)   # every file has a home
     f1, f0 = int(streams(1, 0)[5]), int(streams(0, 0)[5])
     assert plans.home[f1] == 1 and plans.home[f0] == 0
     assert plans.holder(f1) == 1 and plans.holder(f0) is None   # asked of its home; f0 is this node's own
@@ -106,7 +106,7 @@ def test_nodes_with_different_tiers_agree_on_the_homes_given_the_published_budge
     tiers = [[int(per_node * (0.4 + 0.5 * n)) // 2, int(per_node * (0.4 + 0.5 * n)) // 2] for n in range(nodes)]
     budgets = [home_budget(t) for t in tiers]
     assert len(set(budgets)) == nodes
-    plans = [NodePlans(streams, nodes, me, SIZES, budgets) for me in range(nodes)]
+    plans = [NodePlans.of_streams(streams, nodes, me, SIZES, budgets) for me in range(nodes)]
     for p in plans[1:]:
         assert np.array_equal(p.home, plans[0].home) and np.array_equal(p.offset, plans[0].offset)
     allocs = allocations(SIZES)
@@ -154,7 +154,7 @@ def test_home_files_are_never_evicted_for_files_that_are_not(engine: str, ahead:
     and go in the rest of the tiers."""
     streams = streams_for(2)
     capacity = int(SIZES.sum() * 0.6 / 2)
-    plans = NodePlans(streams, 2, 0, SIZES, [home_budget([capacity // 3, capacity - capacity // 3])] * 2)
+    plans = NodePlans.of_streams(streams, 2, 0, SIZES, [home_budget([capacity // 3, capacity - capacity // 3])] * 2)
     home = plans.pinned()
     epochs = [streams(0, e) for e in range(4)]
     acts, p = run_pinned(engine, monkeypatch, home, capacity, epochs, ahead=ahead)
@@ -173,7 +173,7 @@ def test_home_files_are_never_evicted_for_files_that_are_not(engine: str, ahead:
 def test_pins_make_the_same_decisions_in_c_and_in_python(monkeypatch: pytest.MonkeyPatch) -> None:
     streams = streams_for(3)
     capacity = int(SIZES.sum() * 0.5 / 3)
-    home = NodePlans(streams, 3, 1, SIZES, [home_budget([capacity // 3, capacity - capacity // 3])] * 3).pinned()
+    home = NodePlans.of_streams(streams, 3, 1, SIZES, [home_budget([capacity // 3, capacity - capacity // 3])] * 3).pinned()
     epochs = [streams(1, e) for e in range(3)]
     c_acts, c_p = run_pinned("c", monkeypatch, home, capacity, epochs, step=5, ahead=2)
     py_acts, py_p = run_pinned("python", monkeypatch, home, capacity, epochs, step=5, ahead=2)
@@ -220,7 +220,7 @@ def test_pins_given_mid_run_keep_the_home_files_from_then_on(monkeypatch: pytest
     fetched again, every other home file is fetched once and kept; the same
     decisions in C and in Python."""
     capacity = int(SIZES.sum() * 0.6 / 2)
-    home = NodePlans(streams_for(2), 2, 0, SIZES,
+    home = NodePlans.of_streams(streams_for(2), 2, 0, SIZES,
                      [home_budget([capacity // 3, capacity - capacity // 3])] * 2).pinned()
     c_acts, c_p, held_then = run_pinned_late("c", monkeypatch, home)
     evicted = [f for k, f, _ in c_acts if k == EVICT]

@@ -160,7 +160,7 @@ def test_node_0_names_a_node_only_for_files_that_node_s_own_plan_holds(nodes):
     read (held from then to the end)."""
     epochs = 4
     capacity = int(sum(SIZES) * 0.6 / nodes)      # a node's tiers hold 60% of what it reads per epoch
-    mine = NodePlans(streams_for(nodes), nodes, 0, SIZES, budgets(nodes, [capacity]))
+    mine = NodePlans.of_streams(streams_for(nodes), nodes, 0, SIZES, budgets(nodes, [capacity]))
     others = {n: own_policy(n, nodes, capacity, epochs, mine.pinned(n)) for n in range(1, nodes)}
     when = stream_time(others[1][0])
     per_epoch = N // nodes
@@ -191,7 +191,7 @@ def test_node_0_names_a_node_only_for_files_that_node_s_own_plan_holds(nodes):
 def test_the_home_is_named_whether_this_node_follows_its_order_or_not():
     """The homes hold their files from the start to the end: held() follows
     the readers, holder() does not need them."""
-    mine = NodePlans(streams_for(2), 2, 0, SIZES, [sum(SIZES)] * 2)
+    mine = NodePlans.of_streams(streams_for(2), 2, 0, SIZES, [sum(SIZES)] * 2)
     f = int(streams_for(2)(1, 0)[0])
     assert mine.holder(f) == 1 and len(held(mine, 1, None)) == 0    # nothing followed
     assert f in held(mine, 1, (0, 10)).tolist() and len(held(mine, 1, (0, 10))) == 10
@@ -241,6 +241,6 @@ def test_the_planning_homes_the_catalog_s_files_by_their_sizes(tmp_path):
     plans = planning.plans(budgets(2, caps))
     spec = rank_specs(dist, env_of(1, 2))[0]
     streams = NodeStreams(spec, L, dataset_ids(cat, layout_of(dist)))
-    by_hand = NodePlans(streams, 2, 1, [f.size for f in cat.files], budgets(2, caps))
+    by_hand = NodePlans.of_streams(streams, 2, 1, [f.size for f in cat.files], budgets(2, caps))
     assert np.array_equal(plans.home, by_hand.home)
     assert 0 < int((plans.home >= 0).sum()) < 90        # some files homed, the budget cut the rest

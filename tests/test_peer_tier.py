@@ -42,7 +42,7 @@ def test_nodes_whose_tiers_differ_compute_the_same_homes_once_they_met(tmp_path,
         wait_for(lambda: all(t.links.plans is not None for t in tiers), "the homes")
         homes = [t.links.plans for t in tiers]
         assert all(isinstance(h, NodePlans) for h in homes)
-        by_hand = NodePlans(streams_for(nodes), nodes, 0, SIZES, budgets)
+        by_hand = NodePlans.of_streams(streams_for(nodes), nodes, 0, SIZES, budgets)
         for r, (t, h) in enumerate(zip(tiers, homes)):
             assert t.links.ready.is_set() and t.links.budgets == budgets and t.links.settled
             assert isinstance(h, NodePlans) and h.me == r and np.array_equal(h.home, by_hand.home)

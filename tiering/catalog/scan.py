@@ -143,11 +143,9 @@ def _stat_others(path: str, listing: _Listing) -> tuple[np.ndarray, np.ndarray]:
     if deferred.all():
         out = np.zeros(len(deferred), _stat_dtype())
     else:
-        names = listing.names.split(b"\0")[:-1]
-        others = np.flatnonzero(~deferred)
-        sub = b"".join(names[k] + b"\0" for k in others.tolist())
+        others = ~deferred
         out = np.zeros(len(deferred), _stat_dtype())
-        out[others] = _c_stat(path, sub, np.ascontiguousarray(listing.types[others]))
+        out[others] = _c_stat(path, _file_names(listing.names, others), np.ascontiguousarray(listing.types[others]))
     out["ok"][deferred] = 1
     out["mode"][deferred] = stat.S_IFREG
     return out, deferred
@@ -422,16 +420,13 @@ def _deferred_ids(batches: list[tuple[str, bytes, np.ndarray, np.ndarray]], defe
     for (rel, names, files, recs), d in zip(batches, deferred):
         n = len(recs)
         if d is not None and d.any():
-            kept = _file_names(names, files)
-            if not d.all():
-                kept = b"".join(x + b"\0" for x, k in zip(kept.split(b"\0"), d.tolist()) if k)
-            out.append((rel, kept, where[first:first + n][d]))
+            out.append((rel, _file_names(_file_names(names, files), d), where[first:first + n][d]))
         first += n
     return out
 
 
 def _file_names(names: bytes, files: np.ndarray) -> bytes:
-    """The names (NUL-terminated) of a listing's entries that are files."""
+    """The names (NUL-terminated) of a listing's entries marked in files."""
     if files.all():
         return names
     return b"".join(n + b"\0" for n, f in zip(names.split(b"\0"), files.tolist()) if f)

@@ -119,18 +119,8 @@ class NodePlans:
     on.  Every node given the same budgets computes the same homes.  5 bytes
     a file."""
 
-    def __init__(self, streams: Streams, nodes: int, me: int, sizes: Sequence[int] | np.ndarray,
-                 budgets: Sequence[int], first_epoch: int = 0):
-        self._cut(HomePlanning.of(streams, nodes, me, sizes, first_epoch), budgets)
-
-    @classmethod
-    def cut(cls, planning: HomePlanning, budgets: Sequence[int]) -> NodePlans:
+    def __init__(self, planning: HomePlanning, budgets: Sequence[int]):
         """The homes of `planning`'s first readers within `budgets`."""
-        plans = cls.__new__(cls)
-        plans._cut(planning, budgets)
-        return plans
-
-    def _cut(self, planning: HomePlanning, budgets: Sequence[int]) -> None:
         self.nodes, self.me, self.first_epoch = planning.nodes, planning.me, planning.first_epoch
         self.budgets = [int(b) for b in budgets]
         if len(self.budgets) != self.nodes:
@@ -138,6 +128,12 @@ class NodePlans:
         # per file: its home node (-1: none) and the offset of its first read in its home's first epoch
         allocs = allocations(np.asarray(planning.sizes, np.int64))
         self.home, self.offset = cut_to_budgets(planning.readers, planning.offset, allocs, self.budgets)
+
+    @classmethod
+    def of_streams(cls, streams: Streams, nodes: int, me: int, sizes: Sequence[int] | np.ndarray,
+                   budgets: Sequence[int], first_epoch: int = 0) -> NodePlans:
+        """The homes straight from every node's stream (HomePlanning.of, then cut)."""
+        return cls(HomePlanning.of(streams, nodes, me, sizes, first_epoch), budgets)
 
     def pinned(self, node: int | None = None) -> np.ndarray:
         """A bool per file: the home files of `node` (this node by default),
@@ -186,7 +182,7 @@ class HomePlanning:
         return r >= 0 and r != self.me
 
     def plans(self, budgets: Sequence[int]) -> NodePlans:
-        return NodePlans.cut(self, budgets)
+        return NodePlans(self, budgets)
 
 
 def planning_from_options(opts: OrderOptions, catalog: Catalog, nodes: int, node_rank: int,

@@ -199,11 +199,7 @@ class JobWatch:
         if self._scan_t0 is None:
             self._scan_t0 = self._scan_last = now
         if self._scan_dir is not None and (self._scan_written is None or now - self._scan_written >= 1.0):
-            self._scan_written = now
-            write_status(self._scan_dir, {
-                **self._scan_head, "version": STATUS_VERSION, "state": "scanning", "started": self.started_wall,
-                "updated": time.time(), "elapsed": round(now - self._scan_t0, 2),
-                "scan": {"phase": p.phase, "files": p.files, "dirs": p.dirs, "bytes": p.bytes}})
+            self._scan_status(now, {"phase": p.phase, "files": p.files, "dirs": p.dirs, "bytes": p.bytes})
         if self.display.mode == "off" or p.phase == "done":
             return
         if self.display.mode == "bar":
@@ -216,6 +212,15 @@ class JobWatch:
             dt = now - self._scan_t0
             say(f"tiering: {p.phase}: {count(p.files)} files, {count(p.dirs)} directories found "
                 f"({p.files / dt:,.0f} files/s, {clock(dt)})")
+
+    def _scan_status(self, now: float, scan: dict[str, Any], **more: Any) -> None:
+        """The status file while the data set is scanned (or its sizes read)."""
+        assert self._scan_dir is not None
+        self._scan_written = now
+        since = now if self._scan_t0 is None else self._scan_t0
+        write_status(self._scan_dir, {
+            **self._scan_head, "version": STATUS_VERSION, "state": "scanning", "started": self.started_wall,
+            "updated": time.time(), "elapsed": round(now - since, 2), **more, "scan": scan})
 
     def _scan_bar(self) -> Any:
         if self._bar is None:
@@ -257,13 +262,8 @@ class JobWatch:
             if self._scan_dir is None or (self._scan_written is not None and now - self._scan_written < 1.0
                                           and 0 < done < total):
                 return
-            self._scan_written = now
-            write_status(self._scan_dir, {
-                **self._scan_head, "version": STATUS_VERSION, "state": "scanning", "started": self.started_wall,
-                "updated": time.time(), "elapsed": round(now - (self._scan_t0 or now), 2),
-                "command_pid": self._command_pid,
-                "scan": {"phase": "reading sizes", "files": total, "dirs": self._dirs, "sized": done,
-                         "bytes": nbytes}})
+            self._scan_status(now, {"phase": "reading sizes", "files": total, "dirs": self._dirs, "sized": done,
+                                    "bytes": nbytes}, command_pid=self._command_pid)
         except Exception:
             log.debug("fill progress failed", exc_info=True)
 
