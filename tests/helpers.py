@@ -11,6 +11,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -321,6 +323,18 @@ def shm_copies(pid: int) -> int:
         if d.startswith(f"tiering-{USER}-{pid}-") and os.path.isdir(f"/dev/shm/{d}/data"):
             n += sum(len(files) for _, _, files in os.walk(f"/dev/shm/{d}/data"))
     return n
+
+
+@contextmanager
+def running(args: list[str], **kw) -> Iterator[subprocess.Popen]:
+    """A process started with its stdout and stderr piped (kw as Popen's),
+    killed and reaped when the block ends, however it ends."""
+    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
+    try:
+        yield p
+    finally:
+        p.kill()
+        p.wait()
 
 
 def patched_tier_run(patch: str) -> str:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import age, make_data, patched_tier_run, profile
+from helpers import age, make_data, patched_tier_run, profile, running
 
 pytestmark = pytest.mark.usefixtures("no_leftovers")
 
@@ -113,15 +113,10 @@ def test_a_signal_while_the_watcher_is_paused_for_the_fork_stops_tier_run_before
     make_data(data, {f"c{i % 3}/f{i}.bin": 100 for i in range(30)})
     age(data)
     done, cache, marker = tmp_path / "written", tmp_path / "cache", tmp_path / "ran"
-    p = subprocess.Popen([sys.executable, "-c", patched_tier_run(PAUSED_SIGNAL), "--profile",
-                          str(profile(tmp_path)), *data_args(data, 3), "--", "touch", str(marker)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env=dict(os.environ, SIGNAL=str(int(sig)), WRITER_DONE=str(done), XDG_CACHE_HOME=str(cache)))
-    try:
+    with running([sys.executable, "-c", patched_tier_run(PAUSED_SIGNAL), "--profile",
+                  str(profile(tmp_path)), *data_args(data, 3), "--", "touch", str(marker)], text=True,
+                 env=dict(os.environ, SIGNAL=str(int(sig)), WRITER_DONE=str(done), XDG_CACHE_HOME=str(cache))) as p:
         out, err = p.communicate(timeout=300)
-    finally:
-        p.kill()
-        p.wait()
     assert p.returncode == 128 + sig, err
     assert f"tier-run: interrupted by {signal.Signals(sig).name} before COMMAND started" in err
     assert "Traceback" not in err
@@ -159,18 +154,13 @@ def test_sigterm_to_tier_run_while_the_writer_runs_reaches_command_alone(tmp_pat
               "signal.signal(signal.SIGTERM, term)\n"
               "os.write(1, b'ready\\n')\n"
               "time.sleep(600)\n")
-    p = subprocess.Popen([sys.executable, "-c", patched_tier_run(SLOW_WRITER), "--profile", str(profile(tmp_path)),
-                          "--data", str(data), "--", sys.executable, "-c", script],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         env=dict(os.environ, WRITER_GO=str(go), XDG_CACHE_HOME=str(cache)))
-    try:
+    with running([sys.executable, "-c", patched_tier_run(SLOW_WRITER), "--profile", str(profile(tmp_path)),
+                  "--data", str(data), "--", sys.executable, "-c", script],
+                 env=dict(os.environ, WRITER_GO=str(go), XDG_CACHE_HOME=str(cache))) as p:
         assert p.stdout is not None and p.stdout.readline() == b"ready\n"
         assert not go.exists()                # the writer is still waiting
         p.send_signal(signal.SIGTERM)
         out, err = p.communicate(timeout=300)
-    finally:
-        p.kill()
-        p.wait()
     assert p.returncode == 7, err
     assert out == b"got TERM\n"
     assert len(list((cache / "tiering" / "catalogs").glob("*.npz"))) == 1

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import PYTHON, USER, patched_tier_run, profile, read_line, tier_run, wait_for
+from helpers import PYTHON, USER, patched_tier_run, profile, read_line, running, tier_run, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("no_leftovers")]
 
@@ -234,15 +234,11 @@ def test_ctrl_c_during_the_warm_up_stops_before_command_and_cleans_up(tmp_path):
                               "    return None\n"
                               "Daemon._copy = slow_copy\n")
     marker = tmp_path / "ran"
-    p = subprocess.Popen([PYTHON, "-c", driver, "--profile", str(profile(tmp_path)), "--data", str(data),
-                          "--warm", "50", "--", "touch", str(marker)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
+    with running([PYTHON, "-c", driver, "--profile", str(profile(tmp_path)), "--data", str(data),
+                  "--warm", "50", "--", "touch", str(marker)]) as p:
         assert read_line(p.stdout) == b"copying\n"
         p.send_signal(signal.SIGINT)
         _, err = p.communicate(timeout=300)
-    finally:
-        p.kill()
-        p.wait()
     assert p.returncode == 130, err
     assert b"tier-run: interrupted by SIGINT before COMMAND started" in err and b"Traceback" not in err
     assert not marker.exists()

@@ -24,6 +24,7 @@ from helpers import (
     private_dir,
     profile,
     read_line,
+    running,
     settle_access_times,
     tier_run,
     wait_for,
@@ -342,9 +343,8 @@ def test_a_signal_during_the_fill_reaches_command_and_everything_is_cleaned_up(t
               "print('ready', flush=True)\n"
               "time.sleep(600)\n")
     env = dict(os.environ, TIERING_FILL_GATE=str(gate))
-    p = subprocess.Popen([PYTHON, "-m", "tiering", "run", "--profile", str(profile(tmp_path)), "--data", str(data),
-                          "--", PYTHON, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-    try:
+    with running([PYTHON, "-m", "tiering", "run", "--profile", str(profile(tmp_path)), "--data", str(data),
+                  "--", PYTHON, "-c", script], env=env) as p:
         assert read_line(p.stdout) == b"ready\n"
         wait_for(lambda: any(Path("/dev/shm").glob(f"*-{p.pid}-*/status.json")), "the status file")
         status = next(Path("/dev/shm").glob(f"*-{p.pid}-*/status.json"))
@@ -355,9 +355,6 @@ def test_a_signal_during_the_fill_reaches_command_and_everything_is_cleaned_up(t
         assert "placement starts once the sizes are read: 0 of 120 files" in shown.stdout, shown
         p.send_signal(signal.SIGTERM)
         out, err = p.communicate(timeout=300)
-    finally:
-        p.kill()
-        p.wait()
     assert p.returncode == 42, err
     wait_job_dirs_removed(p.pid)
 

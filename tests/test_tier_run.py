@@ -25,6 +25,7 @@ from helpers import (
     profile,
     read_line,
     run_reader,
+    running,
     tier_run,
     wait_for,
     wait_job_dirs_removed,
@@ -230,17 +231,13 @@ def test_signals_reach_the_command_and_everything_is_cleaned_up(tmp_path, sig, r
               f"for f in sorted(os.listdir({str(data / 'c0')!r})): open(os.path.join({str(data / 'c0')!r}, f), 'rb').read()\n"
               "print('ready', flush=True)\n"
               "time.sleep(600)\n")   # until the signal comes
-    p = subprocess.Popen([PYTHON, "-m", "tiering", "run", "--profile", str(profile(tmp_path)), "--data", str(data),
-                          "--", PYTHON, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
+    with running([PYTHON, "-m", "tiering", "run", "--profile", str(profile(tmp_path)), "--data", str(data),
+                  "--", PYTHON, "-c", script]) as p:
         assert read_line(p.stdout) == b"ready\n"
         mine = [d for d in leftovers() if f"-{p.pid}-" in d]
         assert len(mine) == 2  # the index directory and the ram tier
         p.send_signal(sig)
         out, err = p.communicate(timeout=300)
-    finally:
-        p.kill()
-        p.wait()
     assert p.returncode == 42, err
     wait_job_dirs_removed(p.pid)
     reliability.survived(f"{signal.Signals(sig).name} sent to tier-run (forwarded, all cleaned up)")
@@ -639,15 +636,11 @@ def test_a_killed_tier_run_takes_command_down_and_the_next_run_sweeps(tmp_path, 
               f"signal.signal(signal.SIGTERM, lambda *a: (open({str(termed)!r}, 'w').close(), sys.exit(9)))\n"
               "print('ready', flush=True)\n"
               "time.sleep(600)\n")
-    p = subprocess.Popen([PYTHON, "-m", "tiering", "run", "--profile", str(profile(tmp_path)), "--data", str(data),
-                          "--", PYTHON, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
+    with running([PYTHON, "-m", "tiering", "run", "--profile", str(profile(tmp_path)), "--data", str(data),
+                  "--", PYTHON, "-c", script]) as p:
         assert read_line(p.stdout) == b"ready\n"
         p.kill()                          # SIGKILL, as the OOM killer does
         p.wait(timeout=300)
-    finally:
-        p.kill()
-        p.wait()
     wait_for(termed.exists, "COMMAND to get SIGTERM from its dead parent")
     left = [d for d in leftovers() if f"-{p.pid}-" in d]
     assert len(left) == 2                 # the index and the ram tier of the dead job
@@ -690,15 +683,11 @@ def test_a_signal_during_set_up_stops_tier_run_before_command(tmp_path, sig, rel
                               "    threading.Event().wait(600)\n"
                               "job.catalog_mod.scan = slow_scan\n")
     marker = tmp_path / "ran"
-    p = subprocess.Popen([PYTHON, "-c", driver, "--profile", str(profile(tmp_path)), "--data", str(data),
-                          "--", "touch", str(marker)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
+    with running([PYTHON, "-c", driver, "--profile", str(profile(tmp_path)), "--data", str(data),
+                  "--", "touch", str(marker)]) as p:
         assert read_line(p.stdout) == b"scanning\n"
         p.send_signal(sig)
         out, err = p.communicate(timeout=300)
-    finally:
-        p.kill()
-        p.wait()
     assert p.returncode == 128 + sig, err
     name = signal.Signals(sig).name
     assert f"tier-run: interrupted by {name} before COMMAND started".encode() in err and b"Traceback" not in err
@@ -724,14 +713,9 @@ def test_a_signal_between_making_a_tier_directory_and_recording_it_leaves_nothin
                               "    return real(*a, **kw)\n"
                               "job.TierState = cut\n")
     marker = tmp_path / "ran"
-    p = subprocess.Popen([PYTHON, "-c", driver, "--profile", str(profile(tmp_path, second="1GiB")),
-                          "--data", str(data), "--", "touch", str(marker)], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE)
-    try:
+    with running([PYTHON, "-c", driver, "--profile", str(profile(tmp_path, second="1GiB")),
+                  "--data", str(data), "--", "touch", str(marker)]) as p:
         out, err = p.communicate(timeout=300)
-    finally:
-        p.kill()
-        p.wait()
     assert p.returncode == 128 + signal.SIGINT, err
     assert b"tier-run: interrupted by SIGINT before COMMAND started" in err and b"Traceback" not in err
     assert not marker.exists()
@@ -871,19 +855,14 @@ def test_a_tier_run_killed_while_the_cache_is_written_leaves_no_cache(tmp_path, 
             "        time.sleep(0.05)\n"
             "numpy.savez = savez\n")
     env = dict(os.environ, XDG_CACHE_HOME=str(cache), TEST_GO=str(go))
-    p = subprocess.Popen([PYTHON, "-c", patched_tier_run(half), "--profile", str(profile(tmp_path)),
-                          "--data", str(data), "--", PYTHON, "-c", "print('ready', flush=True); "
-                          "import time; time.sleep(600)"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True)
-    try:
+    with running([PYTHON, "-c", patched_tier_run(half), "--profile", str(profile(tmp_path)),
+                  "--data", str(data), "--", PYTHON, "-c", "print('ready', flush=True); "
+                  "import time; time.sleep(600)"], env=env, start_new_session=True) as p:
         assert read_line(p.stdout) == b"ready\n"
         catalogs = cache / "tiering" / "catalogs"
         wait_for(lambda: any(t.stat().st_size > 0 for t in catalogs.glob(".tmp-*")), "the writer to begin")
         os.killpg(p.pid, signal.SIGKILL)   # tier-run and its writer, as a job scheduler's kill does
         p.wait(timeout=300)
-    finally:
-        p.kill()
-        p.wait()
     assert _cached_catalogs(cache) == []
     for expect in ("scanned", "catalog from cache"):
         r = tier_run(["--profile", str(profile(tmp_path)), "--data", str(data), "--", PYTHON, "-c",
