@@ -64,8 +64,10 @@ def assert_followed(stats: dict, source: str, from_epoch: int, reads_per_epoch: 
     order = stats["order"]
     assert order["mapping"]["source"] == source, err
     assert stats["policy"] == "clairvoyant" and order["following"] and not order["diverged"], err
-    # every epoch from from_epoch on (1-based) was known, and the one after the last (predicted)
-    assert order["epochs_known"] == 3 - from_epoch + 2, order
+    # every epoch from from_epoch on (1-based) was known, and the one after the last (predicted);
+    # a learning epoch 1 is known too when the daemon re-planned it as its indices were learnt
+    # before epoch 2's order came in (a fast reader with no workers may finish it first)
+    assert 3 - from_epoch + 2 <= order["epochs_known"] <= 4, order
     # the opens of epochs 2 and 3 were followed (epoch 1's first opens race with its order, and a
     # DataLoader's workers prefetch 32 of these few samples at once)
     assert order["matched_opens"] >= 0.9 * 2 * reads_per_epoch, order
