@@ -11,7 +11,10 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/sendfile.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -226,4 +229,154 @@ EXPORT int tiering_copy_file(const char *src, int staging_fd, const char *name, 
     if (n == -1)
         c->error = errno;
     return copy_finish(c, n, staging_fd, name, dst_fd, leaf);
+}
+
+/* NOTE [batch copy]: the directory data/<root id>/<parent of rel> of a
+ * batch's file, made (0700, whatever the umask) and opened one component
+ * at a time with O_NOFOLLOW, as TierDirs does: a symlink in the tier is
+ * never followed.  The batch keeps the last one open (files of one
+ * directory often follow each other); -1 with errno set on failure. */
+struct parent_cache {
+    char key[PATH_MAX];
+    size_t len;
+    int fd;
+};
+
+static int open_component(int at, const char *name)
+{
+    const int flags = O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC;
+    int fd = (int)syscall(SYS_openat, at, name, flags);
+    if (fd >= 0 || errno != ENOENT)
+        return fd;
+    int made = syscall(SYS_mkdirat, at, name, 0700) == 0;
+    if (!made && errno != EEXIST)
+        return -1;
+    fd = (int)syscall(SYS_openat, at, name, flags);
+    if (fd >= 0 && made)
+        syscall(SYS_fchmod, fd, 0700);
+    return fd;
+}
+
+static int parent_fd(int data_fd, const char *key, size_t len, struct parent_cache *pc)
+{
+    if (pc->fd >= 0 && pc->len == len && memcmp(pc->key, key, len) == 0)
+        return pc->fd;
+    if (pc->fd >= 0)
+        sys_close(pc->fd);
+    pc->fd = -1;
+    char part[PATH_MAX];
+    memcpy(part, key, len);
+    part[len] = 0;
+    int at = data_fd;
+    for (char *name = part, *slash; name; name = slash) {
+        if ((slash = strchr(name, '/')))
+            *slash++ = 0;
+        int fd = open_component(at, name);
+        if (at != data_fd)
+            sys_close(at);
+        if (fd < 0)
+            return -1;
+        at = fd;
+    }
+    memcpy(pc->key, key, len);
+    pc->len = len;
+    return pc->fd = at;
+}
+
+static int stop_flag(void *arg, uint64_t n)
+{
+    (void)n;
+    return __atomic_load_n((const int32_t *)arg, __ATOMIC_RELAXED) != 0;
+}
+
+/* One file of a batch: its source path and destination built from the
+ * catalog's columns, then tiering_copy_file's steps. */
+static int copy_one(const struct tiering_batch *b, struct tiering_batch_file *f, struct parent_cache *pc)
+{
+    struct tiering_copy c = {0};
+    int64_t id = f->id;
+    const char *rel = (const char *)b->paths + b->offsets[id];
+    size_t rel_len = (size_t)(b->offsets[id + 1] - b->offsets[id]);
+    int32_t root = b->root[id];
+    c.size = (uint64_t)b->size[id];
+    c.mtime_ns = b->mtime_ns[id];
+    c.follow = b->link[id] != 0;
+    f->copied = 0;
+    f->blocks = 0;
+    f->error = 0;
+    if (root < 0 || root >= b->nroots) {
+        f->error = EINVAL;
+        return TIERING_COPY_SOURCE_ERROR;
+    }
+    /* source: root + "/" + rel; key: "<root id>/<parent>"; leaf: after the last "/" */
+    char src[PATH_MAX], key[PATH_MAX];
+    size_t root_len = strlen(b->roots[root]);
+    int sep = root_len > 0 && b->roots[root][root_len - 1] != '/';
+    const char *last = memrchr(rel, '/', rel_len);
+    size_t leaf_at = last ? (size_t)(last - rel) + 1 : 0;
+    int key_len = snprintf(key, sizeof key, "%d%s%.*s", (int)root, last ? "/" : "",
+                           (int)(last ? leaf_at - 1 : 0), rel);
+    if (root_len + 1 + rel_len >= sizeof src || key_len < 0 || (size_t)key_len >= sizeof key
+        || rel_len == leaf_at) {
+        f->error = ENAMETOOLONG;
+        return TIERING_COPY_SOURCE_ERROR;
+    }
+    memcpy(src, b->roots[root], root_len);
+    if (sep)
+        src[root_len++] = '/';
+    memcpy(src + root_len, rel, rel_len);
+    src[root_len + rel_len] = 0;
+    const char *leaf = src + root_len + leaf_at;
+    int r = copy_open(src, b->staging_fd, b->name, &c);
+    if (r == TIERING_COPY_OK) {
+        tiering_progress_fn progress = b->progress ? b->progress : stop_flag;
+        void *arg = b->progress ? b->arg : (void *)b->stop;
+        int64_t n = copy_range(c.fd_in, c.fd_out, 0, c.size + 1, progress, arg, VIA_SENDFILE);
+        if (n == -1)
+            c.error = errno;
+        int dst = n >= 0 ? parent_fd(b->data_fd, key, (size_t)key_len, pc) : -1;
+        if (n >= 0 && dst < 0) {
+            int e = errno;
+            copy_finish(&c, -2, b->staging_fd, b->name, -1, "");
+            c.error = e;
+            r = TIERING_COPY_TARGET_ERROR;
+        } else {
+            r = copy_finish(&c, n, b->staging_fd, b->name, dst, leaf);
+        }
+    }
+    f->error = c.error;
+    f->copied = (int64_t)c.copied;
+    f->blocks = c.blocks;
+    return r;
+}
+
+static int64_t now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return tiering_ns(t);
+}
+
+EXPORT int64_t tiering_copy_batch(const struct tiering_batch *b, struct tiering_batch_file *files, int64_t n)
+{
+    struct parent_cache pc = {.len = 0, .fd = -1};
+    int64_t end = b->budget_ns > 0 ? now_ns() + b->budget_ns : 0;
+    int64_t k = 0;
+    while (k < n) {
+        if (b->stop && __atomic_load_n(b->stop, __ATOMIC_RELAXED)) {
+            for (int64_t j = k; j < n; j++)
+                files[j].status = TIERING_COPY_STOPPED, files[j].error = 0, files[j].copied = files[j].blocks = 0;
+            break;
+        }
+        int r = copy_one(b, &files[k], &pc);
+        files[k].status = r;
+        if (r == TIERING_COPY_NO_STAGING)
+            break;
+        k++;
+        if (end && now_ns() >= end)
+            break;
+    }
+    if (pc.fd >= 0)
+        sys_close(pc.fd);
+    return k;
 }

@@ -256,6 +256,45 @@ int tiering_copy_file(const char *src, int staging_fd, const char *name, int dst
 int tiering_copy_open(const char *src, int staging_fd, const char *name, struct tiering_copy *c);
 int tiering_copy_finish(struct tiering_copy *c, int64_t copied, int staging_fd, const char *name,
                         int dst_fd, const char *leaf);
+/* Many small files copied in one call (NOTE [batch copy]): the catalog's
+ * columns (paths blob cut by offsets, root ids, sizes, mtimes, link flags),
+ * the data roots by id, the tier's staging and data/ directories.  Each copy
+ * is tiering_copy_file's, into data/<root id>/<parent>/<leaf>, the
+ * directories made (0700) and opened one component at a time, never through
+ * a symlink.  progress(arg, n) after each step; NULL: the copy stops when
+ * *stop is non-zero (checked before each file too). */
+struct tiering_batch {
+    const uint8_t *paths;
+    const int64_t *offsets;
+    const int32_t *root;
+    const int64_t *size;
+    const int64_t *mtime_ns;
+    const uint8_t *link;
+    const char *const *roots;
+    int32_t nroots;
+    int32_t staging_fd;
+    int32_t data_fd;
+    int32_t pad;
+    int64_t budget_ns;       /* return after the file that ends this long after the call began (0: never) */
+    const char *name;        /* the staging file's name */
+    const int32_t *stop;
+    tiering_progress_fn progress;
+    void *arg;
+};
+/* One file of a batch: id in; the rest out. */
+struct tiering_batch_file {
+    int64_t id;
+    int32_t status;          /* TIERING_COPY_* */
+    int32_t error;           /* errno of the *_ERROR statuses */
+    int64_t copied;          /* bytes read from the source */
+    int64_t blocks;          /* st_blocks of the copy */
+};
+/* Copies files[0..n) in order and returns k: files[0..k) have their
+ * outcome; files[k..n) were not tried, because the time budget was spent
+ * (they are left as they were), the batch was stopped (they say
+ * TIERING_COPY_STOPPED) or files[k] found the staging directory gone (it
+ * says TIERING_COPY_NO_STAGING, the rest are left as they were). */
+int64_t tiering_copy_batch(const struct tiering_batch *b, struct tiering_batch_file *files, int64_t n);
 /* A copy's staging file `name` in staging_fd (NOTE [staging files]): its fd,
  * or -errno (-ENOENT: the staging directory is gone). */
 int tiering_staging_create(int staging_fd, const char *name);

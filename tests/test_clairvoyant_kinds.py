@@ -234,7 +234,10 @@ def test_ctrl_c_during_the_warm_up_stops_before_command_and_cleans_up(tmp_path):
                               "    sys.stdout.flush()\n"
                               "    self._stop.wait(600)\n"
                               "    return None\n"
-                              "Daemon._copy = slow_copy\n")
+                              "def slow_batch(self, ids, t, done):\n"
+                              "    slow_copy(self, None, None, t)\n"
+                              "Daemon._copy = slow_copy\n"
+                              "Daemon._copy_many = slow_batch\n")
     marker = tmp_path / "ran"
     with running([PYTHON, "-c", driver, "--profile", str(profile(tmp_path)), "--data", str(data),
                   "--warm", "50", "--", "touch", str(marker)]) as p:

@@ -1,20 +1,32 @@
-"""The copy of one file onto a tier (placement/tiers.py, shim/tiercopy.c):
-small files in one call of the C routine, large ones in parallel chunks
-(NOTE [copy in C], NOTE [chunked copy])."""
+"""The copy of files onto a tier (placement/tiers.py, shim/tiercopy.c):
+small files many to one call of the C routine, others one per call, large
+ones in parallel chunks (NOTE [copy in C], NOTE [batch copy], NOTE [chunked
+copy])."""
 from __future__ import annotations
 
+import errno
 import os
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 from test_daemon import Setup
 
 from helpers import private_dir, wait_for
 from tiering.catalog import scan
 from tiering.placement.daemon import Daemon
-from tiering.placement.index import lib
-from tiering.placement.tiers import PfsReads, SourceChanged, TierState, copy_file
+from tiering.placement.index import ffi, lib
+from tiering.placement.tiers import (
+    BATCH_DTYPE,
+    BATCH_FILES,
+    BatchSource,
+    PfsReads,
+    SourceChanged,
+    TierState,
+    copy_batch,
+    copy_file,
+)
 
 MIB = 1 << 20
 
@@ -260,6 +272,7 @@ def test_every_read_of_a_chunked_copy_takes_a_pfs_slot_beside_small_copies(tmp_p
         return read
     monkeypatch.setattr(tiers, "_copy_range", counted(tiers._copy_range))
     monkeypatch.setattr(tiers, "_transfer", counted(tiers._transfer))
+    monkeypatch.setattr(tiers, "_transfer_many", counted(tiers._transfer_many))
     files = {"big.bin": 4 * MIB, **{f"s{k}.bin": 1000 + k for k in range(8)}}
     s = Setup(tmp_path, files, pfs_threads=slots, threads=4)
     try:
@@ -271,6 +284,159 @@ def test_every_read_of_a_chunked_copy_takes_a_pfs_slot_beside_small_copies(tmp_p
             assert s.state(rel) == 1
             assert (s.tier.data / "0" / rel).read_bytes() == s.contents[rel]
         assert peak[0] == slots
+    finally:
+        s.close()
+
+
+# -- small files in batches (NOTE [batch copy]) ------------------------------------------
+
+def _batch(tmp: Path, sizes: dict[str, int], roots: int = 1):  # type: ignore[no-untyped-def]
+    """A catalog of `roots` data roots holding the files `sizes` each, a
+    tier, and a BatchSource over them with a stop flag."""
+    datas, contents = [], {}
+    for r in range(roots):
+        data, c = _source(tmp / f"root{r}", sizes)
+        datas.append(data)
+        contents.update({(r, rel): v for rel, v in c.items()})
+    cat = scan([str(d) for d in datas])
+    stop = ffi.new("int32_t *")
+    return cat, contents, _tier(tmp), BatchSource(cat.files, cat.roots, stop), stop
+
+
+def _copied(ids: np.ndarray, source: BatchSource, tier: TierState, parts: list[int] | None = None) -> np.ndarray:
+    """copy_batch's outcomes of ids, joined (parts: the length of each)."""
+    got: list[np.ndarray] = []
+    copy_batch(ids, source, tier, got.append)
+    if parts is not None:
+        parts.extend(len(g) for g in got)
+    out = np.concatenate(got) if got else np.zeros(0, BATCH_DTYPE)
+    assert out["id"].tolist() == ids.tolist()    # every file once, in order
+    return out
+
+
+def test_a_batch_copies_files_of_many_directories_and_roots_byte_equal(tmp_path):
+    sizes = {f"c{k % 7}/deep/er/f{k}.bin": 37 * k for k in range(40)} | {"top.bin": 5000, "e.bin": 0}
+    cat, contents, tier, source, _ = _batch(tmp_path, sizes, roots=2)
+    ids = np.arange(len(cat.files), dtype=np.int64)
+    seen = 0
+    for part in np.array_split(ids, -(-len(ids) // BATCH_FILES)):
+        out = _copied(part, source, tier)
+        assert out["id"].tolist() == part.tolist()
+        assert (out["status"] == lib.TIERING_COPY_OK).all(), out
+        for (i, copied, blocks) in zip(part.tolist(), out["copied"].tolist(), out["blocks"].tolist()):
+            f = cat.files[i]
+            copy = tier.copy_path(f)
+            assert copy.read_bytes() == contents[(f.root, f.rel)]
+            assert copied == f.size and blocks == copy.stat().st_blocks
+            assert copy.stat().st_mode & 0o777 == 0o400
+            seen += 1
+    assert seen == len(sizes) * 2
+    # the directories it made are private, whatever the umask
+    assert all(d.stat().st_mode & 0o777 == 0o700 for d in tier.data.rglob("*") if d.is_dir())
+    assert list(tier.staging.iterdir()) == []
+
+
+def test_a_batch_goes_on_past_files_that_cannot_be_copied(tmp_path):
+    """A vanished source, one changed since the scan and one replaced by a
+    symlink each get their own status; the files around them are copied."""
+    sizes = {f"d/f{k}.bin": 1000 + k for k in range(6)}
+    cat, contents, tier, source, _ = _batch(tmp_path, sizes)
+    root = Path(cat.roots[0])
+    (root / "d/f1.bin").unlink()
+    (root / "d/f3.bin").write_bytes(b"other bytes")
+    (root / "d/f4.bin").unlink()
+    (root / "d/f4.bin").symlink_to(root / "d/f5.bin")
+    ids = np.array([next(i for i, f in enumerate(cat.files) if f.rel == rel) for rel in sizes], np.int64)
+    out = _copied(ids, source, tier)
+    assert out["status"].tolist() == [lib.TIERING_COPY_OK, lib.TIERING_COPY_SOURCE_ERROR, lib.TIERING_COPY_OK,
+                                      lib.TIERING_COPY_CHANGED, lib.TIERING_COPY_NOT_REGULAR, lib.TIERING_COPY_OK]
+    assert out["error"][1] == errno.ENOENT
+    for k, rel in enumerate(sizes):
+        copy = tier.data / "0" / rel
+        assert copy.exists() == (out["status"][k] == lib.TIERING_COPY_OK)
+        if copy.exists():
+            assert copy.read_bytes() == contents[(0, rel)]
+    assert list(tier.staging.iterdir()) == []
+
+
+def test_a_stopped_batch_tries_nothing_more_and_leaves_nothing(tmp_path):
+    sizes = {f"f{k}.bin": 2000 for k in range(10)}
+    cat, _, tier, source, stop = _batch(tmp_path, sizes)
+    stop[0] = 1
+    out = _copied(np.arange(10, dtype=np.int64), source, tier)
+    assert (out["status"] == lib.TIERING_COPY_STOPPED).all() and out["copied"].sum() == 0
+    assert list(tier.data.rglob("*")) == [] and list(tier.staging.iterdir()) == []
+    with pytest.raises(ValueError, match="at most"):
+        _copied(np.arange(BATCH_FILES + 1, dtype=np.int64) % 10, source, tier)
+
+
+def test_a_batch_hands_back_its_copies_as_its_time_budget_runs_out(tmp_path, monkeypatch):
+    """With a budget of 1 ns each C call copies one file and hands it back
+    (to be published) before the next is copied."""
+    from tiering.placement import tiers
+    monkeypatch.setattr(tiers, "BATCH_BUDGET_NS", 1)
+    sizes = {f"f{k}.bin": 100 * k for k in range(7)}
+    cat, contents, tier, source, _ = _batch(tmp_path, sizes)
+    parts: list[int] = []
+    out = _copied(np.arange(7, dtype=np.int64), source, tier, parts)
+    assert parts == [1] * 7 and (out["status"] == lib.TIERING_COPY_OK).all()
+    for f in cat.files:
+        assert tier.copy_path(f).read_bytes() == contents[(0, f.rel)]
+
+
+def test_a_batch_stopped_in_the_middle_of_a_file_removes_its_staging_file(tmp_path):
+    """The C routine's progress function sees the stop between steps: the
+    file being copied is not published and the rest is not tried."""
+    sizes = {f"f{k}.bin": 3000 for k in range(4)}
+    cat, _, tier, source, stop = _batch(tmp_path, sizes)
+    calls = []
+
+    def progress(arg, n):  # type: ignore[no-untyped-def]
+        calls.append(n)
+        if len(calls) == 2:      # the second file's first step
+            stop[0] = 1
+        return stop[0]
+    cb = ffi.callback("int(void *, uint64_t)", progress)
+    source.fields.update(progress=cb, arg=ffi.NULL)
+    out = _copied(np.arange(4, dtype=np.int64), source, tier)
+    assert out["status"].tolist() == [lib.TIERING_COPY_OK] + [lib.TIERING_COPY_STOPPED] * 3
+    assert [p.name for p in tier.data.rglob("*.bin")] == [cat.files[0].rel]
+    assert list(tier.staging.iterdir()) == []
+
+
+def test_the_daemon_copies_queued_small_files_in_batches(tmp_path, monkeypatch):
+    """Small files queued together are copied many to a C call, a file of
+    BATCH_BYTES or more on its own; every one is published byte-equal."""
+    from tiering.placement import tiers
+    calls: list[int] = []
+    single: list[int] = []
+    real_many, real_one = tiers._transfer_many, tiers._transfer
+
+    def many(b, files, n):  # type: ignore[no-untyped-def]
+        calls.append(n)
+        return real_many(b, files, n)
+
+    def one(*args):  # type: ignore[no-untyped-def]
+        single.append(1)
+        return real_one(*args)
+    monkeypatch.setattr(tiers, "_transfer_many", many)
+    monkeypatch.setattr(tiers, "_transfer", one)
+    monkeypatch.setattr(tiers, "BATCH_BUDGET_NS", 0)     # one C call per batch
+    files = {f"d{k % 5}/f{k}.bin": 100 + k for k in range(300)} | {"medium.bin": tiers.BATCH_BYTES}
+    s = Setup(tmp_path, files, pfs_threads=2, threads=2)
+    try:
+        s.d.close_pools()       # everything queued before a worker looks
+        for rel in files:
+            assert s.d.place(s.i[rel], 0)
+        s.d.start_pools()
+        s.wait()
+        assert s.d.stats.copies == len(files) and s.d.stats.copy_failures == 0
+        assert s.d.stats.pfs_opens == len(files) and s.d.stats.pfs_bytes == sum(files.values())
+        for rel in files:
+            assert s.state(rel) == 1 and (s.tier.data / "0" / rel).read_bytes() == s.contents[rel]
+        assert sum(calls) == 300 and max(calls) == BATCH_FILES and len(calls) <= 300 // 32, calls
+        assert single == [1]
+        assert s.tier.used == sum(p.stat().st_blocks * 512 for p in s.tier.data.rglob("*") if p.is_file())
     finally:
         s.close()
 

@@ -459,9 +459,10 @@ def test_disable_variable_turns_the_shim_off_under_tier_run(tmp_path):
 
 
 def test_a_hung_pfs_read_does_not_hold_tier_run_after_the_command(tmp_path, reliability):
-    """Copies blocked in a PFS read (simulated: _transfer never returns) are
-    abandoned after the stop timeout; tier-run cleans up, reports them and
-    exits with COMMAND's status instead of waiting for their threads."""
+    """Copies blocked in a PFS read (simulated: the C copy, of one file or of
+    a batch, never returns) are abandoned after the stop timeout; tier-run
+    cleans up, reports them and exits with COMMAND's status instead of
+    waiting for their threads."""
     data = tmp_path / "pfs"
     dataset(data, n=6)
     stats = tmp_path / "stats.json"
@@ -469,7 +470,7 @@ def test_a_hung_pfs_read_does_not_hold_tier_run_after_the_command(tmp_path, reli
     driver = patched_tier_run("import threading\n"
                               "import tiering.placement.daemon as d, tiering.placement.tiers as t\n"
                               "d.STOP_TIMEOUT = 0.5\n"
-                              f"t._transfer = lambda *a: open({str(hung)!r}, 'w').close() "
+                              f"t._transfer = t._transfer_many = lambda *a: open({str(hung)!r}, 'w').close() "
                               "or threading.Event().wait() or 0\n")
     # COMMAND exits once a copy hangs
     command = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import os; "

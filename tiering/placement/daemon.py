@@ -4,8 +4,8 @@ the local tiers and publish them in the shared index.
 Threads: one event thread drains the shim's event ring, delivers copy
 completions and calls the policy (every policy hook runs there: NOTE [one
 policy thread]); per tier a set of copy workers that take the copies placed
-on it from a queue, one after the other without waking another thread
-(NOTE [copy in C]); the PFS reads of all workers, each range of a chunked
+on it from a queue without waking another thread, small files many to a C
+call (NOTE [copy in C], NOTE [batch copy]); the PFS reads of all workers, each range of a chunked
 copy too, share one semaphore sized for the PFS's concurrency.  The lock
 guards the placement state (which file is where, copies in flight, tier
 accounting), which the workers change when a copy lands.
@@ -33,8 +33,20 @@ import numpy as np
 from ..catalog import Catalog
 from ..catalog.model import IntColumn
 from .api import NOT_PLACED, Policy, allocation
-from .index import Event, SharedIndex, events_array, lib
-from .tiers import CopyOf, CopySource, PfsReads, SourceChanged, TierState, copy_file
+from .index import Event, SharedIndex, events_array, ffi, lib
+from .tiers import (
+    BATCH_BYTES,
+    BATCH_FILES,
+    BatchSource,
+    CopyOf,
+    CopySource,
+    PfsReads,
+    SourceChanged,
+    TierState,
+    batch_failure,
+    copy_batch,
+    copy_file,
+)
 
 if TYPE_CHECKING:   # the peer tier (grpc) is imported only when the job has peers
     from ..cluster.links import PeerLinks
@@ -121,6 +133,8 @@ class Daemon:
         self.pfs_threads = max(1, pfs_threads)
         self._reads = PfsReads(self.pfs_threads)   # NOTE [chunked copy]
         self._stop = threading.Event()
+        self._stop_flag = ffi.new("int32_t *")    # the same, for copies in C (NOTE [batch copy])
+        self._batch = BatchSource(catalog.files, catalog.roots, self._stop_flag)
         # catalog index by slot, and where each file is (tier or NOT_PLACED)
         self.file_of_slot = np.full(int(index.header.nslots), -1, np.int32)
         self.file_of_slot[np.asarray(slots, np.int64)] = np.arange(len(slots), dtype=np.int32)
@@ -220,8 +234,10 @@ class Daemon:
         for k, t in enumerate(self.tiers):
             # a copy waits on the PFS most of the time: enough workers that the
             # PFS's concurrency (the semaphore) is what bounds the reads
-            for n in range(max(1, t.threads, self.pfs_threads)):
-                w = threading.Thread(target=self._worker, args=(k,), name=f"tiering-{t.name}-{n}", daemon=True)
+            workers = max(1, t.threads, self.pfs_threads)
+            for n in range(workers):
+                w = threading.Thread(target=self._worker, args=(k, workers), name=f"tiering-{t.name}-{n}",
+                                     daemon=True)
                 w.start()
                 self._workers.append(w)
 
@@ -253,6 +269,7 @@ class Daemon:
         deadline = time.monotonic() + timeout
         with self._lock:  # a place() past its stop check has queued already
             self._stop.set()
+            self._stop_flag[0] = 1
             self._cancel_queued()
         if self.peers is not None:
             self.peers.wake()   # copies waiting for the homes
@@ -398,8 +415,10 @@ class Daemon:
         self._where[i] = NOT_PLACED
 
     # -- the copy workers --------------------------------------------------------
-    def _worker(self, tier: int) -> None:
-        """Copies what is placed on the tier, in order, until stop."""
+    def _worker(self, tier: int, workers: int) -> None:
+        """Copies what is placed on the tier, in order, until stop: a small
+        file with the small files queued after it, at most a share of the
+        queue among the tier's workers (NOTE [batch copy]), a large one alone."""
         q, work = self._queued[tier], self._work[tier]
         while True:
             with self._lock:
@@ -407,9 +426,20 @@ class Daemon:
                     work.wait()
                 if self._stop.is_set() or self._closing:
                     return
-                i, reserved = q.popleft()
-                self._running += 1
-            self._copy_job(i, tier, reserved)   # ends _running's count of it
+                batch = [q.popleft()]
+                if self._batched(batch[0][0]):
+                    share = min(BATCH_FILES, -(-(len(q) + 1) // workers))
+                    while q and len(batch) < share and self._batched(q[0][0]):
+                        batch.append(q.popleft())
+                self._running += len(batch)
+            if len(batch) == 1 and not self._batched(batch[0][0]):
+                self._copy_job(batch[0][0], tier, batch[0][1])   # ends _running's count of it
+            else:
+                self._copy_batch_job(batch, tier)
+
+    def _batched(self, i: int) -> bool:
+        """File i is copied in a batch: small, and no peer may serve it."""
+        return self.peers is None and int(self._sizes_array[i]) < BATCH_BYTES
 
     def _count_read(self, n: int) -> None:
         """The bytes a copy read: a small file's are added up in its thread and
@@ -471,6 +501,75 @@ class Daemon:
         elif failure is not None:
             log.debug("copy of %s to %s failed: %s", src, t.name, failure)
         self._landed.put((i, tier, published))
+
+    def _copy_many(self, ids: np.ndarray, t: TierState, done: Callable[[np.ndarray], None]) -> None:
+        """A batch of small copies, inside the PFS semaphore (tests wrap it)."""
+        copy_batch(ids, self._batch, t, done)
+
+    def _copy_batch_job(self, batch: list[tuple[int, int]], tier: int) -> None:
+        """Small copies in C (NOTE [batch copy]) in one PFS slot; each part
+        of the batch the C routine hands back is published and accounted,
+        and no longer counted as running, in one hold of the lock."""
+        t = self.tiers[tier]
+        ids = np.fromiter((i for i, _ in batch), np.int64, len(batch))
+        settled = 0
+
+        def done(out: np.ndarray) -> None:
+            nonlocal settled
+            self._settle_batch(batch[settled:settled + len(out)], tier, out, None)
+            settled += len(out)
+        failure: Exception | None = None
+        try:
+            with self._reads.semaphore:
+                with self._lock:
+                    self._reading += 1
+                try:
+                    self._copy_many(ids, t, done)
+                finally:
+                    with self._lock:
+                        self._reading -= 1
+        except Exception as e:   # the files not settled read from the PFS
+            failure = e
+        finally:
+            if settled < len(batch):
+                self._settle_batch(batch[settled:], tier, None, failure)
+
+    def _settle_batch(self, part: list[tuple[int, int]], tier: int, out: np.ndarray | None,
+                      failure: Exception | None) -> None:
+        """Settles files of a batch, with their outcomes (None: not copied,
+        failed with `failure` when given) in one hold of the lock; logs and
+        tells the policy after it."""
+        noted: list[tuple[str, Exception]] = []
+        landed: list[tuple[int, int, bool]] = []
+        stopped = lib.TIERING_COPY_STOPPED
+        statuses = out["status"].tolist() if out is not None else [stopped] * len(part)
+        with self._lock:
+            try:
+                if out is not None:
+                    self.stats.pfs_opens += sum(1 for st in statuses if st != stopped)
+                    self.stats.pfs_bytes += int(out["copied"].sum())
+                for k, (i, reserved) in enumerate(part):
+                    allocated, error, src = None, failure, ""
+                    if statuses[k] == lib.TIERING_COPY_OK and out is not None:
+                        allocated = int(out["blocks"][k]) * 512
+                    elif statuses[k] != stopped and out is not None:
+                        src = self.catalog.source_path(CopyOf.of(self.files, i))
+                        error = batch_failure(statuses[k], int(out["error"][k]), src)
+                    if error is not None:
+                        src = src or self.catalog.source_path(CopyOf.of(self.files, i))
+                        noted.append((src, error))
+                    landed.append((i, tier, self._settle(i, tier, reserved, allocated, error, src)))
+            finally:
+                self._running -= len(part)
+                if not self._running:
+                    self._quiet.notify_all()
+        for src, error in noted:
+            if isinstance(error, SourceChanged):
+                log.info("%s changed since the scan: not placed", src)
+            else:
+                log.debug("copy of %s to %s failed: %s", src, self.tiers[tier].name, error)
+        for item in landed:
+            self._landed.put(item)
 
     # -- the peer tier (NOTE [node-aware plan]) -----------------------------------
     def _take_homes(self) -> None:

@@ -31,6 +31,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
+import numpy as np
+
 from ..catalog import FileTable
 from ..catalog.model import FileRef
 from .index import ffi, lib
@@ -40,6 +42,11 @@ log = logging.getLogger("tiering")
 CHUNK_ALIGN = 1 << 20      # the ranges of a chunked copy start at multiples of this
 CHUNKED_BYTES = 64 << 20   # files of this size or more are copied in parallel chunks (profile: large_file_mb)
 CHUNK_THREADS = 4          # ... by this many threads
+BATCH_BYTES = 1 << 20      # files smaller than this are copied many to a C call (NOTE [batch copy])
+BATCH_FILES = 64           # ... at most this many
+BATCH_BUDGET_NS = 2_000_000   # a batch's copies are published at least this often
+# struct tiering_batch_file as numpy sees it (checked against cffi's layout on first use)
+BATCH_DTYPE = np.dtype([("id", "<i8"), ("status", "<i4"), ("error", "<i4"), ("copied", "<i8"), ("blocks", "<i8")])
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -429,6 +436,108 @@ def _raise_for(status: int, err: int, src: str) -> None:
     if reason is not None:
         raise SourceChanged(f"{src} {reason}")
     raise OSError(err or errno.EIO, os.strerror(err or errno.EIO), src)
+
+
+class BatchSource:
+    """What tiering_copy_batch reads to copy a catalogued file (NOTE [batch
+    copy]): the catalog's path blob and columns as C pointers, the data roots
+    by id, and the daemon's stop flag (an int32 set by Daemon.stop).  Made
+    once per daemon; it keeps the arrays it points into alive."""
+
+    def __init__(self, files: FileTable, roots: list[str], stop: Any):
+        c = files.columns
+        self._arrays = (files.paths, files.offsets, files.root, c["size"], c["mtime_ns"], c["link"].view(np.uint8))
+        self._roots = [ffi.new("char[]", os.fsencode(r)) for r in roots]
+        self.fields = {
+            "paths": ffi.from_buffer("uint8_t[]", self._arrays[0]),
+            "offsets": ffi.from_buffer("int64_t[]", self._arrays[1]),
+            "root": ffi.from_buffer("int32_t[]", self._arrays[2]),
+            "size": ffi.from_buffer("int64_t[]", self._arrays[3]),
+            "mtime_ns": ffi.from_buffer("int64_t[]", self._arrays[4]),
+            "link": ffi.from_buffer("uint8_t[]", self._arrays[5]),
+            "roots": ffi.new("char *[]", self._roots), "nroots": len(roots), "stop": stop}
+
+
+class _BatchCall:
+    """A copying thread's arguments of tiering_copy_batch, made once per
+    thread and daemon: the struct, the staging name and BATCH_FILES
+    outcomes, seen from numpy too."""
+
+    _local = threading.local()
+
+    def __init__(self, source: BatchSource):
+        self.source = source
+        self.name = ffi.new("char[]", f"{threading.get_ident()}-{os.getpid()}.part".encode())
+        self.b = ffi.new("struct tiering_batch *", {**source.fields, "name": self.name})
+        self.files = ffi.new("struct tiering_batch_file[]", BATCH_FILES)
+        if ffi.sizeof("struct tiering_batch_file") != BATCH_DTYPE.itemsize:
+            raise RuntimeError("struct tiering_batch_file and BATCH_DTYPE differ")
+        self.view = np.frombuffer(ffi.buffer(self.files), BATCH_DTYPE)
+
+    @classmethod
+    def of_thread(cls, source: BatchSource) -> _BatchCall:
+        call: _BatchCall | None = getattr(cls._local, "call", None)
+        if call is None or call.source is not source:
+            call = cls._local.call = cls(source)
+        return call
+
+
+def copy_batch(ids: np.ndarray, source: BatchSource, tier: TierState, done: Callable[[np.ndarray], None]) -> None:
+    """Copies the small files `ids` (at most BATCH_FILES, each under
+    BATCH_BYTES) into the tier under their final names, in order, with the
+    GIL released (NOTE [batch copy]).  done(outcomes) is called with the
+    outcomes of the files copied so far, in ids' order, at least every
+    BATCH_BUDGET_NS and at the end, so that each is published soon after
+    its copy: a structured array (BATCH_DTYPE) of a TIERING_COPY_* status
+    per file (STOPPED: not copied: the daemon stops), the errno, the bytes
+    read and the copy's st_blocks.  Every file of ids is in exactly one
+    call.  A staging directory found gone is made again (twice at most).
+    Checks and leftovers as copy_file's.  The caller holds one slot of the
+    PFS semaphore."""
+    n = len(ids)
+    if n > BATCH_FILES:
+        raise ValueError(f"a batch copies at most {BATCH_FILES} files, not {n}")
+    call = _BatchCall.of_thread(source)
+    out = call.view[:n]
+    out["id"] = ids
+    out["status"] = -1
+    call.b.data_fd = tier.dirs.data.top_fd
+    call.b.budget_ns = BATCH_BUDGET_NS
+    first = ffi.cast("struct tiering_batch_file *", call.files)
+    at, remade = 0, 0
+    while at < n:
+        staging_fd = tier.dirs.staging_fd
+        call.b.staging_fd = staging_fd
+        k = _transfer_many(call.b, first + at, n - at)
+        if k:
+            done(out[at:at + k].copy())
+            at += k
+        if at == n:
+            return
+        status = int(out["status"][at])
+        if status == lib.TIERING_COPY_NO_STAGING and remade < 2:
+            remade += 1
+            tier.dirs.remake_staging(staging_fd)
+        elif status != -1 or not k:      # stopped, or the staging directory is gone for good
+            rest = out[at:]
+            rest["status"][rest["status"] == -1] = lib.TIERING_COPY_STOPPED
+            done(rest.copy())
+            return
+
+
+def _transfer_many(b: Any, files: Any, n: int) -> int:
+    """The batch in C, the GIL released: how many files were tried."""
+    return int(lib.tiering_copy_batch(b, files, n))
+
+
+def batch_failure(status: int, err: int, src: str) -> Exception | None:
+    """What a file of a batch that ended with a TIERING_COPY_* status other
+    than OK and STOPPED failed with: SourceChanged or OSError."""
+    try:
+        _raise_for(status, err, src)
+    except (SourceChanged, OSError) as e:
+        return e
+    return None
 
 
 def _copy_chunked(src: str, f: CopySource, tier: TierState, stop: threading.Event,
