@@ -233,7 +233,25 @@ struct reader {
     int failed;
 };
 
-static int read_one(struct reader *r, const char *p, unsigned char *buf, size_t cap, struct phase *ph)
+/* What a reading thread counted since it last added it to its phase. */
+struct tally {
+    uint64_t checksum, bytes;
+    size_t files, tier, pfs;
+};
+
+static void add_tally(struct reader *r, struct phase *ph, struct tally *t)
+{
+    pthread_mutex_lock(&r->lock);
+    r->checksum += t->checksum;
+    ph->files += t->files;
+    ph->bytes += t->bytes;
+    ph->tier += t->tier;
+    ph->pfs += t->pfs;
+    pthread_mutex_unlock(&r->lock);
+    memset(t, 0, sizeof *t);
+}
+
+static int read_one(const char *p, unsigned char *buf, size_t cap, struct tally *t)
 {
     int fd = open(p, O_RDONLY);
     if (fd < 0) {
@@ -266,15 +284,13 @@ static int read_one(struct reader *r, const char *p, unsigned char *buf, size_t 
         perror(p);
         return -1;
     }
-    pthread_mutex_lock(&r->lock);
-    r->checksum += h;
-    ph->files++;
-    ph->bytes += (uint64_t)off;
+    t->checksum += h;
+    t->files++;
+    t->bytes += (uint64_t)off;
     if (strcmp(where, p) == 0)
-        ph->pfs++;
+        t->pfs++;
     else
-        ph->tier++;
-    pthread_mutex_unlock(&r->lock);
+        t->tier++;
     return 0;
 }
 
@@ -293,16 +309,19 @@ static int run_paced(struct reader *r, struct phase *ph)
     unsigned char *buf = malloc(cap);
     double t0 = wall();
     size_t k = 0;
+    struct tally t = {0};
+    int rc = 0;
     while (r->pos < r->n && wall() - t0 < ph->seconds) {
         sleep_until(t0 + (double)k / ph->rate);
-        if (read_one(r, r->paths[r->pos++], buf, cap, ph) < 0) {
-            free(buf);
-            return -1;
+        if (read_one(r->paths[r->pos++], buf, cap, &t) < 0) {
+            rc = -1;
+            break;
         }
         k++;
     }
+    add_tally(r, ph, &t);
     free(buf);
-    return 0;
+    return rc;
 }
 
 struct full_arg {
@@ -316,17 +335,20 @@ static void *full_worker(void *arg)
     struct reader *r = a->r;
     size_t cap = 1 << 20;
     unsigned char *buf = malloc(cap);
+    struct tally t = {0};
     for (;;) {
         size_t first = __atomic_fetch_add(&r->pos, CHUNK, __ATOMIC_RELAXED);
         if (first >= r->n || r->failed)
             break;
         size_t last = first + CHUNK < r->n ? first + CHUNK : r->n;
         for (size_t k = first; k < last; k++)
-            if (read_one(r, r->paths[k], buf, cap, a->ph) < 0) {
+            if (read_one(r->paths[k], buf, cap, &t) < 0) {
                 r->failed = 1;
                 break;
             }
+        add_tally(r, a->ph, &t);      /* once per CHUNK: the threads do not queue on the lock */
     }
+    add_tally(r, a->ph, &t);
     free(buf);
     return NULL;
 }
