@@ -54,6 +54,9 @@ if TYPE_CHECKING:   # the peer tier (grpc) is imported only when the job has pee
 log = logging.getLogger("tiering")
 
 STOP_TIMEOUT = 10.0   # seconds stop() waits for running copies (a hung PFS read cannot be interrupted)
+TICK = 0.005          # seconds between the event thread's turns while copies are in flight or events many
+IDLE_TICK = 0.02      # ... and while neither (NOTE [event batches])
+BUSY_EVENTS = 256     # events drained in one turn that count as many
 MAX_ERRORS = 20       # error messages kept for the summary
 
 
@@ -304,8 +307,9 @@ class Daemon:
         self._guarded(self.policy.start)
         last_tail_move = time.monotonic()
         last_pending = -1
-        while not self._stop.wait(0.005):
-            self._deliver_landed()
+        wait = TICK
+        while not self._stop.wait(wait):
+            landed = self._deliver_landed()
             # orders first: the hook writes an epoch's order before that epoch opens a file
             self._guarded(self.policy.poll)
             pending = self.index.pending_events()
@@ -316,13 +320,18 @@ class Daemon:
             last_pending = self.index.pending_events()
             self._guarded(self._handle, events)
             self._guarded(self._take_homes)
+            # a turn costs the policy's numpy calls whatever the batch: few events, no copies, fewer turns
+            wait = TICK if landed or self._pending or len(events) >= BUSY_EVENTS else IDLE_TICK
 
-    def _deliver_landed(self) -> None:
+    def _deliver_landed(self) -> int:
+        """Tells the policy of the copies that landed; how many."""
+        n = 0
         while True:
             try:
                 i, tier, published = self._landed.get_nowait()
             except queue.Empty:
-                return
+                return n
+            n += 1
             if published:
                 self._guarded(self.policy.on_placed, i, tier)
             else:
