@@ -65,10 +65,12 @@ static ssize_t step(int in, int out, uint64_t at, size_t want, int *via, int fal
     }
 }
 
+/* via_io: where the way to copy starts and is left for the next copy
+ * between the same file systems (NULL: copy_file_range first). */
 static int64_t copy_range(int in, int out, uint64_t off, uint64_t len, tiering_progress_fn progress,
-                          void *arg, int fallback)
+                          void *arg, int fallback, int *via_io)
 {
-    int via = VIA_RANGE;
+    int via = via_io ? *via_io : VIA_RANGE;
     char *buf = NULL;
     uint64_t done = 0;
     int64_t r = 0;
@@ -91,6 +93,8 @@ static int64_t copy_range(int in, int out, uint64_t off, uint64_t len, tiering_p
     }
     int saved = errno;
     free(buf);
+    if (via_io)
+        *via_io = via;
     errno = saved;
     return r < 0 ? r : (int64_t)done;
 }
@@ -102,7 +106,7 @@ static int64_t copy_range(int in, int out, uint64_t off, uint64_t len, tiering_p
 EXPORT int64_t tiering_copy_range(int in, int out, uint64_t off, uint64_t len,
                                   tiering_progress_fn progress, void *arg)
 {
-    return copy_range(in, out, off, len, progress, arg, VIA_BUFFER);
+    return copy_range(in, out, off, len, progress, arg, VIA_BUFFER, NULL);
 }
 
 /* The source is the regular file of the catalog: same size and mtime. */
@@ -120,16 +124,17 @@ static int check_source(int fd, const struct tiering_copy *c)
 
 /* NOTE [staging files]: the one way a copy's staging file is made, for the
  * daemon's copies and the peer tier's: write-only, O_EXCL, never through a
- * symlink, close-on-exec, mode 0600; one left by an earlier copy under the
- * same name is removed first.  The fd, or -errno (-ENOENT: the staging
+ * symlink, close-on-exec, mode 0400 (written only through this fd: a copy
+ * is read-only from its start); one left by an earlier copy under the same
+ * name is removed first.  The fd, or -errno (-ENOENT: the staging
  * directory is gone). */
 EXPORT int tiering_staging_create(int staging_fd, const char *name)
 {
     const int flags = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
-    int out = (int)syscall(SYS_openat, staging_fd, name, flags, 0600);
+    int out = (int)syscall(SYS_openat, staging_fd, name, flags, 0400);
     if (out < 0 && errno == EEXIST) { /* left by an earlier copy of this thread */
         syscall(SYS_unlinkat, staging_fd, name, 0);
-        out = (int)syscall(SYS_openat, staging_fd, name, flags, 0600);
+        out = (int)syscall(SYS_openat, staging_fd, name, flags, 0400);
     }
     return out < 0 ? -errno : out;
 }
@@ -170,7 +175,7 @@ static int copy_open(const char *src, int staging_fd, const char *name, struct t
 
 /* After the copy of `copied` bytes (at most size + 1 were tried; -1: failed,
  * errno in c->error; -2: stopped): checks the size and the source again,
- * makes the copy read-only, closes both fds and renames the staging file to
+ * closes both fds and renames the staging file (read-only since made) to
  * leaf in dst_fd.  Anything but TIERING_COPY_OK removes the staging file. */
 static int copy_finish(struct tiering_copy *c, int64_t copied, int staging_fd, const char *name,
                        int dst_fd, const char *leaf)
@@ -187,7 +192,7 @@ static int copy_finish(struct tiering_copy *c, int64_t copied, int staging_fd, c
             r = (uint64_t)copied > c->size ? TIERING_COPY_GREW : TIERING_COPY_SHRANK;
         else if ((r = check_source(c->fd_in, c)) != TIERING_COPY_OK)
             c->error = errno;
-        else if (syscall(SYS_fchmod, c->fd_out, 0400) < 0 || sys_fstat(c->fd_out, &st) < 0) /* never written through */
+        else if (sys_fstat(c->fd_out, &st) < 0)
             r = TIERING_COPY_TARGET_ERROR, c->error = errno;
         else
             c->blocks = (int64_t)st.st_blocks;
@@ -225,7 +230,7 @@ EXPORT int tiering_copy_file(const char *src, int staging_fd, const char *name, 
     int r = copy_open(src, staging_fd, name, c);
     if (r != TIERING_COPY_OK)
         return r;
-    int64_t n = copy_range(c->fd_in, c->fd_out, 0, c->size + 1, progress, arg, VIA_SENDFILE);
+    int64_t n = copy_range(c->fd_in, c->fd_out, 0, c->size + 1, progress, arg, VIA_SENDFILE, NULL);
     if (n == -1)
         c->error = errno;
     return copy_finish(c, n, staging_fd, name, dst_fd, leaf);
@@ -240,6 +245,8 @@ struct parent_cache {
     char key[PATH_MAX];
     size_t len;
     int fd;
+    int root_fd[TIERING_MAX_ROOTS];   /* data/<root id> */
+    int via[TIERING_MAX_ROOTS];       /* how the last copy from that root went (copy_range) */
 };
 
 static int open_component(int at, const char *name)
@@ -257,22 +264,33 @@ static int open_component(int at, const char *name)
     return fd;
 }
 
-static int parent_fd(int data_fd, const char *key, size_t len, struct parent_cache *pc)
+/* key: "<root id>" or "<root id>/<parent>" (root < TIERING_MAX_ROOTS). */
+static int parent_fd(int data_fd, int root, const char *key, size_t len, struct parent_cache *pc)
 {
     if (pc->fd >= 0 && pc->len == len && memcmp(pc->key, key, len) == 0)
         return pc->fd;
+    if (pc->root_fd[root] < 0) {
+        char name[16];
+        snprintf(name, sizeof name, "%d", root);
+        if ((pc->root_fd[root] = open_component(data_fd, name)) < 0)
+            return -1;
+    }
+    const char *slash = memchr(key, '/', len);
+    if (!slash)
+        return pc->root_fd[root];
     if (pc->fd >= 0)
         sys_close(pc->fd);
     pc->fd = -1;
     char part[PATH_MAX];
-    memcpy(part, key, len);
-    part[len] = 0;
-    int at = data_fd;
-    for (char *name = part, *slash; name; name = slash) {
-        if ((slash = strchr(name, '/')))
-            *slash++ = 0;
+    size_t rest = len - (size_t)(slash + 1 - key);
+    memcpy(part, slash + 1, rest);
+    part[rest] = 0;
+    int at = pc->root_fd[root];
+    for (char *name = part, *next; name; name = next) {
+        if ((next = strchr(name, '/')))
+            *next++ = 0;
         int fd = open_component(at, name);
-        if (at != data_fd)
+        if (at != pc->root_fd[root])
             sys_close(at);
         if (fd < 0)
             return -1;
@@ -304,7 +322,7 @@ static int copy_one(const struct tiering_batch *b, struct tiering_batch_file *f,
     f->copied = 0;
     f->blocks = 0;
     f->error = 0;
-    if (root < 0 || root >= b->nroots) {
+    if (root < 0 || root >= b->nroots || root >= TIERING_MAX_ROOTS) {
         f->error = EINVAL;
         return TIERING_COPY_SOURCE_ERROR;
     }
@@ -331,10 +349,10 @@ static int copy_one(const struct tiering_batch *b, struct tiering_batch_file *f,
     if (r == TIERING_COPY_OK) {
         tiering_progress_fn progress = b->progress ? b->progress : stop_flag;
         void *arg = b->progress ? b->arg : (void *)b->stop;
-        int64_t n = copy_range(c.fd_in, c.fd_out, 0, c.size + 1, progress, arg, VIA_SENDFILE);
+        int64_t n = copy_range(c.fd_in, c.fd_out, 0, c.size + 1, progress, arg, VIA_SENDFILE, &pc->via[root]);
         if (n == -1)
             c.error = errno;
-        int dst = n >= 0 ? parent_fd(b->data_fd, key, (size_t)key_len, pc) : -1;
+        int dst = n >= 0 ? parent_fd(b->data_fd, root, key, (size_t)key_len, pc) : -1;
         if (n >= 0 && dst < 0) {
             int e = errno;
             copy_finish(&c, -2, b->staging_fd, b->name, -1, "");
@@ -360,6 +378,8 @@ static int64_t now_ns(void)
 EXPORT int64_t tiering_copy_batch(const struct tiering_batch *b, struct tiering_batch_file *files, int64_t n)
 {
     struct parent_cache pc = {.len = 0, .fd = -1};
+    for (int r = 0; r < TIERING_MAX_ROOTS; r++)
+        pc.root_fd[r] = -1, pc.via[r] = VIA_RANGE;
     int64_t end = b->budget_ns > 0 ? now_ns() + b->budget_ns : 0;
     int64_t k = 0;
     while (k < n) {
@@ -378,5 +398,8 @@ EXPORT int64_t tiering_copy_batch(const struct tiering_batch *b, struct tiering_
     }
     if (pc.fd >= 0)
         sys_close(pc.fd);
+    for (int r = 0; r < TIERING_MAX_ROOTS; r++)
+        if (pc.root_fd[r] >= 0)
+            sys_close(pc.root_fd[r]);
     return k;
 }

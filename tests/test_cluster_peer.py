@@ -204,7 +204,8 @@ def test_fetch_copy_puts_the_copy_in_place_on_the_tier(served):
 
 def test_a_staging_file_is_made_as_the_c_copy_makes_its_own(tmp_path):
     """TierDirs.create_staging (the peer tier's copies) goes through the C
-    copy's tiering_staging_create: the file is new and 0600, a leftover of
+    copy's tiering_staging_create: the file is new and 0400 (written through
+    its fd only: a copy is read-only from its start), a leftover of
     the same name is replaced, a symlink at the name is never followed, and
     a staging directory that vanished is made again."""
     from tiering.placement.index import lib
@@ -236,7 +237,7 @@ def test_a_staging_file_is_made_as_the_c_copy_makes_its_own(tmp_path):
             os.close(fd)
             assert dir_fd == dirs.staging_fd
             st = os.lstat(staging / name)
-            assert stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600
+            assert stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o400
             assert (staging / name).read_bytes() == b"new"
         assert victim.read_bytes() == b"not mine"
         for name in os.listdir(staging):

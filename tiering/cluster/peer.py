@@ -321,7 +321,7 @@ class PeerClient:
         its size.  Raises PeerUnavailable, leaving no dest, unless the call
         ended OK within ``timeout`` seconds with exactly key.size bytes; an
         OSError of the local write passes through (dest removed as well)."""
-        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o400)
         done = False
         try:
             got = self.fetch_into(key, fd, timeout, stop)
@@ -378,7 +378,6 @@ def _write(chunks: Any, fd: int, size: int, stop: threading.Event | None) -> int
         view = memoryview(chunk)
         while view:
             view = view[os.write(fd, view):]
-    os.fchmod(fd, 0o400)   # a copy is never written through
     return got
 
 
