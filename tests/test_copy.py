@@ -441,6 +441,32 @@ def test_the_daemon_copies_queued_small_files_in_batches(tmp_path, monkeypatch):
         s.close()
 
 
+def test_copies_placed_in_one_turn_of_the_event_thread_wake_the_workers_once(tmp_path, monkeypatch):
+    """The policy places its copies one by one; inside the event thread's
+    turn (Daemon._waking_later) no worker is woken until the turn ends, so
+    the queue is shared out in whole batches, not one copy to the first
+    worker woken."""
+    from tiering.placement import tiers
+    calls: list[int] = []
+    real = tiers._transfer_many
+    monkeypatch.setattr(tiers, "_transfer_many", lambda b, files, n: calls.append(n) or real(b, files, n))
+    monkeypatch.setattr(tiers, "BATCH_BUDGET_NS", 0)
+    files = {f"d{k % 3}/f{k}.bin": 200 + k for k in range(256)}
+    s = Setup(tmp_path, files, pfs_threads=4, threads=4)
+    try:
+        wait_for(lambda: s.d._idle[0] == 4, "the four workers idle")
+        with s.d._waking_later():
+            for rel in files:
+                assert s.d.place(s.i[rel], 0)
+            assert s.d._running == 0 and len(s.d._queued[0]) == len(files)   # nobody woken yet
+        s.wait()
+        for rel in files:
+            assert s.state(rel) == 1 and (s.tier.data / "0" / rel).read_bytes() == s.contents[rel]
+        assert sum(calls) == len(files) and max(calls) == BATCH_FILES and len(calls) <= 8, calls
+    finally:
+        s.close()
+
+
 # -- the profile key -----------------------------------------------------------------
 
 def test_chunked_copy_mb_is_read_from_the_profile_with_a_default(tmp_path):

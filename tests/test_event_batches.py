@@ -177,6 +177,37 @@ def test_a_large_plan_reaches_the_daemon_a_bounded_number_of_copies_at_a_time() 
     assert policy.report()["planned_not_issued"] == 0 and policy.fetches == n
 
 
+def test_copies_landed_together_leave_the_plan_as_landed_one_by_one() -> None:
+    """The daemon hands a batch's copies to the policy together (on_landed):
+    the plan, what is handed out and what is dropped are those of on_placed
+    and on_failed called for each (NOTE [batch copy])."""
+    n = 3000
+    order = np.random.default_rng(5).permutation(n)
+    runs = []
+    for together in (False, True):
+        fake = FakePlacement(n, 10 * 4096 * n)
+        policy = Clairvoyant(fake, ListFeed(iter([order])))  # type: ignore[arg-type]
+        policy.start()
+        handed: list[int] = []
+        k = 0
+        while fake.pending:
+            batch = np.array(fake.pending[:200], np.int64)
+            del fake.pending[:200]
+            handed.extend(batch.tolist())
+            ok = np.arange(k, k + len(batch)) % 17 != 3       # every 17th copy fails
+            k += len(batch)
+            fake.placed.extend(batch[ok].tolist())
+            if together:
+                policy.on_landed(batch, 0, ok)
+            else:
+                for f, good in zip(batch.tolist(), ok.tolist()):
+                    policy.on_placed(f, 0) if good else policy.on_failed(f)
+        assert policy.planner is not None
+        runs.append((handed, policy.fetches, policy.refused, sorted(policy.planner.resident.items())))
+    assert runs[0] == runs[1]
+    assert len(runs[0][0]) == n and runs[0][1] == n
+
+
 def test_a_late_drain_spanning_several_epochs_is_followed() -> None:
     """A daemon starved of CPU drains opens of several epochs at once, more
     than the plan knew ahead: the next epochs become known as the reader

@@ -522,6 +522,17 @@ class Clairvoyant(Policy):
             self.planner.drop(i)
         self._refill()
 
+    def on_landed(self, files: np.ndarray, tier: int, published: np.ndarray) -> None:
+        """on_placed and on_failed of a batch's copies, then one refill."""
+        planner = self.planner
+        for i, ok in zip(files.tolist(), published.tolist()):
+            if not ok:
+                if planner is not None:
+                    planner.drop(i)
+            elif self.following and planner is not None and not planner.adopt_if_room(i, tier):
+                self.placement.evict(i)  # the plan holds it elsewhere or has no room for it
+        self._refill()
+
     def _refill(self) -> None:
         """Issues in batches, not one action per landed copy (NOTE [copy in C])."""
         if self.in_flight - self.placement.copies_in_flight() >= self.refill:

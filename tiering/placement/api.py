@@ -115,6 +115,16 @@ class Policy:
     def on_failed(self, i: int) -> None:
         """A queued copy of file i was not published (failure, change, stop, write)."""
 
+    def on_landed(self, files: np.ndarray, tier: int, published: np.ndarray) -> None:
+        """Copies onto tier that ended together, in order (catalog ids, and
+        whether each was published): on_placed or on_failed for each unless
+        overridden (NOTE [batch copy])."""
+        for i, ok in zip(files.tolist(), published.tolist()):
+            if ok:
+                self.on_placed(i, tier)
+            else:
+                self.on_failed(i)
+
     def report(self) -> dict[str, Any]:
         """Policy-specific statistics for the summary."""
         return {}

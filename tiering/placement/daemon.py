@@ -25,6 +25,7 @@ import time
 from array import array
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -54,8 +55,8 @@ if TYPE_CHECKING:   # the peer tier (grpc) is imported only when the job has pee
 log = logging.getLogger("tiering")
 
 STOP_TIMEOUT = 10.0   # seconds stop() waits for running copies (a hung PFS read cannot be interrupted)
-TICK = 0.005          # seconds between the event thread's turns while copies are in flight or events many
-IDLE_TICK = 0.02      # ... and while neither (NOTE [event batches])
+TICK = 0.005          # seconds between two turns of the event thread at least (NOTE [event batches])
+IDLE_TICK = 0.02      # ... at most; sooner only when copies land or a turn drained BUSY_EVENTS or more
 BUSY_EVENTS = 256     # events drained in one turn that count as many
 MAX_ERRORS = 20       # error messages kept for the summary
 
@@ -116,6 +117,12 @@ class _Tally(threading.local):
     n = 0
 
 
+class _Held(threading.local):
+    """Per tier, the copies a thread placed while their workers' wake-up is
+    held (Daemon._waking_later); None: not held."""
+    counts: list[int] | None = None
+
+
 class Daemon:
     """Implements the Placement contract (placement/api.py) for its policy."""
 
@@ -151,12 +158,16 @@ class Daemon:
         # condition on the lock its idle workers wait on
         self._queued: list[deque[tuple[int, int]]] = [deque() for _ in tiers]
         self._work = [threading.Condition(self._lock) for _ in tiers]
+        self._idle = [0] * len(tiers)       # per tier: workers waiting for copies
         self._running = 0                   # copies taken from a queue and not finished
         self._quiet = threading.Condition(self._lock)   # notified when _running drops to 0
         self._tally = _Tally()              # per copying thread: the bytes its small copy read so far
+        self._held = _Held()                # the event thread's wake-ups of workers held for a turn
         self._workers: list[threading.Thread] = []
         self._closing = False                # close_pools(): workers end when idle
-        self._landed: queue.SimpleQueue[tuple[int, int, bool]] = queue.SimpleQueue()  # file, tier, published
+        # copies that ended, for the policy: (files, tier, published), one item per copy or part of a batch
+        self._landed: queue.SimpleQueue[tuple[np.ndarray, int, np.ndarray]] = queue.SimpleQueue()
+        self._wake = threading.Event()      # set when copies land or the daemon stops: the event thread turns
         self._thread: threading.Thread | None = None
         self._error_kinds: set[str] = set()
         self.stuck = 0                      # copies stop() gave up waiting for
@@ -204,8 +215,28 @@ class Daemon:
             t.used += need
             self._pending[i] = tier
             self._queued[tier].append((i, need))
-            self._work[tier].notify()
+            held = self._held.counts
+            if held is None:
+                self._work[tier].notify()
+            else:
+                held[tier] += 1
         return True
+
+    @contextmanager
+    def _waking_later(self) -> Iterator[None]:
+        """The copies placed by this thread inside the block wake their
+        tier's workers once, at its end (NOTE [batch copy]): woken at each
+        place, a worker took the one or two copies queued so far."""
+        self._held.counts = counts = [0] * len(self.tiers)
+        try:
+            yield
+        finally:
+            self._held.counts = None
+            if any(counts):
+                with self._lock:
+                    for tier, n in enumerate(counts):
+                        if n:
+                            self._work[tier].notify(n)
 
     def evict(self, i: int) -> bool:
         with self._lock:
@@ -237,10 +268,8 @@ class Daemon:
         for k, t in enumerate(self.tiers):
             # a copy waits on the PFS most of the time: enough workers that the
             # PFS's concurrency (the semaphore) is what bounds the reads
-            workers = max(1, t.threads, self.pfs_threads)
-            for n in range(workers):
-                w = threading.Thread(target=self._worker, args=(k, workers), name=f"tiering-{t.name}-{n}",
-                                     daemon=True)
+            for n in range(max(1, t.threads, self.pfs_threads)):
+                w = threading.Thread(target=self._worker, args=(k,), name=f"tiering-{t.name}-{n}", daemon=True)
                 w.start()
                 self._workers.append(w)
 
@@ -274,6 +303,7 @@ class Daemon:
             self._stop.set()
             self._stop_flag[0] = 1
             self._cancel_queued()
+        self._wake.set()
         if self.peers is not None:
             self.peers.wake()   # copies waiting for the homes
         if self._thread:
@@ -307,35 +337,47 @@ class Daemon:
         self._guarded(self.policy.start)
         last_tail_move = time.monotonic()
         last_pending = -1
-        wait = TICK
-        while not self._stop.wait(wait):
-            landed = self._deliver_landed()
-            # orders first: the hook writes an epoch's order before that epoch opens a file
-            self._guarded(self.policy.poll)
-            pending = self.index.pending_events()
-            stuck = pending > 0 and pending == last_pending and time.monotonic() - last_tail_move > 0.5
-            events = self.index.drain_batch(force=stuck)
-            if len(events) or pending != last_pending:
-                last_tail_move = time.monotonic()
-            last_pending = self.index.pending_events()
-            self._guarded(self._handle, events)
-            self._guarded(self._take_homes)
-            # a turn costs the policy's numpy calls whatever the batch: few events, no copies, fewer turns
-            wait = TICK if landed or self._pending or len(events) >= BUSY_EVENTS else IDLE_TICK
+        busy = False
+        while True:
+            # a turn at most every TICK; the next one comes at IDLE_TICK unless copies landed (or
+            # the last turn drained many events): a turn costs the policy's numpy calls whatever
+            # its batch (NOTE [event batches])
+            if self._stop.wait(TICK):
+                return
+            if not busy:
+                self._wake.wait(IDLE_TICK - TICK)
+                if self._stop.is_set():
+                    return
+            self._wake.clear()
+            with self._waking_later():
+                self._deliver_landed()
+                # orders first: the hook writes an epoch's order before that epoch opens a file
+                self._guarded(self.policy.poll)
+                pending = self.index.pending_events()
+                stuck = pending > 0 and pending == last_pending and time.monotonic() - last_tail_move > 0.5
+                events = self.index.drain_batch(force=stuck)
+                if len(events) or pending != last_pending:
+                    last_tail_move = time.monotonic()
+                last_pending = self.index.pending_events()
+                self._guarded(self._handle, events)
+                self._guarded(self._take_homes)
+            busy = len(events) >= BUSY_EVENTS
 
     def _deliver_landed(self) -> int:
         """Tells the policy of the copies that landed; how many."""
         n = 0
         while True:
             try:
-                i, tier, published = self._landed.get_nowait()
+                files, tier, published = self._landed.get_nowait()
             except queue.Empty:
                 return n
-            n += 1
-            if published:
-                self._guarded(self.policy.on_placed, i, tier)
-            else:
-                self._guarded(self.policy.on_failed, i)
+            n += len(files)
+            self._guarded(self.policy.on_landed, files, tier, published)
+
+    def _land(self, files: list[int], tier: int, published: list[bool]) -> None:
+        """Copies that ended, for the policy; the event thread is woken."""
+        self._landed.put((np.asarray(files, np.int64), tier, np.asarray(published, bool)))
+        self._wake.set()
 
     def _guarded(self, fn: Callable[..., None], *args: object) -> None:
         """A policy bug must not take the job down, nor print tracebacks on
@@ -424,20 +466,25 @@ class Daemon:
         self._where[i] = NOT_PLACED
 
     # -- the copy workers --------------------------------------------------------
-    def _worker(self, tier: int, workers: int) -> None:
+    def _worker(self, tier: int) -> None:
         """Copies what is placed on the tier, in order, until stop: a small
-        file with the small files queued after it, at most a share of the
-        queue among the tier's workers (NOTE [batch copy]), a large one alone."""
+        file with the small files queued after it, at most its share of the
+        queue among itself and the tier's idle workers (NOTE [batch copy]),
+        a large one alone."""
         q, work = self._queued[tier], self._work[tier]
         while True:
             with self._lock:
                 while not q and not self._stop.is_set() and not self._closing:
-                    work.wait()
+                    self._idle[tier] += 1
+                    try:
+                        work.wait()
+                    finally:
+                        self._idle[tier] -= 1
                 if self._stop.is_set() or self._closing:
                     return
                 batch = [q.popleft()]
                 if self._batched(batch[0][0]):
-                    share = min(BATCH_FILES, -(-(len(q) + 1) // workers))
+                    share = min(BATCH_FILES, -(-(len(q) + 1) // (self._idle[tier] + 1)))
                     while q and len(batch) < share and self._batched(q[0][0]):
                         batch.append(q.popleft())
                 self._running += len(batch)
@@ -509,7 +556,7 @@ class Daemon:
             log.info("%s changed since the scan: not placed", src)
         elif failure is not None:
             log.debug("copy of %s to %s failed: %s", src, t.name, failure)
-        self._landed.put((i, tier, published))
+        self._land([i], tier, [published])
 
     def _copy_many(self, ids: np.ndarray, t: TierState, done: Callable[[np.ndarray], None]) -> None:
         """A batch of small copies, inside the PFS semaphore (tests wrap it)."""
@@ -549,7 +596,7 @@ class Daemon:
         failed with `failure` when given) in one hold of the lock; logs and
         tells the policy after it."""
         noted: list[tuple[str, Exception]] = []
-        landed: list[tuple[int, int, bool]] = []
+        published: list[bool] = []
         stopped = lib.TIERING_COPY_STOPPED
         statuses = out["status"].tolist() if out is not None else [stopped] * len(part)
         with self._lock:
@@ -567,7 +614,7 @@ class Daemon:
                     if error is not None:
                         src = src or self.catalog.source_path(CopyOf.of(self.files, i))
                         noted.append((src, error))
-                    landed.append((i, tier, self._settle(i, tier, reserved, allocated, error, src)))
+                    published.append(self._settle(i, tier, reserved, allocated, error, src))
             finally:
                 self._running -= len(part)
                 if not self._running:
@@ -577,8 +624,7 @@ class Daemon:
                 log.info("%s changed since the scan: not placed", src)
             else:
                 log.debug("copy of %s to %s failed: %s", src, self.tiers[tier].name, error)
-        for item in landed:
-            self._landed.put(item)
+        self._land([i for i, _ in part], tier, published)
 
     # -- the peer tier (NOTE [node-aware plan]) -----------------------------------
     def _take_homes(self) -> None:

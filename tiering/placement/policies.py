@@ -17,7 +17,8 @@ from collections import OrderedDict
 
 from .api import Placement, Policy, allocation
 
-STAGE_IN_FLIGHT = 256   # stage: copies queued at a time (bounded memory, whatever the file count)
+STAGE_IN_FLIGHT = 4096  # stage: copies queued at a time (bounded memory, whatever the file count; more than
+                        # the workers copy between two turns of the event thread: NOTE [batch copy])
 
 
 class Off(Policy):
