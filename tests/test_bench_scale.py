@@ -15,7 +15,8 @@ from helpers import PYTHON, REPO
 FILES = 20_000
 EPOCHS = 4
 LARGE = (2, 4 << 20)
-CASES = ["startup", "plan", "clairvoyant-random", "clairvoyant-distributed", "copies-small", "copies-large"]
+CASES = ["startup", "plan", "clairvoyant-random", "clairvoyant-distributed", "copies-small", "copies-small-ram",
+         "copies-large"]
 
 
 def run_bench(tmp_path: Path) -> dict:
@@ -93,6 +94,8 @@ def test_scale_bench_runs_every_case_on_the_data_set(tmp_path: Path):
         check_clairvoyant(cases[f"clairvoyant-{name}"], per_epoch)
 
     check_copies(cases["copies-small"], FILES, FILES * 1024)
+    check_copies(cases["copies-small-ram"], FILES, FILES * 1024)
+    assert "/dev/shm/" in cases["copies-small-ram"]["cp"]["script"]
     check_copies(cases["copies-large"], LARGE[0], LARGE[0] * LARGE[1])
 
     targets = doc["targets"]
@@ -102,3 +105,4 @@ def test_scale_bench_runs_every_case_on_the_data_set(tmp_path: Path):
     measured = {t["target"]: t for t in targets}
     assert measured["start-up to COMMAND, cached catalog"]["value"] > 0
     assert measured["copies, small files: stage vs cp -r"]["ratio"] > 0
+    assert measured["copies, small files to /dev/shm: stage vs cp -r"]["ratio"] > 0

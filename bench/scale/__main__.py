@@ -12,6 +12,7 @@ targets: ours, reference, ratio, verdict).  Cases:
     clairvoyant-random       tier-run --sampler random: peak RSS, daemon CPU at a paced reader,
     clairvoyant-distributed  events at full speed (8 threads), following the order, teardown
     copies-small             tier-run --policy stage vs cp -r and tar | tar, files/s
+    copies-small-ram         the same into /dev/shm (a memory tier), files/s
     copies-large             the same on large files of real data, MB/s
 
 Page cache and dentries are warm for ours and the references alike. Runs

@@ -12,6 +12,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -316,13 +317,14 @@ def _copy_reference(script: str, d: Path, dst: Path, name: str, limit: float) ->
 
 
 def _copies(ctx: Context, d: Path, src: Path, files: int, data_bytes: int, listing: Path,
-            rels: Path) -> dict[str, Any]:
+            rels: Path, ram: bool = False) -> dict[str, Any]:
     """cp -r, tar | tar and tier-run --policy stage from src into the same file
-    system (the work directory), the page cache warm with src for all three.
+    system (the work directory; with `ram`, a private directory in /dev/shm
+    and a memory tier there), the page cache warm with src for all three.
     Staging is timed from COMMAND's start until every file has a copy (COMMAND
     checks them in catalog order, the order stage copies in); then COMMAND
     reads every file through the shim."""
-    dst = ctx.s.work / "copies"
+    dst = Path(tempfile.mkdtemp(prefix="tiering-scale-copies-", dir="/dev/shm")) if ram else ctx.s.work / "copies"
     direct = read_direct(ctx, d, listing, src)
     refs = {
         "cp": _copy_reference(f"cp -r {src} {dst}/tree", d, dst, "cp", ctx.s.limit),
@@ -331,7 +333,8 @@ def _copies(ctx: Context, d: Path, src: Path, files: int, data_bytes: int, listi
     }
     shutil.rmtree(dst, ignore_errors=True)
     tier = dst / "tier"
-    profile = disk_profile(d, tier, files, data_bytes // files)
+    profile = (write_profile(d / "ram.yaml", "memory", tier, room(files, data_bytes // files)) if ram
+               else disk_profile(d, tier, files, data_bytes // files))
     subprocess.run(["sync"], check=False)
     out = d / "reader.json"
     cmd = reader_command(ctx, listing, out, src, [f"wait,{rels},{tier},{STALL:g}", f"full,{ctx.s.threads}"])
@@ -358,6 +361,13 @@ def case_copies_small(ctx: Context) -> dict[str, Any]:
     return _copies(ctx, d, ctx.tree.root, ctx.tree.files, ctx.tree.bytes, listing, rels)
 
 
+def case_copies_small_ram(ctx: Context) -> dict[str, Any]:
+    """The small files onto a memory tier in /dev/shm, cp -r and tar into /dev/shm."""
+    d = ctx.run_dir("copies-small-ram")
+    listing, rels = catalog_lists(ctx.tree, d)
+    return _copies(ctx, d, ctx.tree.root, ctx.tree.files, ctx.tree.bytes, listing, rels, ram=True)
+
+
 def case_copies_large(ctx: Context) -> dict[str, Any]:
     d = ctx.run_dir("copies-large")
     src = make_large(ctx.tool, ctx.s.work, ctx.s.large_count, ctx.s.large_size, seed=1)
@@ -373,6 +383,7 @@ CASES = {
     "clairvoyant-random": lambda ctx: case_clairvoyant(ctx, SAMPLERS[0]),
     "clairvoyant-distributed": lambda ctx: case_clairvoyant(ctx, SAMPLERS[1]),
     "copies-small": case_copies_small,
+    "copies-small-ram": case_copies_small_ram,
     "copies-large": case_copies_large,
 }
 

@@ -209,7 +209,8 @@ def teardown_row(results: dict[str, Any]) -> Row | None:
     """The slowest teardown of every tier-run of the run."""
     runs = [(f"startup/{k}", v) for k, v in (_get(results, "startup", "runs") or {}).items()]
     runs += [(k, results[k]) for k in ("clairvoyant-random", "clairvoyant-distributed") if k in results]
-    runs += [(f"{k}/stage", _get(results, k, "stage")) for k in ("copies-small", "copies-large") if k in results]
+    runs += [(f"{k}/stage", _get(results, k, "stage")) for k in ("copies-small", "copies-small-ram", "copies-large")
+             if k in results]
     seen = [(k, r["teardown_s"]) for k, r in runs if isinstance(r, dict) and r.get("teardown_s") is not None]
     if not seen:
         return None
@@ -229,6 +230,8 @@ def rows(results: dict[str, Any], epochs: int) -> list[Row]:
             out += clairvoyant_rows(results[f"clairvoyant-{name}"], name, epochs)
     if "copies-small" in results:
         out += copies_rows(results["copies-small"], "small files", "files/s")
+    if "copies-small-ram" in results:
+        out += copies_rows(results["copies-small-ram"], "small files to /dev/shm", "files/s")
     if "copies-large" in results:
         out += copies_rows(results["copies-large"], "large files", "MB/s")
     td = teardown_row(results)
