@@ -47,6 +47,12 @@ def make_data(root: Path, files: dict[str, int] = DATA_FILES, seed: int = 1) -> 
     return out
 
 
+def staged(staging: Path) -> list[Path]:
+    """What is left in a tier's staging directory but directories (each
+    copying thread writes in a directory of its own there)."""
+    return sorted(p for p in staging.rglob("*") if not p.is_dir())
+
+
 def private_dir(path: Path) -> Path:
     path.mkdir(mode=0o700, parents=True)
     os.chmod(path, 0o700)

@@ -4,6 +4,7 @@ started and only on its address."""
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import stat
 import threading
@@ -13,7 +14,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from helpers import Entered, private_dir, wait_for
+from helpers import Entered, private_dir, staged, wait_for
 from tiering.catalog import CatalogFile
 from tiering.cluster.peer import (
     FETCH,
@@ -196,23 +197,25 @@ def test_fetch_copy_puts_the_copy_in_place_on_the_tier(served):
     f = CatalogFile(0, "odd/multi.bin", SIZES["odd/multi.bin"], 1234)
     used = fetch_copy(client, f, tier, timeout=30)
     assert tier.copy_path(f).read_bytes() == contents["odd/multi.bin"]
-    assert used >= f.size and os.listdir(root / "staging") == []
+    assert used >= f.size and staged(root / "staging") == []
     with pytest.raises(PeerUnavailable):
         fetch_copy(client, CatalogFile(0, "missing.bin", 1, 1234), tier, timeout=30)
-    assert os.listdir(root / "staging") == [] and not tier.copy_path(CatalogFile(0, "missing.bin", 1, 1)).exists()
+    assert staged(root / "staging") == [] and not tier.copy_path(CatalogFile(0, "missing.bin", 1, 1)).exists()
 
 
 def test_a_staging_file_is_made_as_the_c_copy_makes_its_own(tmp_path):
     """TierDirs.create_staging (the peer tier's copies) goes through the C
-    copy's tiering_staging_create: the file is new and 0400 (written through
-    its fd only: a copy is read-only from its start), a leftover of
-    the same name is replaced, a symlink at the name is never followed, and
-    a staging directory that vanished is made again."""
+    copy's tiering_staging_create, in the calling thread's own directory in
+    staging/: the file is new and 0400 (written through its fd only: a copy
+    is read-only from its start), a leftover of the same name is replaced,
+    a symlink at the name is never followed, and a staging directory that
+    vanished is made again, with the thread's."""
     from tiering.placement.index import lib
     root = private_dir(tmp_path / "tier")
     tier = TierState("ram", "memory", root, 1 << 30, 1)
     dirs = tier.dirs
     staging = root / "staging"
+    mine = staging / f"{threading.get_ident()}-{os.getpid()}"
     calls: list[str] = []
     real = lib.tiering_staging_create
 
@@ -224,10 +227,12 @@ def test_a_staging_file_is_made_as_the_c_copy_makes_its_own(tmp_path):
             calls.append(name)
             return real(fd, name)
 
-    (staging / "a.part").write_bytes(b"left over")
+    mine_fd = dirs.thread_staging()
+    assert stat.S_IMODE(mine.stat().st_mode) == 0o700 and os.path.samestat(os.fstat(mine_fd), mine.stat())
+    (mine / "a.part").write_bytes(b"left over")
     victim = tmp_path / "victim"
     victim.write_bytes(b"not mine")
-    (staging / "b.part").symlink_to(victim)
+    (mine / "b.part").symlink_to(victim)
     import tiering.placement.tiers as tiers_mod
     saved, tiers_mod.lib = tiers_mod.lib, Spy()
     try:
@@ -235,17 +240,16 @@ def test_a_staging_file_is_made_as_the_c_copy_makes_its_own(tmp_path):
             fd, dir_fd = dirs.create_staging(name)
             os.write(fd, b"new")
             os.close(fd)
-            assert dir_fd == dirs.staging_fd
-            st = os.lstat(staging / name)
+            assert dir_fd == mine_fd
+            st = os.lstat(mine / name)
             assert stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o400
-            assert (staging / name).read_bytes() == b"new"
+            assert (mine / name).read_bytes() == b"new"
         assert victim.read_bytes() == b"not mine"
-        for name in os.listdir(staging):
-            os.unlink(staging / name)
-        staging.rmdir()
+        shutil.rmtree(staging)
         fd, dir_fd = dirs.create_staging("c.part")
         os.close(fd)
-        assert (staging / "c.part").is_file() and dir_fd == dirs.staging_fd
+        assert (mine / "c.part").is_file() and dir_fd == dirs.thread_staging() != mine_fd
+        assert os.path.samestat(os.fstat(dirs.staging_fd), staging.stat())
     finally:
         tiers_mod.lib = saved
     assert calls == [b"a.part", b"b.part", b"c.part", b"c.part"]

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from test_daemon import Setup
 
-from helpers import private_dir, wait_for
+from helpers import private_dir, staged, wait_for
 from tiering.catalog import scan
 from tiering.placement.daemon import Daemon
 from tiering.placement.index import ffi, lib
@@ -77,7 +77,7 @@ def test_copies_are_byte_equal_in_one_call_or_in_chunks(tmp_path, reads, size):
     assert sum(read) == size
     if size >= MIB:
         assert len(read) >= 3        # one range per thread at least
-    assert list(tier.staging.iterdir()) == []
+    assert staged(tier.staging) == []
 
 
 def test_a_chunked_copy_is_invisible_until_complete(tmp_path, reads):
@@ -96,7 +96,7 @@ def test_a_chunked_copy_is_invisible_until_complete(tmp_path, reads):
     try:
         assert entered.wait(60)
         assert not tier.copy_path(f).exists()                   # nothing under the final name
-        assert [p.suffix for p in tier.staging.iterdir()] == [".part"]
+        assert [p.suffix for p in staged(tier.staging)] == [".part"]
     finally:
         release.set()
         t.join(60)
@@ -112,7 +112,7 @@ def test_a_stop_halfway_leaves_nothing(tmp_path, reads, size):
     stop = threading.Event()
     assert copy_file(str(data / "big.bin"), f, tier, stop, lambda n: stop.set(), reads) is None
     assert not tier.copy_path(f).exists()
-    assert list(tier.staging.iterdir()) == []
+    assert staged(tier.staging) == []
 
 
 @pytest.mark.parametrize("chunked_mb", [1, 64], ids=["chunks", "one-call"])
@@ -143,7 +143,7 @@ def test_a_source_growing_or_shrinking_while_copied_is_refused(tmp_path, reads, 
         copy_file(str(data / "big.bin"), f, tier, threading.Event(), on_read, reads)
     assert changed.is_set()
     assert not tier.copy_path(f).exists()
-    assert list(tier.staging.iterdir()) == []
+    assert staged(tier.staging) == []
 
 
 def test_a_chunked_copy_that_fails_to_start_a_helper_ends_only_when_no_helper_copies(tmp_path, reads, monkeypatch):
@@ -190,7 +190,7 @@ def test_a_chunked_copy_that_fails_to_start_a_helper_ends_only_when_no_helper_co
         release.set()
         t.join(60)
     assert [str(e) for e in errors] == ["can't start new thread"]
-    assert not tier.copy_path(f).exists() and list(tier.staging.iterdir()) == []
+    assert not tier.copy_path(f).exists() and staged(tier.staging) == []
 
 
 @pytest.mark.parametrize("size", [5 * MIB, 1000])
@@ -204,7 +204,7 @@ def test_an_error_of_the_counting_callback_reaches_the_caller(tmp_path, reads, s
     with pytest.raises(RuntimeError, match="counting failed"):
         copy_file(str(data / "big.bin"), f, tier, threading.Event(), on_read, reads)
     assert not tier.copy_path(f).exists()
-    assert list(tier.staging.iterdir()) == []
+    assert staged(tier.staging) == []
 
 
 class HeldDaemon(Daemon):
@@ -238,7 +238,7 @@ def test_the_daemon_publishes_a_large_copy_only_when_complete_and_stop_removes_i
         stopper.join(60)
         assert not s.d.copies_in_flight()
         assert s.state("big.bin") == lib.TIERING_STATE_NONE
-        assert list(s.tier.staging.iterdir()) == []
+        assert staged(s.tier.staging) == []
         assert not (s.tier.data / "0" / "big.bin").exists()
         assert s.tier.used == 0 and s.tier.files == 0
     finally:
@@ -333,7 +333,7 @@ def test_a_batch_copies_files_of_many_directories_and_roots_byte_equal(tmp_path)
     assert seen == len(sizes) * 2
     # the directories it made are private, whatever the umask
     assert all(d.stat().st_mode & 0o777 == 0o700 for d in tier.data.rglob("*") if d.is_dir())
-    assert list(tier.staging.iterdir()) == []
+    assert staged(tier.staging) == []
 
 
 def test_a_batch_goes_on_past_files_that_cannot_be_copied(tmp_path):
@@ -356,7 +356,7 @@ def test_a_batch_goes_on_past_files_that_cannot_be_copied(tmp_path):
         assert copy.exists() == (out["status"][k] == lib.TIERING_COPY_OK)
         if copy.exists():
             assert copy.read_bytes() == contents[(0, rel)]
-    assert list(tier.staging.iterdir()) == []
+    assert staged(tier.staging) == []
 
 
 def test_a_stopped_batch_tries_nothing_more_and_leaves_nothing(tmp_path):
@@ -365,7 +365,7 @@ def test_a_stopped_batch_tries_nothing_more_and_leaves_nothing(tmp_path):
     stop[0] = 1
     out = _copied(np.arange(10, dtype=np.int64), source, tier)
     assert (out["status"] == lib.TIERING_COPY_STOPPED).all() and out["copied"].sum() == 0
-    assert list(tier.data.rglob("*")) == [] and list(tier.staging.iterdir()) == []
+    assert list(tier.data.rglob("*")) == [] and staged(tier.staging) == []
     with pytest.raises(ValueError, match="at most"):
         _copied(np.arange(BATCH_FILES + 1, dtype=np.int64) % 10, source, tier)
 
@@ -401,7 +401,7 @@ def test_a_batch_stopped_in_the_middle_of_a_file_removes_its_staging_file(tmp_pa
     out = _copied(np.arange(4, dtype=np.int64), source, tier)
     assert out["status"].tolist() == [lib.TIERING_COPY_OK] + [lib.TIERING_COPY_STOPPED] * 3
     assert [p.name for p in tier.data.rglob("*.bin")] == [cat.files[0].rel]
-    assert list(tier.staging.iterdir()) == []
+    assert staged(tier.staging) == []
 
 
 def test_the_daemon_copies_queued_small_files_in_batches(tmp_path, monkeypatch):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import make_data, private_dir, sweep_with_boot_time_off
+from helpers import make_data, private_dir, staged, sweep_with_boot_time_off
 from tiering.catalog import scan
 from tiering.placement.api import allocation
 from tiering.placement.daemon import Daemon
@@ -92,7 +92,7 @@ def test_placed_copies_are_published_with_exact_accounting(setup_factory):
     assert s.tier.placed_bytes == sum(FILES.values())
     assert s.tier.used == allocated_on_disk(s.tier.data)   # bytes really used, not estimates
     assert s.d.stats.pfs_opens == len(FILES) and s.d.stats.pfs_bytes == sum(FILES.values())
-    assert list((s.tier.staging).iterdir()) == []
+    assert staged(s.tier.staging) == []
     # a second place of a placed file is refused
     assert not s.d.place(s.i["a/x.bin"], 0)
 
@@ -205,7 +205,7 @@ def test_full_device_leaves_no_partial_copy(tmp_path, setup_factory):
         assert s.state("big.bin") == lib.TIERING_STATE_NONE
         assert s.d.stats.copy_failures >= 1
         assert not (s.tier.data / "0" / "big.bin").exists()
-        assert list(s.tier.staging.iterdir()) == []
+        assert staged(s.tier.staging) == []
         for rel in ("a/x.bin", "a/y.bin"):
             if s.state(rel) == 1:
                 assert (s.tier.data / "0" / rel).read_bytes() == s.contents[rel]
@@ -357,7 +357,7 @@ def _assert_refused(s: Setup, rel: str) -> None:
     assert s.d.stats.changed_sources == 1 and s.d.stats.copy_failures == 0
     assert s.d.stats.pfs_bytes <= size + 1
     assert not os.path.lexists(s.tier.copy_path(s.catalog.files[s.i[rel]]))
-    assert list(s.tier.staging.iterdir()) == []
+    assert staged(s.tier.staging) == []
     assert s.tier.used == allocated_on_disk(s.tier.data) == 0 and s.tier.files == 0
 
 
@@ -451,7 +451,29 @@ def test_a_vanished_staging_directory_is_made_again(setup_factory):
     s.wait()
     assert s.d.stats.copy_failures == 0 and s.tier.files == len(MANY)
     assert all(s.state(rel) == 1 for rel in MANY)
-    assert s.tier.staging.is_dir() and list(s.tier.staging.iterdir()) == []
+    assert s.tier.staging.is_dir() and staged(s.tier.staging) == []
+
+
+def test_each_copying_thread_writes_in_a_staging_directory_of_its_own_made_again_if_gone(setup_factory):
+    """NOTE [staging files]: the workers write their copies in directories
+    of their own in staging/ (threads that create and rename in one
+    directory queue on its lock); a thread's directory removed between
+    copies is made again, and nothing is left behind."""
+    s = setup_factory(files=MANY, threads=3, pfs_threads=3)
+    for rel in list(MANY)[:10]:
+        assert s.d.place(s.i[rel], 0)
+    s.wait()
+    mine = [p for p in s.tier.staging.iterdir()]
+    assert mine and all(p.is_dir() and p.stat().st_mode & 0o777 == 0o700 for p in mine) and len(mine) <= 3
+    for p in mine:
+        p.rmdir()
+    for rel in list(MANY)[10:]:
+        assert s.d.place(s.i[rel], 0)
+    s.wait()
+    assert s.d.stats.copy_failures == 0 and s.tier.files == len(MANY)
+    for rel in MANY:
+        assert s.state(rel) == 1 and (s.tier.data / "0" / rel).read_bytes() == s.contents[rel]
+    assert staged(s.tier.staging) == [] and all(p.is_dir() for p in s.tier.staging.iterdir())
 
 
 def test_copies_go_on_while_another_job_of_the_user_sweeps_with_its_clock_off(tmp_path, setup_factory):
@@ -496,7 +518,7 @@ def test_a_symlink_inside_the_tier_is_never_followed(tmp_path, setup_factory):
     s.d.place(s.i["d1/sub/f1.bin"], 0)
     s.wait()
     assert s.d.stats.copy_failures == 1 and s.state("d1/sub/f1.bin") == lib.TIERING_STATE_NONE
-    assert list(outside.iterdir()) == [] and list(s.tier.staging.iterdir()) == []
+    assert list(outside.iterdir()) == [] and staged(s.tier.staging) == []
 
 
 def test_published_copies_cost_the_daemon_no_python_object_each(setup_factory):

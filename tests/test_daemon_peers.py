@@ -16,7 +16,7 @@ from test_daemon import Setup
 from test_event_batches import post
 from test_node_plans import stream_time
 
-from helpers import Entered, make_data, wait_for
+from helpers import Entered, make_data, staged, wait_for
 from tiering.clairvoyant.feeds import ListFeed
 from tiering.clairvoyant.nodes import NodePlans, NodeStreams, home_budget
 from tiering.clairvoyant.policy import Clairvoyant
@@ -149,7 +149,7 @@ def assert_same_bytes_published(s: Setup) -> None:
     for rel, data in s.contents.items():
         assert s.state(rel) == 1
         assert (s.tier.data / "0" / rel).read_bytes() == data
-    assert list(s.tier.staging.iterdir()) == []
+    assert staged(s.tier.staging) == []
 
 
 def test_a_file_planned_at_a_peer_is_fetched_from_it_and_not_from_the_pfs(setups, peer):

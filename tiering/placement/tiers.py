@@ -184,8 +184,9 @@ class DirFds:
 
 class TierDirs:
     """A tier's private directory, reached only through fds opened here once
-    (NOTE [tier directories]): root/staging for copies being written,
-    root/data/<root id>/<relative path> for finished ones."""
+    (NOTE [tier directories]): root/staging/<thread> for the copies each
+    copying thread writes (NOTE [staging files]), root/data/<root id>/
+    <relative path> for finished ones."""
 
     def __init__(self, root: Path):
         self.root = root
@@ -201,35 +202,71 @@ class TierDirs:
             raise
         self._lock = threading.Lock()
         self._retired: list[int] = []   # replaced staging fds: a copy may still hold one
+        self._threads: dict[int, int] = {}   # thread ident -> fd of its directory in staging/
 
     def create_staging(self, name: str) -> tuple[int, int]:
-        """A new staging file `name` and the fd of the directory it is in,
-        made as the C copy makes its own (NOTE [staging files]).  A staging
-        directory that has gone missing is made again."""
+        """A new staging file `name` in the calling thread's staging
+        directory and that directory's fd, made as the C copy makes its own
+        (NOTE [staging files]).  A staging directory that has gone missing
+        is made again."""
         fd, dir_fd = self.in_staging(lambda d: int(lib.tiering_staging_create(d, os.fsencode(name))), -errno.ENOENT)
         if fd < 0:
             raise OSError(-fd, os.strerror(-fd), name)
         return fd, dir_fd
 
     def in_staging(self, attempt: Callable[[int], int], gone: int) -> tuple[int, int]:
-        """attempt(the staging directory's fd), made again (at most twice)
-        when it returns `gone` (the staging directory is gone): its result
-        and that fd."""
+        """attempt(the fd of the calling thread's staging directory), made
+        again (at most twice) when it returns `gone` (the directory is
+        gone): its result and that fd."""
         for _ in range(3):
-            staging_fd = self.staging_fd
+            staging_fd = self.thread_staging()
             result = attempt(staging_fd)
             if result != gone:
                 break
             self.remake_staging(staging_fd)
         return result, staging_fd
 
-    def remake_staging(self, missing_fd: int) -> None:
+    def thread_staging(self) -> int:
+        """The fd of the calling thread's own directory in staging/, made on
+        first use (NOTE [staging files]: copying threads that create and
+        rename in one directory queue on its lock); staging/ itself is made
+        again first when it has gone missing."""
+        key = threading.get_ident()
         with self._lock:
-            if self.staging_fd != missing_fd:
-                return                         # another copy made it again already
-            fd = open_dir("staging", self.root_fd, True)
-            self._retired.append(self.staging_fd)
-            self.staging_fd = fd
+            fd = self._threads.get(key)
+            if fd is not None:
+                return fd
+            name = f"{key}-{os.getpid()}"
+            try:
+                fd = open_dir(name, self.staging_fd, True)
+            except FileNotFoundError:     # staging/ itself is gone
+                self._remake_top()
+                fd = open_dir(name, self.staging_fd, True)
+            self._threads[key] = fd
+            return fd
+
+    def remake_staging(self, missing_fd: int) -> None:
+        """A copy found its staging directory (missing_fd) gone: the thread's
+        is made again at its next copy, staging/ too when it is gone."""
+        with self._lock:
+            for key, fd in list(self._threads.items()):
+                if fd == missing_fd:
+                    del self._threads[key]
+                    self._retired.append(fd)
+            try:
+                alive = os.stat("staging", dir_fd=self.root_fd, follow_symlinks=False).st_ino == \
+                    os.fstat(self.staging_fd).st_ino
+            except FileNotFoundError:
+                alive = False
+            if not alive:
+                self._remake_top()
+
+    def _remake_top(self) -> None:
+        """Under the lock: staging/ made again; every thread's directory with it."""
+        fd = open_dir("staging", self.root_fd, True)
+        self._retired += [self.staging_fd, *self._threads.values()]
+        self._threads.clear()
+        self.staging_fd = fd
         log.warning("the staging directory of %s had vanished; made it again", self.root)
 
     @staticmethod
@@ -256,9 +293,10 @@ class TierDirs:
         if self.root_fd < 0:
             return
         self.data.close()
-        for fd in [self.staging_fd, *self._retired, self.root_fd]:
+        for fd in [*self._threads.values(), self.staging_fd, *self._retired, self.root_fd]:
             os.close(fd)
         self._retired.clear()
+        self._threads.clear()
         self.root_fd = -1
 
 
@@ -506,7 +544,7 @@ def copy_batch(ids: np.ndarray, source: BatchSource, tier: TierState, done: Call
     first = ffi.cast("struct tiering_batch_file *", call.files)
     at, remade = 0, 0
     while at < n:
-        staging_fd = tier.dirs.staging_fd
+        staging_fd = tier.dirs.thread_staging()
         call.b.staging_fd = staging_fd
         k = _transfer_many(call.b, first + at, n - at)
         if k:
