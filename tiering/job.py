@@ -295,6 +295,7 @@ def _sizes_known(job: Job, place: bool) -> None:
     if saves:
         assert job.run_dir is not None
         job.cache_writer = catalog_mod.save_in_child(saves, fill.writer_prepare, job.run_dir / CACHE_WRITER_OUTPUT)
+    del saves     # the scan's RootScan shares the columns released next: they go only without it
     cat.files.release_indexed()
     give_back_freed_memory()
     if place:
