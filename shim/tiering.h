@@ -336,6 +336,9 @@ int tiering_scan_stat(const char *dir, const char *names, const uint8_t *types, 
 /* The calling thread's tag, posted with each of its events (NOTE [open tags]). */
 void tiering_set_tag(uint32_t tag);
 uint32_t tiering_get_tag(void);
+/* The tier a read-only open of path would be served from now, or -1 (the
+ * path itself); opens nothing, posts nothing. */
+int tiering_where(const char *path);
 /* END CDEF */
 
 /* C-only checks that the literal array sizes above match the constants. */

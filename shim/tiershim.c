@@ -1334,6 +1334,29 @@ static __attribute__((noinline)) int open_read(enum which w, int atfd, const cha
     return fd;
 }
 
+/* The tier a read-only open of path would be served from now, or -1 (the
+ * path itself: not catalogued, no copy published, or no index).  Opens
+ * nothing and posts no event: for a program that must know a copy is
+ * published, not only present (a copy is renamed into place before it is
+ * published: NOTE [publish after rename]). */
+EXPORT int tiering_where(const char *path)
+{
+    ensure_init();
+    struct tiering_header *h = __atomic_load_n(&idx, __ATOMIC_ACQUIRE);
+    char abs_path[PATH_MAX], phys[PATH_MAX];
+    const char *rel;
+    size_t rel_len;
+    int root;
+    size_t rl;
+    if (!maybe_catalogued(h, path, &root, &rl))
+        return -1;
+    int saved = errno;
+    int64_t slot = lookup(AT_FDCWD, path, root, rl, abs_path, &rel, &rel_len);
+    int tier = slot < 0 ? -1 : route(slot, O_RDONLY, rel, rel_len, phys);
+    errno = saved;
+    return tier;
+}
+
 static inline int do_open(enum which w, int atfd, const char *path, int flags, mode_t mode)
 {
     ensure_init();

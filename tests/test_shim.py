@@ -273,6 +273,30 @@ def test_evicted_copy_falls_back_to_the_pfs_with_errno_untouched(shimenv, cbin, 
     assert c["fallbacks"] == 2 and c["opens_pfs"] == 2
 
 
+def test_where_names_the_tier_only_once_the_copy_is_published(shimenv, tmp_path):
+    """tiering_where: the tier an open would be served from, -1 for the
+    path itself; it opens nothing (no count, no event)."""
+    rel, other = "a/two.bin", "a/one.bin"
+    copy = shimenv.tier / "0" / rel
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    copy.write_bytes(shimenv.contents[rel])      # renamed into place, not published yet
+    script = textwrap.dedent("""
+        import ctypes, sys
+        where = ctypes.CDLL(None).tiering_where
+        where.argtypes = [ctypes.c_char_p]
+        print(*(where(p.encode()) for p in sys.argv[1:]))
+    """)
+    paths = [str(shimenv.root / rel), str(shimenv.root / other), str(tmp_path / "elsewhere"), str(shimenv.root)]
+    def ask() -> list[str]:
+        return shimenv.run([PYTHON, "-c", script, *paths]).stdout.split()
+    assert ask() == ["-1", "-1", "-1", "-1"]
+    assert shimenv.index.cas_state(shimenv.slots[rel], lib.TIERING_STATE_NONE, 1)
+    assert ask() == ["0", "-1", "-1", "-1"]
+    assert shimenv.run([PYTHON, "-c", script, rel], cwd=shimenv.root).stdout.split() == ["0"]
+    c = shimenv.index.counters()
+    assert c["opens"] == 0 and shimenv.index.drain() == []
+
+
 def _pass_through_check(se: ShimEnv, cbin: Path, tmp_path: Path, env: dict[str, str]) -> None:
     se.place_all()
     for rel in ("a/one.bin", "c/big.bin"):
@@ -902,7 +926,7 @@ CREDENTIALS = {"setuid", "setgid", "seteuid", "setegid", "setreuid", "setregid",
 INTERPOSED = set(ENTRIES) | METADATA | CREDENTIALS | {
     "creat", "creat64", "close", "fclose", "closedir", "close_range", "dup", "dup2", "dup3", "fcntl", "fcntl64"}
 HELPERS = {"tiering_fingerprint", "tiering_index_fill", "tiering_index_complete", "tiering_index_filled", "tiering_state_cas", "tiering_ring_drain",
-           "tiering_groups_hash", "tiering_set_tag", "tiering_get_tag", "tiering_copy_file", "tiering_copy_batch",
+           "tiering_groups_hash", "tiering_set_tag", "tiering_get_tag", "tiering_where", "tiering_copy_file", "tiering_copy_batch",
            "tiering_copy_range", "tiering_copy_open", "tiering_copy_finish", "tiering_staging_create", "tiering_scan_list", "tiering_scan_list_free", "tiering_scan_stat"}
 
 

@@ -18,15 +18,18 @@
  *         full,THREADS         the rest of LIST as fast as THREADS threads go; each
  *                              takes the next 64 positions, so the reads follow
  *                              LIST as DataLoader workers do
- *         wait,WAITLIST,TIERDIR,SECONDS  polls, without opening anything (stat of
- *                              TIERDIR/tiering-* /[* /[* /]]REL), until every
- *                              relative path of WAITLIST has a copy, in list
- *                              order; gives up after SECONDS without a new copy
+ *         wait,WAITLIST,TIERDIR,SECONDS  polls, without opening anything, until
+ *                              every relative path of WAITLIST (below SRCDIR)
+ *                              is served from a tier (the shim's tiering_where;
+ *                              without the shim: TIERDIR/tiering-* /[* /[* /]]REL
+ *                              exists), in list order; gives up after SECONDS
+ *                              without a new one
  *       OUT: {"start", "exit", "checksum", "files", "bytes", "phases": [{"kind",
  *       "start", "end", "files", "bytes", "tier", "pfs", "waited"}]}; the checksum
  *       is the sum of FNV-1a 64 of every file read (independent of order and of
  *       where the copy was).  A failed open or read exits 1. */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <glob.h>
@@ -418,7 +421,25 @@ static int has_copy(const char *tierdir, const char *rel)
     return 0;
 }
 
-static int run_wait(struct phase *ph)
+/* Whether SRCDIR/REL is served from a tier now: under tier-run the shim's
+ * tiering_where says so (a copy is renamed into place a moment before it is
+ * published); without the shim, whether TIERDIR holds a copy. */
+static int served(const char *srcdir, const char *tierdir, const char *rel)
+{
+    static int (*where)(const char *);
+    static int looked;
+    if (!looked) {
+        where = (int (*)(const char *))dlsym(RTLD_DEFAULT, "tiering_where");
+        looked = 1;
+    }
+    if (!where)
+        return has_copy(tierdir, rel);
+    char path[8192];
+    snprintf(path, sizeof path, "%s/%s", srcdir, rel);
+    return where(path) >= 0;
+}
+
+static int run_wait(struct phase *ph, const char *srcdir)
 {
     size_t n = 0, k = 0;
     char **rels = read_lines(ph->waitlist, &n);
@@ -426,7 +447,7 @@ static int run_wait(struct phase *ph)
         return -1;
     double last = wall();
     while (k < n && wall() - last < ph->seconds) {
-        if (has_copy(ph->tierdir, rels[k])) {
+        if (served(srcdir, ph->tierdir, rels[k])) {
             k++;
             last = wall();
             continue;
@@ -498,7 +519,7 @@ static int cmd_read(int argc, char **argv)
         else if (!strcmp(ph[k].kind, "full"))
             rc = run_full(&r, &ph[k]);
         else
-            rc = run_wait(&ph[k]);
+            rc = run_wait(&ph[k], argv[4]);
         ph[k].end = wall();
     }
     size_t files = 0;

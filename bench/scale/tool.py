@@ -31,7 +31,7 @@ def build_tool(work: Path) -> Path:
     if not cc:
         raise SystemExit("bench.scale: a C compiler (cc or gcc) is needed")
     work.mkdir(parents=True, exist_ok=True)
-    subprocess.run([cc, "-O2", "-Wall", "-Wextra", "-pthread", "-o", str(out), str(SOURCE)], check=True)
+    subprocess.run([cc, "-O2", "-Wall", "-Wextra", "-pthread", "-o", str(out), str(SOURCE), "-ldl"], check=True)
     return out
 
 
