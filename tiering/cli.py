@@ -17,7 +17,7 @@ from .cliopts import order_options as _order_options
 from .cluster.identity import Explicit, IdentityError, node_identity
 from .cluster.rendezvous import DEFAULT_RENDEZVOUS_TIMEOUT
 from .console import flush_quietly, reserve_standard_fds, say, setup_logging
-from .job import POLICY_NAMES, Job, JobError, JobOptions, run
+from .job import POLICY_NAMES, Job, JobError, JobOptions, map_large_blocks, run
 from .observe.live import choose_display
 from .profile import ProfileError, check_profile, format_profile, list_profiles, load_profile
 from .units import human_bytes
@@ -192,6 +192,7 @@ def plan_cmd(profile_name: str, data: tuple[str, ...], window: int, as_json: boo
     from .clairvoyant.options import StreamError, epoch_arrays_from_options
     from .clairvoyant.planner import simulate
     from .clairvoyant.samplers import OrderError
+    map_large_blocks()
     order = _order(kw)
     if not order.given:
         raise click.UsageError("give the order: --sampler ... (with --seed and --epochs) or --order-file FILE")

@@ -167,14 +167,32 @@ CACHE_WRITER_OUTPUT = "cache-writer.out"   # in the run directory: what the writ
 FILL_GRACE = 2.0           # seconds the teardown lets the sizes be read (for the report; then a child does it)
 
 
+MMAP_THRESHOLD = 4 << 20     # bytes: malloc serves blocks this large or larger by mmap (NOTE [malloc])
+M_MMAP_THRESHOLD = -3        # glibc's malloc.h
+
+
+def map_large_blocks() -> None:
+    """glibc's malloc, in this process: every block of MMAP_THRESHOLD or
+    more gets a mapping of its own, returned to the OS when freed (NOTE
+    [malloc] in docs/design.md).  Without it, glibc raises its threshold
+    to the size of each large block freed (up to 32 MiB), and the arrays of
+    a million files made after the scan's temporaries land in malloc's heaps
+    among small objects, where freed pages stay resident: a cold start-up at
+    1.28 M files kept about 120 MiB more than a cached one.  Nothing happens
+    elsewhere than glibc."""
+    try:
+        ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+    except (OSError, AttributeError):
+        pass
+
+
 def give_back_freed_memory() -> None:
     """Returns the free pages of malloc's heaps to the OS (glibc's
     malloc_trim), once the start-up's large temporaries are freed (the
     index's sources, the scan's and the orders' temporaries; NOTE [catalog
-    arrays]).  malloc's thresholds are left as glibc sets them: its dynamic
-    mmap threshold keeps the job's repeated buffers of 1 MiB or more (copy
-    and peer chunks, gRPC messages) in the heap, where one costs no
-    mmap, page faults and munmap each.  Nothing happens elsewhere."""
+    arrays]).  Blocks under MMAP_THRESHOLD (the job's repeated buffers of
+    1 MiB: copy and peer chunks, gRPC messages) stay in the heap, where one
+    costs no mmap, page faults and munmap each.  Nothing happens elsewhere."""
     try:
         ctypes.CDLL(None).malloc_trim(0)
     except (OSError, AttributeError):
@@ -450,6 +468,7 @@ def run(job: Job) -> int:
     exe = check_command(opts)
     t_start = time.monotonic()
     ignored = ignored_at_start()
+    map_large_blocks()
     # before anything starts a thread (NOTE [signals and COMMAND])
     old_mask = block_signals()
     exit_code: int | None = None

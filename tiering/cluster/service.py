@@ -27,7 +27,7 @@ from typing import Any
 
 from ..clairvoyant.options import OrderOptions
 from ..console import say, setup_logging
-from ..job import Job, JobError, JobOptions, cleanup, job_stats, setup, start_service, stop_service
+from ..job import Job, JobError, JobOptions, cleanup, job_stats, map_large_blocks, setup, start_service, stop_service
 from ..observe.live import Display
 from ..profile import ProfileError, load_profile
 from ..units import plain_number
@@ -220,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 1:
         say("usage: python -m tiering.cluster.service NODE_DIR (tier-run starts it)")
         return 2
+    map_large_blocks()
     return serve(Path(args[0]))
 
 
