@@ -268,6 +268,9 @@ def case_plan(ctx: Context) -> dict[str, Any]:
 
 # ---- the clairvoyant runs: RSS, daemon CPU, events, teardown ----
 
+LEAD_BUILT_S = 5.0   # seconds of the prefetching phase left out of its steady figure
+
+
 def case_clairvoyant(ctx: Context, sc: SamplerCase) -> dict[str, Any]:
     """tier-run --sampler for all epochs on a tier that holds the data set;
     COMMAND reads the first two epochs in the sampler's order: paced while the
@@ -295,6 +298,10 @@ def case_clairvoyant(ctx: Context, sc: SamplerCase) -> dict[str, Any]:
             span = ph["end"] - ph["start"]
             ph["opens_per_s"] = ph["files"] / span if span > 0 else None
             ph["daemon_core_share"] = fin.core_share(ph["start"], ph["end"])
+    pre = named.get("prefetching")
+    if pre and pre["end"] - pre["start"] > 2 * LEAD_BUILT_S:
+        # the same after the lead was built at full speed (the rate of the reader not known yet)
+        pre["steady_core_share"] = fin.core_share(pre["start"] + LEAD_BUILT_S, pre["end"])
     with waitlist.open() as f:
         wait_files = sum(1 for _ in f)
     return {"sampler": sc.__dict__, "listed": n, "wait_files": wait_files, "direct": direct, "reader": res,
