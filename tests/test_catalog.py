@@ -965,9 +965,7 @@ def test_the_scan_in_c_reports_an_unreadable_directory(tmp_path: Path, monkeypat
         return real(path)
 
     monkeypatch.setattr(scan_mod, "_listing", listing)
-    from concurrent.futures import ThreadPoolExecutor
-    with ThreadPoolExecutor(2) as pool:
-        part = scan_mod._walk_root(str(root), pool)
+    part = scan_mod._walk_root(str(root), 2)
     assert part.files.rels() == ["ok/f.bin"] and len(part.errors) == 1 and "closed" in part.errors[0]
 
 
@@ -1093,3 +1091,42 @@ def test_the_cache_writer_is_waited_for_and_reaped() -> None:
     with pytest.raises(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)  # reaped
     assert wait_writer(pid, 0.05) is True
+
+
+def test_scan_tasks_hand_back_results_and_errors_and_close_drops_what_did_not_start() -> None:
+    import threading
+
+    from tiering.catalog.scan import _Tasks
+    gate = threading.Event()
+    started: list[int] = []
+
+    def job(k: int) -> int:
+        started.append(k)
+        gate.wait(30)
+        if k == 1:
+            raise OSError(5, "boom")
+        return k * 10
+
+    tasks = _Tasks(2, "test-tasks")
+    for k in range(2):
+        tasks.submit(k, job, k)
+    gate.set()
+    got = sorted((tag, out, type(err).__name__ if err else None) for tag, out, err in tasks.results())
+    assert got == [(0, 0, None), (1, None, "OSError")]
+    gate.clear()
+    for k in range(2, 7):
+        tasks.submit(k, job, k)           # two start on the two threads; three wait
+    while len(started) < 4:
+        threading.Event().wait(0.01)
+
+    def release_once_dropped() -> None:   # the running two end only after close dropped the other three
+        for _ in range(3000):
+            if tasks.pending <= 2:
+                break
+            threading.Event().wait(0.01)
+        gate.set()
+    threading.Thread(target=release_once_dropped).start()
+    tasks.close()
+    assert tasks.threads == []
+    assert sorted(started) == [0, 1, 2, 3] and tasks.pending == 2   # the two that ran are not collected
+    assert not [t for t in threading.enumerate() if t.name.startswith("test-tasks")]

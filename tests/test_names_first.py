@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import subprocess
 import textwrap
 from concurrent.futures import ThreadPoolExecutor
@@ -246,6 +247,13 @@ def test_a_names_first_scan_gives_the_catalog_of_a_full_scan(tmp_path):
     assert (first.files.dir == full.files.dir).all()
     assert (first.dirs, first.aliases, first.skipped, first.dir_links) == \
         (full.dirs, full.aliases, full.skipped, full.dir_links)
+    # before the stats: a deferred file is a regular file and zeros, the others as the full scan has them
+    waiting = first.deferred.pending
+    assert 0 < waiting.sum() < len(waiting)
+    for k in FILE_COLUMNS:
+        col = first.files.columns[k]
+        assert (col[~waiting] == full.files.columns[k][~waiting]).all(), k
+        assert (col[waiting] == (stat.S_IFREG if k == "mode" else 0)).all(), k
     calls: list[tuple[int, int]] = []
     assert stat_deferred(first, 3, lambda f, g: calls.append((len(f), len(g))))
     assert first.deferred is None and sum(c[0] for c in calls) == len(FILES)   # the symlink was stat'ed listed
