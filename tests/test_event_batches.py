@@ -341,6 +341,33 @@ def test_once_the_lead_is_reached_it_grows_at_a_bounded_pace_up_to_the_horizon()
     assert sorted(fake.placed) == list(range(n))             # the rest went out, each file once
 
 
+def test_a_reader_that_has_begun_gets_the_minimum_lead_until_its_rate_is_known() -> None:
+    """NOTE [prefetch horizon]: once the reader has opened files, and until
+    its rate is known, the fetches go out up to the minimum lead
+    (lead_min_floor positions ahead of it), not as far as copies can go;
+    once the rate is known the pace and the horizon take over."""
+    n = 40_000
+    order = np.random.default_rng(6).permutation(n)
+    clock = Clock()
+    fake, policy, land = on_a_clock(order, 20.0, clock)
+    policy.lead_min_floor = 2000
+    policy.start()
+    policy.on_opens(order[:100], np.ones(100, bool), np.full(100, 7))    # it has begun
+    land()                                                   # copies land as fast as they are handed out
+    assert policy._rate() is None
+    furthest = max(np.flatnonzero(np.isin(order, fake.placed)))
+    assert 100 + 2000 - 1 <= furthest < 100 + 2000 + policy.chunk
+    clock.now += 0.3                                         # more than half of rate_span later
+    policy.on_opens(order[100:400], np.ones(300, bool), np.full(300, 7))
+    land()
+    assert policy._rate() is not None
+    assert max(np.flatnonzero(np.isin(order, fake.placed))) > furthest
+    clock.now += 1.0                                         # a pause: everything goes out
+    policy.poll()
+    land()
+    assert sorted(fake.placed) == list(range(n))
+
+
 def test_a_reader_standing_still_gets_its_minimum_lead_and_no_more() -> None:
     """A rate of 0 (matched opens that did not move the reader) lets out the
     fetches within the minimum lead only, and looks again after pace_wait."""

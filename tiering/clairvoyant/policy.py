@@ -424,6 +424,9 @@ class Clairvoyant(Policy):
         elif self._resume_at and self.clock() < self._resume_at:
             return      # held by the pace: not a numpy pass per landed copy
         bound = self._lead_bound(rate)
+        if rate is None and self._starting():
+            # the reader reads, its rate not known yet: the lead any rate needs, no more
+            bound = self.planner.reader + self.lead_min_floor if self.planner is not None else None
         while self._actions and self.following:
             if p.stopping:
                 return    # the job ended: nothing more is placed (not a refusal per planned copy)
@@ -471,6 +474,14 @@ class Clairvoyant(Policy):
         if self.clock() - t1 > self.rate_span or t1 - t0 < self.rate_span / 2:
             return None
         return (r1 - r0) / (t1 - t0)
+
+    def _starting(self) -> bool:
+        """The reader has begun to read (it opened files in the last
+        rate_span) but not for long enough for its rate (NOTE [prefetch
+        horizon])."""
+        if self.planner is None or not self._pace or self.planner.reader <= 0:
+            return False
+        return self.clock() - self._pace[-1][0] <= self.rate_span
 
     def _lead_bound(self, rate: float | None) -> int | None:
         """The stream position copies are not issued at or beyond while the
