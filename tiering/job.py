@@ -169,6 +169,7 @@ FILL_GRACE = 2.0           # seconds the teardown lets the sizes be read (for th
 
 MMAP_THRESHOLD = 4 << 20     # bytes: malloc serves blocks this large or larger by mmap (NOTE [malloc])
 M_MMAP_THRESHOLD = -3        # glibc's malloc.h
+M_TRIM_THRESHOLD = -1
 
 
 def map_large_blocks() -> None:
@@ -178,10 +179,15 @@ def map_large_blocks() -> None:
     to the size of each large block freed (up to 32 MiB), and the arrays of
     a million files made after the scan's temporaries land in malloc's heaps
     among small objects, where freed pages stay resident: a cold start-up at
-    1.28 M files kept about 120 MiB more than a cached one.  Nothing happens
-    elsewhere than glibc."""
+    1.28 M files kept about 120 MiB more than a cached one.  The trim
+    threshold is set as glibc's dynamic rule would (twice the mmap
+    threshold): a fixed mmap threshold leaves it at 128 KiB, and every 1 MiB
+    buffer freed at the top of a heap would shrink it, to be faulted in
+    again at the next use.  Nothing happens elsewhere than glibc."""
     try:
-        ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+        libc = ctypes.CDLL(None)
+        libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+        libc.mallopt(M_TRIM_THRESHOLD, 2 * MMAP_THRESHOLD)
     except (OSError, AttributeError):
         pass
 

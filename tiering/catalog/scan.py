@@ -280,8 +280,8 @@ class _Tasks:
         self.todo.put((tag, fn, args))
         if len(self.threads) < min(self.limit, self.pending):
             t = threading.Thread(target=self._work, name=f"{self.name}_{len(self.threads)}", daemon=True)
-            self.threads.append(t)
             t.start()
+            self.threads.append(t)
 
     def _work(self) -> None:
         while (item := self.todo.get()) is not None:
