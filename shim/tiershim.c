@@ -1341,6 +1341,7 @@ static __attribute__((noinline)) int open_read(enum which w, int atfd, const cha
  * published: NOTE [publish after rename]). */
 EXPORT int tiering_where(const char *path)
 {
+    int saved = errno;
     ensure_init();
     struct tiering_header *h = __atomic_load_n(&idx, __ATOMIC_ACQUIRE);
     char abs_path[PATH_MAX], phys[PATH_MAX];
@@ -1348,11 +1349,12 @@ EXPORT int tiering_where(const char *path)
     size_t rel_len;
     int root;
     size_t rl;
-    if (!maybe_catalogued(h, path, &root, &rl))
-        return -1;
-    int saved = errno;
-    int64_t slot = lookup(AT_FDCWD, path, root, rl, abs_path, &rel, &rel_len);
-    int tier = slot < 0 ? -1 : route(slot, O_RDONLY, rel, rel_len, phys);
+    int tier = -1;
+    if (maybe_catalogued(h, path, &root, &rl)) {
+        int64_t slot = lookup(AT_FDCWD, path, root, rl, abs_path, &rel, &rel_len);
+        if (slot >= 0)
+            tier = route(slot, O_RDONLY, rel, rel_len, phys);
+    }
     errno = saved;
     return tier;
 }

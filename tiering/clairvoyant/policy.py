@@ -424,9 +424,6 @@ class Clairvoyant(Policy):
         elif self._resume_at and self.clock() < self._resume_at:
             return      # held by the pace: not a numpy pass per landed copy
         bound = self._lead_bound(rate)
-        if rate is None and self._starting():
-            # the reader reads, its rate not known yet: the lead any rate needs, no more
-            bound = self.planner.reader + self.lead_min_floor if self.planner is not None else None
         while self._actions and self.following:
             if p.stopping:
                 return    # the job ended: nothing more is placed (not a refusal per planned copy)
@@ -485,9 +482,13 @@ class Clairvoyant(Policy):
 
     def _lead_bound(self, rate: float | None) -> int | None:
         """The stream position copies are not issued at or beyond while the
-        reader reads at `rate` (NOTE [prefetch horizon]); None: no bound."""
-        if rate is None or self.planner is None:
+        reader reads at `rate` (NOTE [prefetch horizon]): the horizon; while
+        it has begun to read and its rate is not known yet, the lead any
+        rate needs (lead_min_floor), no more; None: no bound."""
+        if self.planner is None:
             return None
+        if rate is None:
+            return self.planner.reader + self.lead_min_floor if self._starting() else None
         return self.planner.reader + max(self.lead_floor, int(rate * self.horizon))
 
     def _paced(self, part: Actions, rate: float | None) -> Actions:
@@ -524,25 +525,30 @@ class Clairvoyant(Policy):
         return part[:take]
 
     def on_placed(self, i: int, tier: int) -> None:
-        if self.following and self.planner is not None and not self.planner.adopt_if_room(i, tier):
-            self.placement.evict(i)  # the plan holds it elsewhere or has no room for it
+        self._landed(i, tier, True)
         self._refill()
 
     def on_failed(self, i: int) -> None:
-        if self.planner is not None:
-            self.planner.drop(i)
+        self._landed(i, -1, False)
         self._refill()
 
     def on_landed(self, files: np.ndarray, tier: int, published: np.ndarray) -> None:
         """on_placed and on_failed of a batch's copies, then one refill."""
-        planner = self.planner
         for i, ok in zip(files.tolist(), published.tolist()):
-            if not ok:
-                if planner is not None:
-                    planner.drop(i)
-            elif self.following and planner is not None and not planner.adopt_if_room(i, tier):
-                self.placement.evict(i)  # the plan holds it elsewhere or has no room for it
+            self._landed(i, tier, ok)
         self._refill()
+
+    def _landed(self, i: int, tier: int, published: bool) -> None:
+        """The plan learns of a copy that ended: adopted where it landed (else
+        evicted: the plan holds it elsewhere or has no room for it), or
+        dropped when it was not published."""
+        planner = self.planner
+        if planner is None:
+            return
+        if not published:
+            planner.drop(i)
+        elif self.following and not planner.adopt_if_room(i, tier):
+            self.placement.evict(i)
 
     def _refill(self) -> None:
         """Issues in batches, not one action per landed copy (NOTE [copy in C])."""

@@ -363,15 +363,13 @@ class Daemon:
                 self._guarded(self._take_homes)
             busy = len(events) >= BUSY_EVENTS
 
-    def _deliver_landed(self) -> int:
-        """Tells the policy of the copies that landed; how many."""
-        n = 0
+    def _deliver_landed(self) -> None:
+        """Tells the policy of the copies that landed."""
         while True:
             try:
                 files, tier, published = self._landed.get_nowait()
             except queue.Empty:
-                return n
-            n += len(files)
+                return
             self._guarded(self.policy.on_landed, files, tier, published)
 
     def _land(self, files: list[int], tier: int, published: list[bool]) -> None:
