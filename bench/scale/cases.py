@@ -328,9 +328,9 @@ def _copies(ctx: Context, d: Path, src: Path, files: int, data_bytes: int, listi
     """cp -r, tar | tar and tier-run --policy stage from src into the same file
     system (the work directory; with `ram`, a private directory in /dev/shm
     and a memory tier there), the page cache warm with src for all three.
-    Staging is timed from COMMAND's start until every file has a copy (COMMAND
-    checks them in catalog order, the order stage copies in); then COMMAND
-    reads every file through the shim."""
+    Staging is timed from COMMAND's start until every file's copy is served
+    (COMMAND asks the shim, in catalog order, the order stage copies in);
+    then COMMAND reads every file through the shim."""
     dst = Path(tempfile.mkdtemp(prefix="tiering-scale-copies-", dir="/dev/shm")) if ram else ctx.s.work / "copies"
     direct = read_direct(ctx, d, listing, src)
     refs = {

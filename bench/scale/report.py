@@ -7,6 +7,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from bench.scale.cases import LEAD_BUILT_S
+
 MiB = 1 << 20
 
 
@@ -180,7 +182,8 @@ def clairvoyant_rows(res: dict[str, Any], name: str, epochs: int) -> list[Row]:
         Row(f"daemon CPU, {name}: reader {_rate(pre.get('opens_per_s'), 'files/s')}, prefetching", "<= 25%",
             _pct(pre.get("daemon_core_share")), "-", None,
             _verdict(pre.get("daemon_core_share"), lambda v: v <= 0.25, problem), pre.get("daemon_core_share")),
-        Row(f"daemon CPU, {name}: prefetching, its first 5 s left out (the lead built at full speed)", "info",
+        Row(f"daemon CPU, {name}: prefetching, its first {LEAD_BUILT_S:g} s left out (the lead built at full speed)",
+            "info",
             _pct(pre.get("steady_core_share")), "-", None, "info", pre.get("steady_core_share")),
         Row(f"teardown after COMMAND exits, {name}", "<= 5 s", _s(res.get("teardown_s")), "-", None,
             _verdict(res.get("teardown_s"), lambda v: v <= 5, problem), res.get("teardown_s")),
