@@ -32,7 +32,7 @@ from helpers import (
     wait_job_dirs_removed,
 )
 from tiering.catalog import scan
-from tiering.catalog.cache import load_cache
+from tiering.catalog.cache import cache_file, load_cache
 from tiering.catalog.model import FILE_COLUMNS, Catalog
 from tiering.catalog.scan import stat_deferred
 from tiering.placement.index import Root, SharedIndex, lib, library_path
@@ -336,7 +336,8 @@ def test_command_exiting_during_the_fill_ends_the_job_cleanly(tmp_path):
     assert "COMMAND ended before the sizes of 120 files were read" in r.stderr
     assert stats["opens"]["total"] == 2 * len(FILES) and stats["opens"]["pfs"] == 2 * len(FILES)
     # the rest of the sizes and the cache: in a child nobody waited for
-    wait_for(lambda: list(cache.glob("tiering/catalogs/*.npz")), "the cache written aside")
+    # (the file under its own name: the writer's temporary also ends in .npz until it is renamed)
+    wait_for(lambda: cache_file(cache / "tiering" / "catalogs", str(data)).exists(), "the cache written aside")
     with ThreadPoolExecutor(2) as pool:
         cached = load_cache(cache / "tiering" / "catalogs", str(data), pool)
     assert cached is not None and int(cached.files.size.sum()) == sum(map(len, FILES.values()))
