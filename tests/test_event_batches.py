@@ -35,8 +35,9 @@ from tiering.placement.tiers import TierState
 def test_ring_size_follows_the_catalog() -> None:
     assert ring_events(0) == ring_events(1000) == RING_MIN == 1 << 16
     assert ring_events(100_000) == 1 << 19          # two epochs' opens and closes
-    assert ring_events(1_281_167) == RING_MAX == 1 << 21
-    assert ring_events(14_000_000) == RING_MAX       # 48 MiB at most
+    assert ring_events(200_000) == 1 << 20
+    assert ring_events(1_281_167) == RING_MAX == 1 << 20     # 32 MiB at most
+    assert ring_events(14_000_000) == RING_MAX
     for n in (5, 40_000, 70_000, 300_000):
         r = ring_events(n)
         assert r & (r - 1) == 0 and r >= min(4 * n, RING_MAX)

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent     # tiering/
 RING_MIN = 1 << 16        # ring slots at least (2 MiB)
-RING_MAX = 1 << 21        # ... and at most (64 MiB)
+RING_MAX = 1 << 20        # ... and at most (32 MiB: 2.6 s of events at 200 k opens/s)
 # identities of write opens an index filled from names first can log (16 MiB
 # of the index file at most, a sparse file: only the entries logged take pages)
 WRITE_LOG = 1 << 20
@@ -159,7 +159,7 @@ def ring_events(files: int) -> int:
     """Ring slots for a catalog of this many files (NOTE [event batches]): a
     power of two that holds two epochs' opens and closes (four events per
     file: a daemon starved of CPU by a fast reader catches up before the ring
-    laps), between RING_MIN and RING_MAX."""
+    laps), between RING_MIN and RING_MAX (NOTE [event batches])."""
     want = min(max(4 * files, RING_MIN), RING_MAX)
     return 1 << (want - 1).bit_length()
 
