@@ -34,15 +34,23 @@ FAST = Network(bandwidth=1000.0, latency_ms=0.1)
 
 
 class CountingDaemon(Daemon):
-    """Counts the copies read from the PFS (tests wrap _copy)."""
+    """Counts the copies read from the PFS, one at a time (_copy) or in
+    batches (_copy_many: also in `batched`)."""
 
     def __init__(self, *args, **kw):  # type: ignore[no-untyped-def]
         self.pfs_copies: list[str] = []
+        self.batched: list[str] = []
         super().__init__(*args, **kw)
 
     def _copy(self, src, f, t):  # type: ignore[no-untyped-def]
         self.pfs_copies.append(f.rel)
         return super()._copy(src, f, t)
+
+    def _copy_many(self, ids, t, done):  # type: ignore[no-untyped-def]
+        rels = [self.files[i].rel for i in ids.tolist()]
+        self.pfs_copies += rels
+        self.batched += rels
+        return super()._copy_many(ids, t, done)
 
 
 class Holders:
@@ -331,6 +339,26 @@ def test_only_files_the_plan_places_on_a_peer_are_asked_for(setups, peer):
     assert_same_bytes_published(s)
     assert sorted(s.d.pfs_copies) == sorted(set(FILES) - {"a/y.bin", "big.bin"})
     assert s.d.stats.peer_fetches == 2 and peer.server.counters.snapshot()["served"] == 2
+
+
+def test_files_no_peer_may_serve_are_copied_in_batches(setups, peer):
+    """This node's own files and those without a home (no peer holds them)
+    go through the batch copy (NOTE [batch copy]) as on a single node; a
+    file homed at a peer is fetched on its own; so is a file another node
+    reads first while the homes are not known (it waits for them); once the
+    rendezvous gave up, nothing is fetched and every small file is batched."""
+    links = links_to(peer, None)
+    s = setups(files=FILES, daemon_cls=with_peers(links))
+    links.plans = Holders({s.i["a/y.bin"], s.i["big.bin"]})
+    place_all(s)
+    assert_same_bytes_published(s)
+    assert sorted(s.d.batched) == ["a/x.bin", "b/z.bin", "e.bin"]      # big.bin: too large for a batch anyway
+    assert sorted(s.d.pfs_copies) == sorted(s.d.batched) and s.d.stats.peer_fetches == 2
+    waiting = waiting_links(peer, {s.i["a/x.bin"]})
+    assert waiting.may_serve(s.i["a/x.bin"]) and not waiting.may_serve(s.i["b/z.bin"])
+    waiting.settle()         # gave up: no homes, ever
+    assert not waiting.may_serve(s.i["a/x.bin"])
+    assert not links_to(peer, None).may_serve(s.i["a/x.bin"])           # no node-aware plan at all
 
 
 def test_a_peer_slower_than_the_pfs_is_not_asked(setups, peer):

@@ -105,6 +105,19 @@ class PeerLinks:
                 self._wake.wait(left)
         return self.plans
 
+    def may_serve(self, f: int) -> bool:
+        """Whether a copy of f may come from a peer (any thread): its home is
+        another node, or the homes are not known yet and another node reads
+        it first.  The daemon copies the other files in batches (NOTE [batch
+        copy]): a copy from a peer is one file at a time."""
+        plans = self.plans
+        if plans is None:
+            planning = self.planning
+            if planning is not None:
+                return not self.settled and planning.elsewhere(f)
+            plans = self.plans      # computed meanwhile (plans is set before planning is let go)
+        return plans is not None and plans.holder(f) is not None
+
     def plan_homes(self, budgets: Sequence[int]) -> None:
         """Called once the nodes have met, with every node's budget (node
         rank order): the homes every node computes alike.  A failure is a

@@ -493,7 +493,7 @@ class Daemon:
 
     def _batched(self, i: int) -> bool:
         """File i is copied in a batch: small, and no peer may serve it."""
-        return self.peers is None and int(self._sizes_array[i]) < BATCH_BYTES
+        return int(self._sizes_array[i]) < BATCH_BYTES and (self.peers is None or not self.peers.may_serve(i))
 
     def _count_read(self, n: int) -> None:
         """The bytes a copy read: a small file's are added up in its thread and
