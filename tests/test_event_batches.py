@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from helpers import make_data, private_dir
+from helpers import make_data, private_dir, wait_for
 from tiering.catalog import scan
 from tiering.clairvoyant.feeds import ListFeed
 from tiering.clairvoyant.planner import EVICT, FETCH, Actions
@@ -120,6 +120,46 @@ def test_daemon_hands_opens_to_the_policy_as_arrays_in_order(tmp_path: Path) -> 
     assert rec.calls == [([0, 1], [False, True], [11, 12], False), ([2], [False], [11], True)]
     assert d.stats.events == 6
     index.close()
+
+
+class Patient(Policy):
+    """A policy that says whether it is patient, and notes its landings."""
+
+    def __init__(self, placement: Any):
+        super().__init__(placement)
+        self.is_patient = True
+        self.landed: list[list[int]] = []
+
+    def patient(self) -> bool:
+        return self.is_patient
+
+    def on_landed(self, files: np.ndarray, tier: int, published: np.ndarray) -> None:
+        self.landed.append(files.tolist())
+
+
+def test_a_patient_policy_hears_of_its_landed_copies_at_its_next_turn_unwoken(tmp_path: Path) -> None:
+    """A landing wakes the event thread unless the policy is patient; a
+    patient policy is told at the turn that comes by itself."""
+    index, slots = make_index(tmp_path, 8)
+    cat = scan([str(tmp_path / "pfs")])
+    d = Daemon(index, cat, slots, [TierState("ram", "memory", private_dir(tmp_path / "tier"), 1 << 20, 1)], 1,
+               Patient)
+    policy = d.policy
+    assert isinstance(policy, Patient)
+    d._land([1], 0, [True])
+    assert not d._wake.is_set() and policy.landed == []
+    policy.is_patient = False
+    d._land([2], 0, [True])
+    assert d._wake.is_set()
+    d.start()
+    try:
+        wait_for(lambda: policy.landed == [[1], [2]], "the landings told")
+        policy.is_patient = True
+        d._land([3], 0, [False])
+        wait_for(lambda: policy.landed == [[1], [2], [3]], "a landing told at the next turn")
+    finally:
+        d.stop()
+        index.close()
 
 
 def test_simple_policies_get_each_open() -> None:
@@ -283,10 +323,12 @@ def test_copies_are_issued_at_most_a_horizon_of_reading_ahead_of_a_reading_reade
     assert policy.report()["held_by_horizon"] > 0
     assert policy._rate() is not None
     assert policy.lead() == furthest - read + 1                # the copies handed out and landed, not the plan
+    assert policy.patient()                                  # held by the horizon: its next turn can wait
     clock.now += 1.0                                        # the reader pauses
     policy.poll()
     land()
     assert sorted(fake.placed) == list(range(n))             # the rest went out, each file once
+    assert not policy.patient()
     policy.on_opens(order[read:read + 100], np.ones(100, bool), np.full(100, 7))
     assert policy._rate() is not None                        # reading again
     policy._reset(0, [order])                               # a new plan: its reader's rate is not known yet

@@ -100,6 +100,7 @@ class Clairvoyant(Policy):
         self._ahead = np.zeros(0, np.int64)   # opens beyond the epoch being learnt while no plan exists
         self._late: tuple[np.ndarray, np.ndarray] = (np.zeros(0, np.int64), np.zeros(0, np.int64))
         self._pace: deque[tuple[float, int]] = deque()   # (time, reader position) of the last rate_span s
+        self._held_back = False             # the last turn's fetches were held by the horizon or the pace
         self.held = 0                       # turns that issued nothing because of the horizon
         self.paced = 0                      # turns that issued fewer fetches than had room: the pace
         self._tokens = 0.0                  # fetches the pace allows now
@@ -423,6 +424,7 @@ class Clairvoyant(Policy):
             self._paced_at, self._resume_at = None, 0.0
         elif self._resume_at and self.clock() < self._resume_at:
             return      # held by the pace: not a numpy pass per landed copy
+        self._held_back = False
         bound = self._lead_bound(rate)
         while self._actions and self.following:
             if p.stopping:
@@ -433,10 +435,12 @@ class Clairvoyant(Policy):
             head = self._actions[0]
             if bound is not None and head.kind[0] == FETCH and int(head.need[0]) >= bound:
                 self.held += 1
+                self._held_back = True
                 return
             part = self._paced(head[:min(self.chunk, room)], rate)    # at most room fetches
             if not len(part):
                 self.paced += 1
+                self._held_back = True
                 return
             for kind, f, tier in zip(part.kind.tolist(), part.file.tolist(), part.tier.tolist()):
                 if kind != FETCH:
@@ -531,6 +535,12 @@ class Clairvoyant(Policy):
     def on_failed(self, i: int) -> None:
         self._landed(i, -1, False)
         self._refill()
+
+    def patient(self) -> bool:
+        """While the horizon or the pace holds the fetches back, the lead is
+        at least lead_min of the reader's reading (NOTE [prefetch horizon]):
+        the next turn can wait (NOTE [event batches])."""
+        return self._held_back and self.following
 
     def on_landed(self, files: np.ndarray, tier: int, published: np.ndarray) -> None:
         """on_placed and on_failed of a batch's copies, then one refill."""

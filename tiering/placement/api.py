@@ -115,6 +115,13 @@ class Policy:
     def on_failed(self, i: int) -> None:
         """A queued copy of file i was not published (failure, change, stop, write)."""
 
+    def patient(self) -> bool:
+        """Whether the policy's next turn can wait (any thread asks; NOTE
+        [event batches]): its copies are far enough ahead of the reader that
+        a landing need not wake the event thread and a turn comes every
+        PATIENT_TICK (not IDLE_TICK) when few events arrive."""
+        return False
+
     def on_landed(self, files: np.ndarray, tier: int, published: np.ndarray) -> None:
         """Copies onto tier that ended together, in order (catalog ids, and
         whether each was published): on_placed or on_failed for each unless

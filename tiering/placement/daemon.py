@@ -57,7 +57,8 @@ log = logging.getLogger("tiering")
 STOP_TIMEOUT = 10.0   # seconds stop() waits for running copies (a hung PFS read cannot be interrupted)
 TICK = 0.005          # seconds between two turns of the event thread at least (NOTE [event batches])
 IDLE_TICK = 0.02      # ... at most; sooner only when copies land or a turn drained BUSY_EVENTS or more
-BUSY_EVENTS = 256     # events drained in one turn that count as many
+PATIENT_TICK = 0.05   # ... at most while the policy is patient (its lead is long): landings do not wake it
+BUSY_EVENTS = 1024    # events drained in one turn that count as many
 MAX_ERRORS = 20       # error messages kept for the summary
 
 
@@ -345,7 +346,7 @@ class Daemon:
             if self._stop.wait(TICK):
                 return
             if not busy:
-                self._wake.wait(IDLE_TICK - TICK)
+                self._wake.wait((PATIENT_TICK if self.policy.patient() else IDLE_TICK) - TICK)
                 if self._stop.is_set():
                     return
             self._wake.clear()
@@ -373,9 +374,11 @@ class Daemon:
             self._guarded(self.policy.on_landed, files, tier, published)
 
     def _land(self, files: list[int], tier: int, published: list[bool]) -> None:
-        """Copies that ended, for the policy; the event thread is woken."""
+        """Copies that ended, for the policy; the event thread is woken unless
+        the policy is patient (Policy.patient)."""
         self._landed.put((np.asarray(files, np.int64), tier, np.asarray(published, bool)))
-        self._wake.set()
+        if not self.policy.patient():
+            self._wake.set()
 
     def _guarded(self, fn: Callable[..., None], *args: object) -> None:
         """A policy bug must not take the job down, nor print tracebacks on
