@@ -2,9 +2,12 @@
 nodes (network namespaces on one bridge, each node its own tier; all read one
 slowfs PFS), in three configurations side by side:
 
-    pfs     the training alone, reading the PFS
-    local   a clairvoyant tier-run on each node, on its own (no peers)
-    peers   the same, one multi-node job: the peer tier and the node-aware plan
+    pfs          the training alone, reading the PFS
+    lower-bound  the training alone, each node reading a copy of the whole data
+                 set on its own disk made before the job (not timed): no
+                 caching does better on this machine
+    local        a clairvoyant tier-run on each node, on its own (no peers)
+    peers        the same, one multi-node job: the peer tier and the node-aware plan
 
 The data set is twice one node's tiers (it fits the tiers of two nodes).
 Per run: seconds per epoch (the slowest rank's), PFS opens and bytes per
@@ -39,7 +42,7 @@ from .datagen import generate  # noqa: E402
 from .slowfs import SlowFs, SlowFsOptions, ensure_built  # noqa: E402
 
 MIB = 1 << 20
-CONFIGS = multinode.MODES
+CONFIGS = ("pfs", "lower-bound", "local", "peers")
 
 
 def checksum(result: multinode.JobResult) -> str:
@@ -63,15 +66,23 @@ def per_node_pfs(result: multinode.JobResult, config: str) -> list[list[dict[str
     """PFS opens and bytes per epoch per node."""
     if config == "pfs":   # the training reads every sample of its share from the PFS
         return [[{"opens": e["samples"], "bytes": None} for e in r.get("epochs", [])] for r in result.ranks]
+    if config == "lower-bound":   # every sample from the node's own copy
+        return [[{"opens": 0, "bytes": 0} for _ in r.get("epochs", [])] for r in result.ranks]
     return [[{"opens": e["pfs_opens"], "bytes": e["pfs_bytes"]} for e in s.get("epochs", [])]
             for s in result.stats]
 
 
 def one_run(fs: SlowFs, net: netns.Network, work: Path, nodes: int, config: str, args: argparse.Namespace,
-            capacity: int, port: int) -> dict[str, Any]:
+            capacity: int, port: int, src: Path) -> dict[str, Any]:
+    copies = None
+    if config == "lower-bound":   # each node's copy of the data set, made before the job (not timed)
+        copies = [work / f"n{nodes}-copy{node}" for node in range(nodes)]
+        for c in copies:
+            shutil.copytree(src, c)
     spec = multinode.JobSpec(fs.path, work / f"n{nodes}-{config}", nodes, mode=config, capacity=capacity,
                              epochs=args.epochs, batch=args.batch, step_ms=args.step_ms,
-                             job_id=f"bench{nodes}{config}{int(time.time())}", port=port, timeout=args.timeout)
+                             job_id=f"bench{nodes}{config}{int(time.time())}", port=port, timeout=args.timeout,
+                             data_per_node=copies)
     before = fs.stats()
     result = multinode.run_job(spec, net)
     after = fs.stats()
@@ -113,7 +124,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     for k, config in enumerate(CONFIGS):
                         if config == "peers" and n == 1:
                             continue   # one node has no peers
-                        rows.append(one_run(fs, net, work, n, config, args, capacity, 29500 + k))
+                        rows.append(one_run(fs, net, work, n, config, args, capacity, 29500 + k, src))
         return {"params": {"files": args.files, "bytes": total, "tier_bytes_per_node": capacity,
                            "epochs": args.epochs, "batch": args.batch, "step_ms": args.step_ms,
                            "slowfs": {"meta_ms": args.meta_ms, "read_ms": args.read_ms, "mb_s": args.pfs_mb_s}},
@@ -140,22 +151,26 @@ def table(res: dict[str, Any]) -> str:
              f"{p['tier_bytes_per_node'] / MIB:.1f} MiB (D/2); {p['epochs']} epochs, one rank a node, batch "
              f"{p['batch']}, {p['step_ms']:g} ms compute per step; slowfs {p['slowfs']['meta_ms']:g} ms per metadata "
              f"operation, {p['slowfs']['read_ms']:g} ms per read, {p['slowfs']['mb_s']:g} MB/s.  \"bound\": compute "
-             "per epoch (steps x step time).  PFS per node: tier-run's --stats-json (pfs: the node's share).  PFS "
-             "of the job: what slowfs counted over the whole run.",
+             "per epoch (steps x step time); \"lower bound\": the same training with each node reading its own "
+             "local copy of the data set, made before the job (not timed, its PFS reads not counted), in the same "
+             "run.  PFS per node: tier-run's --stats-json (pfs: the node's share).  PFS of the job: what slowfs "
+             "counted over the whole run.",
              "",
-             "| nodes | configuration | epoch 1 s | epochs 2+ s | epochs 2+ / bound | PFS MiB per node per epoch "
-             "(2+, mean) | PFS MiB, job | PFS / D | peer MiB | checksum |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "| nodes | configuration | epoch 1 s | epochs 2+ s | epochs 2+ / bound | epochs 2+ / lower bound | "
+             "PFS MiB per node per epoch (2+, mean) | PFS MiB, job | PFS / D | peer MiB | checksum |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     by_nodes: dict[int, str] = {}
+    floor = {r["nodes"]: _mean(r["epoch_seconds"][1:]) for r in res["runs"] if r["config"] == "lower-bound"}
     for r in res["runs"]:
         es, n = r["epoch_seconds"], r["nodes"]
+        vs_floor = f"{_mean(es[1:]) / floor[n]:.2f}x" if floor.get(n) else "-"
         if r["config"] == "pfs":
             later = f"{p['bytes'] / n / MIB:.2f}"
         else:
             later = f"{_mean([_mean([e['bytes'] for e in node[1:]]) for node in r['pfs_per_node']]) / MIB:.2f}"
         same = by_nodes.setdefault(n, r["checksum"]) == r["checksum"]
         lines.append(f"| {n} | {r['config']} | {es[0]:.2f} | {_mean(es[1:]):.2f} | "
-                     f"{_mean(es[1:]) / compute_bound(p, n):.2f}x | {later} | "
+                     f"{_mean(es[1:]) / compute_bound(p, n):.2f}x | {vs_floor} | {later} | "
                      f"{r['pfs_job']['bytes'] / MIB:.1f} | {r['pfs_job']['bytes'] / p['bytes']:.2f} | "
                      f"{sum(r['peer_bytes']) / MIB:.2f} | {'same' if same else 'DIFFERENT'} |")
     return "\n".join(lines) + "\n"
@@ -168,7 +183,7 @@ def plot(res: dict[str, Any], path: Path) -> None:
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     for r in res["runs"]:
         label = f"{r['nodes']} node{'s' if r['nodes'] > 1 else ''}, {r['config']}"
-        style = {"pfs": ":", "local": "--", "peers": "-"}[r["config"]]
+        style = {"pfs": ":", "lower-bound": "-.", "local": "--", "peers": "-"}[r["config"]]
         epochs = range(1, len(r["epoch_seconds"]) + 1)
         a.plot(epochs, r["epoch_seconds"], style, marker="o", label=label)
     a.set_xlabel("epoch")

@@ -35,6 +35,7 @@ import netns
 PYTHON = sys.executable
 TRAIN = Path(__file__).resolve().parent / "workloads" / "train_ddp.py"
 MODES = ("pfs", "local", "peers")
+UNWRAPPED = ("pfs", "lower-bound")   # modes without tier-run (lower-bound: each node reads data_per_node)
 
 
 @dataclass
@@ -42,7 +43,7 @@ class JobSpec:
     data: Path                  # the PFS directory every node reads
     work: Path                  # scratch: tiers, job directory, outputs (made here)
     nodes: int
-    mode: str = "peers"         # pfs | local | peers
+    mode: str = "peers"         # pfs | local | peers | lower-bound (no tier-run; each node reads data_per_node)
     capacity: int = 1 << 20     # bytes of each node's one tier
     capacities: list[int] | None = None   # per node, instead of capacity
     epochs: int = 3
@@ -57,6 +58,7 @@ class JobSpec:
     pfs_latency_ms: float = 2.0  # when the network is faster
     tier_run_args: list[str] = field(default_factory=list)
     timeout: float = 600.0
+    data_per_node: list[Path] | None = None   # the directory each node's training reads (default: data)
 
 
 @dataclass
@@ -97,8 +99,9 @@ def tier_run_argv(spec: JobSpec, node: int, rank: int) -> list[str]:
     return argv + ["--"]
 
 
-def train_argv(spec: JobSpec) -> list[str]:
-    return [str(TRAIN), "--data", str(spec.data), "--out-dir", str(spec.work / "out"), "--epochs", str(spec.epochs),
+def train_argv(spec: JobSpec, node: int) -> list[str]:
+    data = spec.data_per_node[node] if spec.data_per_node else spec.data
+    return [str(TRAIN), "--data", str(data), "--out-dir", str(spec.work / "out"), "--epochs", str(spec.epochs),
             "--batch-size", str(spec.batch), "--seed", str(spec.seed), "--step-ms", str(spec.step_ms)]
 
 
@@ -126,10 +129,10 @@ def launches(spec: JobSpec, net: netns.Network) -> list[tuple[str, list[str], di
     for node in range(spec.nodes):
         env = _base_env(spec, net, node)
         if spec.form == 1:
-            wrap = [] if spec.mode == "pfs" else tier_run_argv(spec, node, node * k)
+            wrap = [] if spec.mode in UNWRAPPED else tier_run_argv(spec, node, node * k)
             cmd = [PYTHON, "-m", "torch.distributed.run", "--nnodes", str(spec.nodes), "--node-rank", str(node),
                    "--nproc-per-node", str(k), "--master-addr", master, "--master-port", str(spec.port),
-                   *train_argv(spec)]
+                   *train_argv(spec, node)]
             out.append((f"node{node}", net.node(node).argv(wrap + cmd), env))
             continue
         ranks = []
@@ -138,8 +141,8 @@ def launches(spec: JobSpec, net: netns.Network) -> list[tuple[str, list[str], di
             renv = dict(env, WORLD_SIZE=str(spec.nodes * k), RANK=str(rank), LOCAL_RANK=str(local),
                         LOCAL_WORLD_SIZE=str(k), GROUP_RANK=str(node), GROUP_WORLD_SIZE=str(spec.nodes),
                         MASTER_ADDR=master, MASTER_PORT=str(spec.port), TORCHELASTIC_RUN_ID=spec.job_id)
-            wrap = [] if spec.mode == "pfs" else tier_run_argv(spec, node, rank)
-            ranks.append({"argv": wrap + [PYTHON, *train_argv(spec)], "env": renv,
+            wrap = [] if spec.mode in UNWRAPPED else tier_run_argv(spec, node, rank)
+            ranks.append({"argv": wrap + [PYTHON, *train_argv(spec, node)], "env": renv,
                           "log": str(spec.work / f"rank{rank}.err")})
         # the node's ranks in one mount namespace with a /dev/shm of the node's own (the node
         # service's directory is there): one process starts them and records their exit codes
@@ -205,7 +208,7 @@ def run_job(spec: JobSpec, net: netns.Network,
     world = spec.nodes * spec.ranks_per_node
     ranks = [_load(spec.work / "out" / f"rank-{r}.json") for r in range(world)]
     per = spec.ranks_per_node if spec.form == 1 else 1
-    stats = [_load(spec.work / f"stats-{r}.json") for r in range(0, world, per)] if spec.mode != "pfs" else []
+    stats = [_load(spec.work / f"stats-{r}.json") for r in range(0, world, per)] if spec.mode not in UNWRAPPED else []
     codes = [p.returncode for p in procs]
     if spec.form == 2:   # each rank's, as its node's spawn recorded them (-9: killed with its node)
         spawned = [_load(spec.work / f"node{n}.json.codes").get("codes") for n in range(spec.nodes)]
