@@ -10,6 +10,7 @@
 
 #define TP_INF ((int64_t)1 << 62)
 #define TP_SCAN 64
+#define TP_AHEAD 16   /* positions read_range asks the caches for ahead of the one it reads */
 #define TP_FETCH 0
 #define TP_EVICT 1
 
@@ -205,7 +206,16 @@ static int victim(tp_plan *p, const int32_t *cand, int ncand, int64_t *file, int
     if (far < 0)
         return 0;
     *need = far + p->pos0;
-    *file = p->stream[*need - p->base];
+    int64_t r = *need - p->base, f = p->stream[r];
+    /* the victim's entries are cold (it is the file needed last): their
+     * misses overlap instead of following each other through leave(); the
+     * next victims are needed just before it, a cache line of positions back */
+    if (r >= 16)
+        __builtin_prefetch(&p->stream[r - 16]);
+    __builtin_prefetch(&p->alloc[f]);
+    __builtin_prefetch(&p->tier[f]);
+    __builtin_prefetch(&p->need[f]);
+    *file = f;
     return 1;
 }
 
@@ -263,6 +273,13 @@ static int64_t next_wanted(const tp_plan *p, int64_t pos)
     int64_t end = p->base + p->n;
     for (; pos < end; pos++) {
         int64_t r = pos - p->base, f = p->stream[r];
+        if (pos + TP_AHEAD < end) {   /* the entries of the files fetched next: cold */
+            int64_t g = p->stream[r + TP_AHEAD];
+            __builtin_prefetch(&p->tier[g]);
+            __builtin_prefetch(&p->alloc[g]);
+            __builtin_prefetch(&p->size[g]);
+            __builtin_prefetch(&p->need[g]);
+        }
         if (p->tier[f] < 0 && !p->cons[r] && p->fits[f])
             return pos;
     }
@@ -412,7 +429,16 @@ static int64_t quiet_until(const tp_plan *p, int64_t stop)
 
 static void read_range(tp_plan *p, int64_t start, int64_t stop)
 {
+    int64_t end = p->base + p->n;
     for (int64_t pos = start; pos < stop; pos++) {
+        /* the files of the positions ahead (read by this call or the next:
+         * a range is often one position long): random entries, cache misses */
+        if (pos + TP_AHEAD < end) {
+            int64_t g = p->stream[pos + TP_AHEAD - p->base];
+            __builtin_prefetch(&p->tier[g]);
+            __builtin_prefetch(&p->need[g]);
+            __builtin_prefetch(&p->done[g]);
+        }
         int64_t f = p->stream[pos - p->base];
         int t = p->tier[f];
         if (t < 0) {
