@@ -42,7 +42,7 @@ from .datagen import generate  # noqa: E402
 from .slowfs import SlowFs, SlowFsOptions, ensure_built  # noqa: E402
 
 MIB = 1 << 20
-CONFIGS = ("pfs", "lower-bound", "local", "peers")
+CONFIGS = multinode.MODES
 
 
 def checksum(result: multinode.JobResult) -> str:

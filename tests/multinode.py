@@ -34,7 +34,7 @@ import netns
 
 PYTHON = sys.executable
 TRAIN = Path(__file__).resolve().parent / "workloads" / "train_ddp.py"
-MODES = ("pfs", "local", "peers")
+MODES = ("pfs", "lower-bound", "local", "peers")
 UNWRAPPED = ("pfs", "lower-bound")   # modes without tier-run (lower-bound: each node reads data_per_node)
 
 
@@ -59,6 +59,10 @@ class JobSpec:
     tier_run_args: list[str] = field(default_factory=list)
     timeout: float = 600.0
     data_per_node: list[Path] | None = None   # the directory each node's training reads (default: data)
+
+    def __post_init__(self) -> None:
+        if (self.mode == "lower-bound") != (self.data_per_node is not None):
+            raise ValueError("data_per_node is given with mode lower-bound, and only then")
 
 
 @dataclass

@@ -98,24 +98,27 @@ class PeerLinks:
         have its home at another node, until the rendezvous's outcome, the
         daemon's stop (wake) or link_wait seconds after the start, whichever
         comes first.  None: no homes (yet, or ever)."""
-        planning = self.planning   # let go once the homes are known
-        if self.plans is None and not self.settled and planning is not None and planning.elsewhere(f):
+        if self._before_homes(f):
             left = self.started + self.link_wait - self.clock()
             if left > 0:
                 self._wake.wait(left)
         return self.plans
 
+    def _before_homes(self, f: int) -> bool:
+        """The homes are not known yet (nor given up) and another node reads f
+        first: its home may be there.  (planning is read first: plan_homes
+        sets plans before it lets planning go.)"""
+        planning = self.planning
+        return self.plans is None and not self.settled and planning is not None and planning.elsewhere(f)
+
     def may_serve(self, f: int) -> bool:
         """Whether a copy of f may come from a peer (any thread): its home is
-        another node, or the homes are not known yet and another node reads
-        it first.  The daemon copies the other files in batches (NOTE [batch
+        another node, or its home may be another node's once the homes are
+        known.  The daemon copies the other files in batches (NOTE [batch
         copy]): a copy from a peer is one file at a time."""
+        if self._before_homes(f):
+            return True
         plans = self.plans
-        if plans is None:
-            planning = self.planning
-            if planning is not None:
-                return not self.settled and planning.elsewhere(f)
-            plans = self.plans      # computed meanwhile (plans is set before planning is let go)
         return plans is not None and plans.holder(f) is not None
 
     def plan_homes(self, budgets: Sequence[int]) -> None:

@@ -148,10 +148,9 @@ class PeerTier:
 
     def _give_up(self, why: str) -> None:
         """One warning; no peer tier for this job (nothing listens, nothing is left in the job directory)."""
-        self.links.settle()     # first: whoever sees the error (the report, a test) sees no copy waiting
-        self.error = why
         log.warning("peer tier off, this node reads the PFS only (the job goes on): %s", why)
         self._shut()
+        self.error = why     # last: whoever sees the error (the report, a test) sees the peer tier shut
 
     def _shut(self) -> None:
         self.links.settle()
