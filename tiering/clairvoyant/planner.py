@@ -455,7 +455,7 @@ class Planner:
         self._core: _Core | None = None
 
     def _set_pin(self, pinned: np.ndarray | None) -> None:
-        pin = None if pinned is None or not np.any(pinned) else np.ascontiguousarray(pinned, dtype=bool)
+        pin = None if pinned is None or not np.any(pinned) else np.array(pinned, dtype=bool)   # its own copy
         if pin is not None and len(pin) != len(self._size):
             raise ValueError(f"pinned has {len(pin)} flags for {len(self._size)} files")
         self._pin = pin
@@ -467,6 +467,31 @@ class Planner:
         self._set_pin(pinned)
         self._stale = True        # the victim sets are rebuilt when next needed
         self._sets_changed = True
+
+    def keep(self, files: np.ndarray, on: bool) -> None:
+        """Pins (on) or unpins these files from now on, the others as they
+        were (the relay rule's holds, NOTE [relay]): a held file that is
+        pinned leaves the victim sets, one unpinned enters them."""
+        files = np.asarray(files, np.int64)
+        if self._pin is None:
+            if not on:
+                return
+            self._pin = np.zeros(len(self._size), bool)
+        files = np.unique(files[self._pin[files] != on])
+        if not files.size:
+            return
+        tiers = self._tier[files]
+        held = files[tiers >= 0]
+        if on:
+            self._move(held, self._tier[held], self._need[held], False)   # out of the sets while not pinned
+            self._pin[files] = True
+        else:
+            self._pin[files] = False
+            self._move(held, self._tier[held], self._need[held], True)
+
+    def held(self, files: np.ndarray) -> np.ndarray:
+        """A bool per file: planned into a tier now (placed or in flight)."""
+        return self._tier[files] >= 0
 
     def _set_buffers(self, stream: np.ndarray, nxt: np.ndarray, cons: np.ndarray) -> None:
         self._stream, self._next, self._cons = stream, nxt, cons
