@@ -61,7 +61,7 @@ class Holders:
         self.files = files
         self.n = n
 
-    def holder(self, f: int) -> int | None:
+    def holder(self, f: int, epoch: int | None = None) -> int | None:
         return 1 if self.files is None or f in self.files else None
 
     def pinned(self, node: int | None = None) -> np.ndarray:
@@ -403,6 +403,7 @@ def test_the_node_aware_plan_sends_the_daemon_to_each_file_s_home(tmp_path, setu
         capacity = 1 << 30
         plans = NodePlans.of_streams(streams, 2, 0, sizes, [home_budget([capacity])] * 2)
         links = links_to(peer, plans)
+        links.budget = home_budget([capacity])
 
         def clairvoyant(d: Daemon) -> Clairvoyant:
             return Clairvoyant(d, ListFeed(iter([streams(0, e) for e in range(3)])), pinned=plans.pinned())
@@ -425,5 +426,17 @@ def test_the_node_aware_plan_sends_the_daemon_to_each_file_s_home(tmp_path, setu
         assert peer.server.counters.snapshot()["served"] == len(from_peer)
         for f in first | third:
             assert (s.tier.data / "0" / rel[f]).read_bytes() == s.contents[rel[f]]
+        # the relay rule (NOTE [relay]): what node 0 reads in epoch 1 it holds for epoch 2's readers,
+        # pinned in its plan, until its server hands the copy out
+        relay = s.d._relay
+        assert relay is not None and links.served is relay.served
+        e1 = streams(0, 1)
+        post(s.index, [(lib.TIERING_EV_OPEN_TIER, s.d.slots[f], 4242, 0) for f in e1.tolist()])
+        wait_for(lambda: stream_time(s.d.policy) == (2, 0), "the reader in epoch 2")
+        wait_for(lambda: s.d.policy.pinned[e1].all(), "epoch 1's reads held")
+        assert s.d.policy.planner._pin[e1].all() and (relay.kept_in[e1] == 1).all()
+        links.served.extend(e1[:3].tolist())
+        wait_for(lambda: not s.d.policy.pinned[e1[:3]].any(), "the copies handed out let go")
+        assert not s.d.policy.planner._pin[e1[:3]].any() and s.d.policy.pinned[e1[3:]].all()
     finally:
         peer.close()

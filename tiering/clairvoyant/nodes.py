@@ -18,6 +18,7 @@ peer fetch: ``planning_from_options`` returns None.
 from __future__ import annotations
 
 import dataclasses
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
@@ -29,7 +30,7 @@ from .policy import Clairvoyant
 from .samplers import SamplerSpec, node_stream_array
 
 MAX_NODES = 127   # a file's home node is an int8
-SHARE = 7 / 8     # of a node's tiers (after the margin) its home files take at most; the rest is its window
+SHARE = 15 / 16   # of a node's tiers (after the margin) its home files take at most; the rest is its window
 
 Streams = Callable[[int, int], np.ndarray]   # (node rank, epoch) -> the catalog ids that node reads
 
@@ -116,8 +117,10 @@ class NodePlans:
     """Who holds which file of a job's data set, on every node without a
     message: each file's home node (home_nodes over every node's first epoch
     and every node's published budget), which keeps it from its first epoch
-    on.  Every node given the same budgets computes the same homes.  5 bytes
-    a file."""
+    on, and from the third epoch on the node that read it in the epoch
+    before, which keeps it for its next reader (NOTE [relay]).  Every node
+    given the same budgets computes the same answers.  13 bytes a file, and
+    one a file per prepared epoch."""
 
     def __init__(self, planning: HomePlanning, budgets: Sequence[int]):
         """The homes of `planning`'s first readers within `budgets`."""
@@ -126,8 +129,10 @@ class NodePlans:
         if len(self.budgets) != self.nodes:
             raise ValueError(f"{len(self.budgets)} budgets for {self.nodes} nodes")
         # per file: its home node (-1: none) and the offset of its first read in its home's first epoch
-        allocs = allocations(np.asarray(planning.sizes, np.int64))
-        self.home, self.offset = cut_to_budgets(planning.readers, planning.offset, allocs, self.budgets)
+        self.allocs = allocations(np.asarray(planning.sizes, np.int64))
+        self.home, self.offset = cut_to_budgets(planning.readers, planning.offset, self.allocs, self.budgets)
+        self.streams = planning.streams
+        self._readers: dict[int, np.ndarray] = {}   # epoch -> each file's first reader in it (NOTE [relay])
 
     @classmethod
     def of_streams(cls, streams: Streams, nodes: int, me: int, sizes: Sequence[int] | np.ndarray,
@@ -144,13 +149,120 @@ class NodePlans:
         """The number of home files of each node."""
         return np.bincount(self.home[self.home >= 0], minlength=self.nodes).tolist()
 
-    def holder(self, f: int) -> int | None:
-        """The node to ask for f (any thread): its home, which keeps it from
-        the start of the job (it fetches its home files first: one still in
-        flight there is answered "absent", and the PFS is read); None for
-        this node's own files and files with no home."""
-        h = int(self.home[f])
+    def holder(self, f: int, epoch: int | None = None) -> int | None:
+        """The node to ask for f (any thread) for this node's read of it in
+        `epoch` (None: not known).  In the first two epochs (or not known):
+        its home, which keeps it from the start of the job (it fetches its
+        home files first: one still in flight there is answered "absent",
+        and the PFS is read).  Later: the node that read it in the epoch
+        before, which keeps it for the next reader (the relay rule, NOTE
+        [relay]); not known yet (prepare): None.  None also for this node's
+        own files and files with no home or no reader."""
+        if epoch is None or epoch < self.first_epoch + 2:
+            h = int(self.home[f])
+        else:
+            readers = self._readers.get(epoch - 1)
+            h = -1 if readers is None else int(readers[f])
         return None if h < 0 or h == self.me else h
+
+    def readers(self, epoch: int) -> np.ndarray | None:
+        """Each file's first reader in `epoch` (int8, -1: none) once prepared, else None."""
+        return self._readers.get(epoch)
+
+    def prepare(self, epochs: Sequence[int]) -> None:
+        """Computes the readers of these epochs (the others are let go): the
+        daemon's event thread, at most once per epoch; holder() only looks."""
+        have = self._readers
+        nodes = range(self.nodes)
+        self._readers = {e: have[e] if e in have else
+                         first_readers([self.streams(n, e) for n in nodes], len(self.home))[0]
+                         for e in epochs if e >= self.first_epoch}
+
+
+Keep = Callable[[np.ndarray, bool], None]   # (files, on): pin or unpin them in this node's plan
+
+
+class Relay:
+    """This node's holds under the relay rule (NOTE [relay]): the files it
+    keeps for the node that reads them next.  Its home files are held from
+    the start (the home rule).  A file this node reads in an epoch after
+    the first, whose reader in the next epoch is another node, is held from
+    that read, within the budget, until that node fetches it (the server's
+    lookup reports it: `served`) or, when it never does, until this node's
+    reader is two epochs further.  The event thread's, except `served`
+    (any thread appends).  5 bytes a file."""
+
+    def __init__(self, plans: NodePlans, budget: int):
+        n = len(plans.home)
+        self.plans, self.budget = plans, int(budget)
+        self.kept_in = np.full(n, -1, np.int32)   # the epoch whose read holds the file here (-1: not held)
+        homes = np.flatnonzero(plans.pinned())
+        self.kept_in[homes] = plans.first_epoch
+        self.kept_bytes = int(plans.allocs[homes].sum())
+        self.given = np.zeros(n, bool)            # handed out before this node read it: not held after
+        self.served: deque[int] = deque()          # files the server handed out, not looked at yet
+        self._held: dict[int, list[np.ndarray]] = {plans.first_epoch: [homes]}
+        self._plan: object | None = None           # the plan whose reads were looked at
+        self._seen = 0                             # ... up to this stream position
+        self.holds = self.handed = self.expired = 0   # for the report
+
+    def since(self, plan: object, reader: int, base: int) -> int:
+        """The first stream position of `plan` not looked at yet (a new plan,
+        after a reset: its reader's position)."""
+        if plan is not self._plan:
+            self._plan, self._seen = plan, reader
+        return max(self._seen, base)
+
+    def step(self, files: np.ndarray, epochs: np.ndarray, held: np.ndarray, upto: int,
+             reader_epoch: int, keep: Keep) -> None:
+        """One turn: `files` were read (at stream positions up to `upto`, in
+        `epochs`; `held`: planned into a tier), the reader is in
+        `reader_epoch`.  Lets go of the files the server handed out, holds
+        the ones read for their next reader, lets go of holds nobody came
+        for, and prepares the readers the holder answers need."""
+        plans = self.plans
+        plans.prepare(range(reader_epoch - 1, reader_epoch + 2))
+        n = len(self.served)
+        if n:
+            out = np.fromiter((self.served.popleft() for _ in range(n)), np.int64, n)
+            held_here = self.kept_in[out] >= 0
+            self.handed += self._let_go(out[held_here], keep)
+            self.given[out[~held_here]] = True
+        self._seen = max(self._seen, upto)
+        for e in np.unique(epochs).tolist():
+            mine = files[(epochs == e) & held]
+            kept = self.kept_in[mine]
+            self._let_go(mine[(kept >= 0) & (kept < e)], keep)   # held for this node's own read: done
+            nxt = plans.readers(e + 1) if e > plans.first_epoch else None
+            if nxt is None:
+                continue
+            f = np.unique(mine[nxt[mine] >= 0])   # read in the next epoch: by another node or by this one
+            f = f[self.kept_in[f] < 0]
+            given = self.given[f]
+            self.given[f] = False
+            f = f[~given]
+            f = f[self.kept_bytes + np.cumsum(plans.allocs[f]) <= self.budget]
+            if f.size:
+                keep(f, True)
+                self.kept_in[f] = e
+                self.kept_bytes += int(plans.allocs[f].sum())
+                self._held.setdefault(e, []).append(f)
+                self.holds += len(f)
+        for e in [e for e in self._held if e <= reader_epoch - 2]:
+            for f in self._held.pop(e):
+                self.expired += self._let_go(f[self.kept_in[f] == e], keep)
+
+    def _let_go(self, files: np.ndarray, keep: Keep) -> int:
+        files = np.unique(files)
+        if files.size:
+            keep(files, False)
+            self.kept_in[files] = -1
+            self.kept_bytes -= int(self.plans.allocs[files].sum())
+        return len(files)
+
+    def report(self) -> dict[str, int]:
+        return {"holds": self.holds, "handed": self.handed, "expired": self.expired,
+                "held": int((self.kept_in >= 0).sum()), "held_bytes": self.kept_bytes}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,6 +4,7 @@ reader through the open events (progress.py).  First-touch until the stream
 is known, and again if the reads stop following it."""
 from __future__ import annotations
 
+import bisect
 import logging
 import time
 from collections import deque
@@ -18,7 +19,7 @@ from ..placement.api import Placement, Policy
 from ..placement.policies import FirstTouch
 from .feeds import EpochOrder, HookFeed, ListFeed
 from .mapping import occurrences
-from .planner import FETCH, Actions, Planner
+from .planner import FETCH, INF, Actions, Planner
 from .progress import Progress
 
 log = logging.getLogger("tiering")
@@ -106,6 +107,7 @@ class Clairvoyant(Policy):
         self._tokens = 0.0                  # fetches the pace allows now
         self._paced_at: float | None = None   # when _tokens was last topped up; None: not pacing
         self._resume_at = 0.0               # the pace let nothing out: not looked at again before then
+        self._relay: Any = None             # a multi-node job's relay rule (nodes.Relay), once the nodes met
 
     # -- the stream ----------------------------------------------------------
     def start(self) -> None:
@@ -119,6 +121,44 @@ class Clairvoyant(Policy):
         self.pinned = pinned
         if self.planner is not None:
             self.planner.pin(pinned)
+
+    def keep(self, files: np.ndarray, on: bool) -> None:
+        """Pins (on) or unpins these files, in this plan and every later one
+        (the relay rule, NOTE [relay])."""
+        if self.pinned is None:
+            if not on:
+                return
+            self.pinned = np.zeros(len(self._sizes), bool)
+        self.pinned[files] = on
+        if self.planner is not None:
+            self.planner.keep(files, on)
+
+    def relay(self, relay: Any) -> None:
+        self._relay = relay
+        self._relay_step()
+
+    def _relay_step(self) -> None:
+        """The relay's turn: after the reads are consumed and before the plan
+        advances, so that a file read for another node is pinned before it
+        can be chosen as a victim (NOTE [relay])."""
+        relay = self._relay
+        if relay is None or not self.following or not self.epochs:
+            return
+        p = self.planner
+        assert p is not None
+        start, stop = relay.since(p, p.reader, p.base), p.reader
+        files = p.stream[start - p.base:max(start, stop) - p.base].astype(np.int64)
+        epochs = self._epochs_at(np.arange(start, start + len(files), dtype=np.int64))
+        assert epochs is not None
+        relay.step(files, epochs, p.held(files), stop, self.epochs[self._reader_epoch()], self.keep)
+
+    def next_epoch(self, i: int) -> int | None:
+        p, starts, numbers = self.planner, self.epoch_starts, self.epochs
+        if p is None or not self.following:
+            return None
+        pos = p.need.get(i)
+        k = bisect.bisect_right(starts, pos) - 1
+        return numbers[k] if pos < INF and 0 <= k < len(numbers) else None
 
     @classmethod
     def plan_capacities(cls, capacities: Sequence[int]) -> list[int]:
@@ -190,6 +230,7 @@ class Clairvoyant(Policy):
                     self._match_ahead()   # the others taught the mapping (a learning epoch, a pass before training)
                 else:
                     self._match_early()
+        self._relay_step()
         self._issue()
 
     def _keep_early(self, files: np.ndarray, pids: np.ndarray) -> None:
@@ -349,6 +390,7 @@ class Clairvoyant(Policy):
             self._note_reader()
             if isinstance(self.feed, ListFeed):
                 self._extend_from_list()
+            self._relay_step()
             self._pump()
         if self.progress.diverged:
             self._diverge()

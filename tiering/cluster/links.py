@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -35,7 +36,7 @@ class Homes(Protocol):
     """Which other node holds a file, and the files this node keeps for the
     others (clairvoyant/nodes.py, NOTE [node-aware plan], NOTE [home nodes])."""
 
-    def holder(self, f: int) -> int | None: ...
+    def holder(self, f: int, epoch: int | None = None) -> int | None: ...
 
     def pinned(self, node: int | None = None) -> np.ndarray: ...
 
@@ -80,6 +81,7 @@ class PeerLinks:
     link_wait: float = LINK_WAIT
     clock: Callable[[], float] = time.monotonic
     started: float = field(default_factory=time.monotonic)
+    served: deque[int] | None = None           # the files this node's server hands out, for the relay rule
     settled: bool = False                      # the rendezvous has an outcome: the homes known, or none ever
     _wake: threading.Event = field(default_factory=threading.Event, repr=False)
 
@@ -111,15 +113,15 @@ class PeerLinks:
         planning = self.planning
         return self.plans is None and not self.settled and planning is not None and planning.elsewhere(f)
 
-    def may_serve(self, f: int) -> bool:
-        """Whether a copy of f may come from a peer (any thread): its home is
-        another node, or its home may be another node's once the homes are
-        known.  The daemon copies the other files in batches (NOTE [batch
+    def may_serve(self, f: int, epoch: int | None = None) -> bool:
+        """Whether a copy of f for this node's read in `epoch` may come from a
+        peer (any thread): its holder is another node, or its home may be
+        another node's once the homes are known.  The daemon copies the other files in batches (NOTE [batch
         copy]): a copy from a peer is one file at a time."""
         if self._before_homes(f):
             return True
         plans = self.plans
-        return plans is not None and plans.holder(f) is not None
+        return plans is not None and plans.holder(f, epoch) is not None
 
     def plan_homes(self, budgets: Sequence[int]) -> None:
         """Called once the nodes have met, with every node's budget (node

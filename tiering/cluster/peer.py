@@ -108,6 +108,7 @@ class Published:
     path: str
     size: int
     mtime_ns: int
+    file: int = -1     # its catalog id, when the lookup knows it (the relay rule's report of what was served)
 
 
 Lookup = Callable[[int, str], "Published | None"]   # (data-root id, relative path) -> published copy

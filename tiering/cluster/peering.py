@@ -71,7 +71,7 @@ def index_lookup(index: SharedIndex, catalog: Catalog, tiers: Sequence[TierState
         f = files[k]
         if f.root != root or f.rel != rel:
             return None
-        return Published(str(tiers[state - 1].copy_path(f)), f.size, f.mtime_ns)
+        return Published(str(tiers[state - 1].copy_path(f)), f.size, f.mtime_ns, k)
 
     return lookup
 
@@ -115,13 +115,22 @@ class PeerTier:
         base = Path(self.ident.rendezvous) if self.ident.rendezvous else default_base()
         try:
             self._directory = JobDirectory(base, self.ident)
-            self.server = PeerServer(listen_host(self.network), None, self.lookup)
+            self.server = PeerServer(listen_host(self.network), None, self._lookup)
             self.address = self.server.start()
         except (PeerError, RendezvousError) as e:
             self._give_up(str(e))
             return
         self._thread = threading.Thread(target=self._meet, name="tiering-rendezvous", daemon=True)
         self._thread.start()
+
+    def _lookup(self, root: int, rel: str) -> Published | None:
+        """The server's lookup; what it finds is reported to the relay rule
+        (PeerLinks.served, NOTE [relay]): its next reader has it now."""
+        pub = self.lookup(root, rel)
+        served = self.links.served
+        if pub is not None and pub.file >= 0 and served is not None:
+            served.append(pub.file)
+        return pub
 
     def _meet(self) -> None:
         assert self._directory is not None and self.server is not None

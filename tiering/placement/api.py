@@ -91,6 +91,15 @@ class Policy:
         """From now on keep these files (a bool per file) once placed: this
         node's home files in a multi-node job, NOTE [home nodes]."""
 
+    def relay(self, relay: Any) -> None:
+        """A multi-node job's relay rule from now on (clairvoyant/nodes.Relay,
+        NOTE [relay]): at each of its turns the policy tells it what was read
+        and pins and unpins what it says.  The event thread's."""
+
+    def next_epoch(self, i: int) -> int | None:
+        """The epoch of the next planned read of file i (any thread), None when not known."""
+        return None
+
     def on_open(self, i: int, from_tier: bool, pid: int = 0) -> None:
         """File i was opened by process pid of the job, from a tier or from the PFS."""
 

@@ -50,6 +50,7 @@ from .tiers import (
 )
 
 if TYPE_CHECKING:   # the peer tier (grpc) is imported only when the job has peers
+    from ..clairvoyant.nodes import Relay
     from ..cluster.links import PeerLinks
 
 log = logging.getLogger("tiering")
@@ -133,6 +134,7 @@ class Daemon:
         self.index = index
         self.peers = peers                  # the other nodes of a multi-node job (None: one node)
         self._homes: object | None = None   # the homes the policy keeps (peers.plans, once known)
+        self._relay: Relay | None = None    # this node's holds for the other nodes (NOTE [relay])
         self.catalog = catalog
         self.files = catalog.files
         self.slots = slots
@@ -496,7 +498,8 @@ class Daemon:
 
     def _batched(self, i: int) -> bool:
         """File i is copied in a batch: small, and no peer may serve it."""
-        return int(self._sizes_array[i]) < BATCH_BYTES and (self.peers is None or not self.peers.may_serve(i))
+        return int(self._sizes_array[i]) < BATCH_BYTES and (
+            self.peers is None or not self.peers.may_serve(i, self.policy.next_epoch(i)))
 
     def _count_read(self, n: int) -> None:
         """The bytes a copy read: a small file's are added up in its thread and
@@ -636,6 +639,11 @@ class Daemon:
         if peers is not None and peers.plans is not None and peers.plans is not self._homes:
             self._homes = peers.plans
             self.policy.pin(peers.plans.pinned())
+            from ..clairvoyant.nodes import NodePlans, Relay
+            if isinstance(peers.plans, NodePlans):
+                self._relay = Relay(peers.plans, peers.budget)
+                peers.served = self._relay.served
+                self.policy.relay(self._relay)
 
     def _from_peer(self, i: int, t: TierState) -> int | None:
         """File i copied from the node whose plan holds it now, put in place like a
@@ -650,12 +658,13 @@ class Daemon:
             return None
         f = self.files[i]
         from ..cluster.peer import PeerUnavailable, fetch_copy, fetch_deadline, peer_is_faster
+        epoch = self.policy.next_epoch(i)
         if not peer_is_faster(f.size, peers.network, peers.pfs_bandwidth, peers.pfs_latency_ms):
-            if peers.plans is not None and peers.plans.holder(i) is not None:
+            if peers.plans is not None and peers.plans.holder(i, epoch) is not None:
                 self._peer_fallback("slower")   # a copy the peer would not serve faster never waits
             return None
         plans = peers.await_homes(i)   # a copy planned before the nodes met, of a file homed elsewhere
-        node = plans.holder(i) if plans is not None else None
+        node = plans.holder(i, epoch) if plans is not None else None
         if node is None:
             return None
         client = peers.client(node)
@@ -692,7 +701,7 @@ class Daemon:
             mine = {"fetches": st.peer_fetches, "bytes": st.peer_bytes, "fallbacks": dict(st.peer_fallbacks)}
         return {**mine, "nodes": peers.nodes, "node_rank": peers.node_rank, "linked": peers.ready.is_set(),
                 "planned": peers.plans is not None, "budget": peers.budget, "budgets": peers.budgets,
-                "homes": peers.homes,
+                "homes": peers.homes, "relay": self._relay.report() if self._relay is not None else None,
                 "client": peers.counters.snapshot()}
     def _settle(self, i: int, tier: int, reserved: int, allocated: int | None, failure: Exception | None,
                 src: str) -> bool:

@@ -1,0 +1,217 @@
+"""The relay rule of a multi-node job (NOTE [relay]): from the third epoch
+on, a file is asked of the node that read it in the epoch before, which
+holds it (pinned) from its read until its next reader has fetched it, or
+two epochs at most; the planner pins and unpins single files, in C as in
+Python."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_home_nodes import SIZES, streams_for
+
+from tiering.clairvoyant.nodes import NodePlans, Relay, first_readers, home_budget
+from tiering.clairvoyant.planner import EVICT, FETCH, Planner, allocations
+from tiering.cluster.links import PeerLinks
+from tiering.cluster.peer import Published
+from tiering.cluster.peering import PeerTier
+from tiering.profile.model import Network
+
+N = len(SIZES)
+
+
+def engine_env(monkeypatch: pytest.MonkeyPatch, engine: str) -> None:
+    if engine == "python":
+        monkeypatch.setenv("TIERING_PLANNER", "python")
+    else:
+        monkeypatch.delenv("TIERING_PLANNER", raising=False)
+
+
+def first_advance(p: Planner) -> list[tuple[int, int]]:
+    a = p.advance()
+    return list(zip(a.kind.tolist(), a.file.tolist()))
+
+
+@pytest.mark.parametrize("engine", ["c", "python"])
+def test_keep_pins_and_unpins_single_files(engine: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Room for two of three files, 0 and 1 held, the stream 2, 0, 1: to
+    fetch 2 the planner evicts 1 (needed last); with 1 pinned it evicts 0;
+    pinned and unpinned again, 1 is the victim once more."""
+    engine_env(monkeypatch, engine)
+
+    def planner() -> Planner:
+        p = Planner(np.full(3, 4096, np.int64), [8192])
+        p.adopt_many(np.array([0, 1]), np.array([0, 0]))
+        p.extend(np.array([2, 0, 1]))
+        return p
+
+    assert first_advance(planner()) == [(EVICT, 1), (FETCH, 2)]
+    p = planner()
+    p.keep(np.array([1]), True)
+    assert first_advance(p) == [(EVICT, 0), (FETCH, 2)]
+    p = planner()
+    p.keep(np.array([1, 1]), True)
+    p.keep(np.array([1]), False)
+    assert first_advance(p) == [(EVICT, 1), (FETCH, 2)]
+    p = planner()
+    p.keep(np.array([0, 1]), True)    # nothing may go: the fetch waits
+    assert first_advance(p) == []
+    assert p.held(np.array([0, 1, 2])).tolist() == [True, True, False]
+
+
+def plans_of(nodes: int, me: int, capacity: int) -> NodePlans:
+    return NodePlans.of_streams(streams_for(nodes), nodes, me, SIZES, [home_budget([capacity])] * nodes)
+
+
+@pytest.mark.parametrize("nodes", [2, 3])
+def test_from_the_third_epoch_the_holder_is_the_reader_of_the_epoch_before(nodes: int) -> None:
+    streams = streams_for(nodes)
+    capacity = int(SIZES.sum()) // nodes
+    plans = [plans_of(nodes, me, capacity) for me in range(nodes)]
+    for me, p in enumerate(plans):
+        home = [p.holder(f) for f in range(N)]
+        assert [p.holder(f, 0) for f in range(N)] == home == [p.holder(f, 1) for f in range(N)]
+        assert all(p.holder(f, 2) is None for f in range(N))   # epoch 1's readers not prepared
+        p.prepare([1, 2])
+        for e in (2, 3):
+            before, _ = first_readers([streams(n, e - 1) for n in range(nodes)], N)
+            want = [None if r in (-1, me) else r for r in before.tolist()]
+            assert [p.holder(f, e) for f in range(N)] == want
+            assert sum(w is not None for w in want) > N // 3
+        p.prepare([3])   # the others are let go
+        assert p.readers(1) is None and p.readers(3) is not None
+        assert all(p.holder(f, 2) is None for f in range(N))
+
+
+class Keeps:
+    """The policy's side of Relay.step: the pinned files."""
+
+    def __init__(self, pinned: np.ndarray):
+        self.pinned = pinned.copy()
+        self.calls = 0
+
+    def __call__(self, files: np.ndarray, on: bool) -> None:
+        assert len(files) and len(np.unique(files)) == len(files)
+        self.pinned[files] = on
+        self.calls += 1
+
+
+def step(relay: Relay, keeps: Keeps, files: np.ndarray, epoch: int, reader_epoch: int | None = None,
+         held: np.ndarray | None = None) -> None:
+    relay.step(files, np.full(len(files), epoch, np.int64), np.ones(len(files), bool) if held is None else held,
+               0, epoch if reader_epoch is None else reader_epoch, keeps)
+
+
+def test_a_file_read_after_the_first_epoch_is_held_for_its_next_reader_until_fetched_or_two_epochs() -> None:
+    streams = streams_for(2)
+    plans = plans_of(2, 0, int(SIZES.sum()))   # room for everything
+    relay = Relay(plans, 1 << 40)
+    keeps = Keeps(plans.pinned())
+    homes = np.flatnonzero(plans.pinned())
+    assert (relay.kept_in[homes] == 0).all() and relay.kept_bytes == int(allocations(SIZES)[homes].sum())
+    # epoch 0: the homes are held already; nothing else is (the home rule's epoch)
+    step(relay, keeps, streams(0, 0), 0)
+    assert np.array_equal(np.flatnonzero(keeps.pinned), homes)
+    # epoch 1: every file node 0 reads is read again in epoch 2 (by a node): held from its read
+    e1 = streams(0, 1)
+    step(relay, keeps, e1[:100], 1)
+    assert keeps.pinned[e1[:100]].all() and (relay.kept_in[e1[:100]] == 1).all()
+    read_again = np.intersect1d(homes, e1[:100])   # a home read by node 0 itself again: held for epoch 2 now
+    assert (relay.kept_in[read_again] == 1).all()
+    # node 1 fetched two files: they are let go; one node 0 has not read yet is handed out early:
+    # it is not held after node 0's read
+    gone, early = e1[:2], e1[150]
+    relay.served.extend([*gone.tolist(), int(early)])
+    step(relay, keeps, e1[100:], 1)
+    assert not keeps.pinned[gone].any() and (relay.kept_in[gone] == -1).all()
+    assert not keeps.pinned[early] and relay.kept_in[early] == -1 and not relay.given[early]
+    assert keeps.pinned[np.setdiff1d(e1[100:], [early])].all()
+    assert relay.handed == 2
+    assert relay.kept_bytes == int(allocations(SIZES)[relay.kept_in >= 0].sum())
+    # the homes nobody fetched and node 0 did not read again are let go once the reader is in epoch 2
+    stale = np.setdiff1d(homes, e1)
+    assert keeps.pinned[stale].all()
+    step(relay, keeps, e1[:0], 2)
+    assert not keeps.pinned[stale].any() and relay.expired == len(stale)
+    # epoch 1's holds last until the reader is in epoch 3
+    assert keeps.pinned[np.setdiff1d(e1, [*gone.tolist(), int(early)])].all()
+    step(relay, keeps, e1[:0], 3)
+    assert not keeps.pinned.any() and relay.kept_bytes == 0 and (relay.kept_in == -1).all()
+
+
+def test_holds_stay_within_the_budget_and_files_not_held_are_not_pinned() -> None:
+    streams = streams_for(2)
+    plans = plans_of(2, 0, int(SIZES.sum()))
+    allocs = allocations(SIZES)
+    homes = np.flatnonzero(plans.pinned())
+    budget = int(allocs[homes].sum()) + 40 * 4096
+    relay = Relay(plans, budget)
+    keeps = Keeps(plans.pinned())
+    e1 = streams(0, 1)
+    held = np.arange(len(e1)) % 2 == 0          # every other file is not in a tier when read
+    step(relay, keeps, e1, 1, held=held)
+    assert relay.kept_bytes <= budget and relay.kept_bytes == int(allocs[keeps.pinned].sum())
+    assert not keeps.pinned[np.setdiff1d(e1[~held], homes)].any()
+    assert budget - relay.kept_bytes < 12288            # full, up to one file's allocation
+    new = np.setdiff1d(np.flatnonzero(keeps.pinned), homes)
+    assert len(new) and not keeps.pinned[e1[held]].all()   # some held, others beyond the budget
+
+
+def test_the_server_s_lookup_reports_each_copy_it_hands_out() -> None:
+    """PeerTier's lookup tells the relay rule which copy it found (the
+    daemon sets PeerLinks.served); before that, or when the lookup finds
+    nothing, nothing is reported."""
+    found = {(0, "a"): Published("/x/a", 1, 2, 7)}
+    from tiering.cluster.identity import NodeIdentity
+    ident = NodeIdentity(job_id="j", node_rank=0, node_count=2)
+    tier = PeerTier(ident, Network(), lambda root, rel: found.get((root, rel)))
+    assert isinstance(tier.links, PeerLinks)
+    assert tier._lookup(0, "a") == found[(0, "a")]   # no relay yet: nothing kept
+    from collections import deque
+    tier.links.served = deque()
+    assert tier._lookup(0, "a") is not None and tier._lookup(0, "b") is None
+    assert list(tier.links.served) == [7]
+
+
+def test_a_file_just_read_is_held_before_the_plan_advances() -> None:
+    """Node 0's real clairvoyant policy, its tiers 70% of what it reads per
+    epoch, the relay attached; node 1 fetches from node 0, a little ahead of
+    its reader, what node 0 holds for it.  Each file node 0 reads in epoch 1
+    is pinned at once, before the plan makes room for the next fetches (a
+    file just read has no near use, the plan's first victim otherwise): it
+    is still in place after every batch of reads, until node 1 fetched it."""
+    from test_node_plans import SIZES as SZ
+    from test_node_plans import InstantPlacement, budgets, own_stream
+    from test_node_plans import streams_for as node_streams
+
+    from tiering.clairvoyant.feeds import ListFeed
+    from tiering.clairvoyant.policy import Clairvoyant
+    nodes, epochs = 2, 3
+    capacity = int(sum(SZ) * 0.7 / nodes)
+    plans = NodePlans.of_streams(node_streams(nodes), nodes, 0, SZ, budgets(nodes, [capacity]))
+    place = InstantPlacement(capacity)
+    policy = Clairvoyant(place, ListFeed(iter([own_stream(0, nodes, e) for e in range(epochs)])),  # type: ignore[arg-type]
+                         pinned=plans.pinned())
+    policy.start()
+    place.land(policy)
+    relay = Relay(plans, budgets(nodes, [capacity])[0])
+    policy.relay(relay)
+    mine = [own_stream(0, nodes, e) for e in range(epochs)]
+    theirs = [own_stream(1, nodes, e) for e in range(epochs)]
+    step_, lead = 19, 40
+    kept_seen = 0
+    for e in range(2):
+        for pos in range(0, len(mine[e]), step_):
+            # node 1 reads in lockstep; it has fetched from node 0 what it reads next
+            ahead = theirs[e][:pos + lead] if e else theirs[1][:max(0, pos + lead - len(mine[0]))]
+            relay.served.extend(int(f) for f in ahead if relay.kept_in[f] >= 0)
+            part = mine[e][pos:pos + step_]
+            policy.on_opens(part, np.ones(len(part), bool), np.full(len(part), 7))
+            place.land(policy)
+            if e == 1:
+                read = mine[1][:pos + step_]
+                kept = read[relay.kept_in[read] == 1]
+                assert all(int(f) in place.placed for f in kept)
+                assert all(int(f) in policy.planner.resident for f in kept)
+                kept_seen = max(kept_seen, len(kept))
+    assert relay.holds > len(mine[1]) // 3 and kept_seen > len(mine[1]) // 4
+    assert relay.handed > 0
