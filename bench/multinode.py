@@ -89,6 +89,10 @@ def one_run(fs: SlowFs, net: netns.Network, work: Path, nodes: int, config: str,
     if any(result.codes):
         raise RuntimeError(f"{nodes} nodes, {config}: exit codes {result.codes}\n"
                            + "\n".join(e[-2000:] for e in result.errors))
+    missing = [n for n, s in enumerate(result.stats) if not s.get("epochs")]
+    if missing:   # a table without a node's figures would be wrong, not partial
+        raise RuntimeError(f"{nodes} nodes, {config}: no --stats-json from node(s) {missing}\n"
+                           + "\n".join(result.errors[n][-3000:] for n in missing))
     peers = [s.get("peer", {}) for s in result.stats]
     row = {"nodes": nodes, "config": config, "seconds": round(result.seconds, 2),
            "epoch_seconds": epoch_seconds(result, args.epochs),
@@ -96,6 +100,7 @@ def one_run(fs: SlowFs, net: netns.Network, work: Path, nodes: int, config: str,
            "pfs_job": {k: after[k] - before[k] for k in ("opens", "bytes")},
            "peer_bytes": [p.get("bytes", 0) for p in peers],
            "peer_fallbacks": [p.get("fallbacks", {}) for p in peers],
+           "relay": [p.get("relay") for p in peers],
            "checksum": checksum(result), "weights": result.ranks[0].get("weights")}
     print(f"{nodes} nodes {config:6s} epochs {row['epoch_seconds']} s, PFS {row['pfs_job']['bytes'] / MIB:.1f} MiB "
           f"({row['pfs_job']['opens']} opens), peers {sum(row['peer_bytes']) / MIB:.1f} MiB, "
@@ -122,7 +127,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for n in args.nodes:
                 with netns.emulated_nodes(n, net=40 + n) as net:
                     for k, config in enumerate(CONFIGS):
-                        if config == "peers" and n == 1:
+                        if config not in args.configs or config == "peers" and n == 1:
                             continue   # one node has no peers
                         rows.append(one_run(fs, net, work, n, config, args, capacity, 29500 + k, src))
         return {"params": {"files": args.files, "bytes": total, "tier_bytes_per_node": capacity,
@@ -203,6 +208,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", default="1,2,3", type=lambda s: [int(x) for x in s.split(",")])
     ap.add_argument("--files", type=int, default=240)
+    ap.add_argument("--configs", default=",".join(CONFIGS), type=lambda s: s.split(","),
+                    help=f"the configurations to run (default: all of {', '.join(CONFIGS)})")
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--step-ms", type=float, default=60.0)

@@ -9,7 +9,10 @@ rendezvous: the nodes' tiers may differ) it computes each file's home node
 (the home rule, NOTE [home nodes]): the node that reads it first, within
 that node's budget.  A node's planner keeps its home files once it has them
 (they are pinned), so a file another node holds is its home's from the
-moment the home node has read it.  Only those are asked.
+moment the home node has read it.  From the third epoch on, a file is held
+by the node that read it in the epoch before, until its next reader has
+fetched it (the relay rule, NOTE [relay]: `Relay`, `NodePlans.holder(f,
+epoch)`).  Only those are asked.
 
 When the other nodes' streams cannot be computed (the order is known only
 from each node's hook, or an order file), there is no node-aware plan and no

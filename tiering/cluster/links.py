@@ -116,8 +116,9 @@ class PeerLinks:
     def may_serve(self, f: int, epoch: int | None = None) -> bool:
         """Whether a copy of f for this node's read in `epoch` may come from a
         peer (any thread): its holder is another node, or its home may be
-        another node's once the homes are known.  The daemon copies the other files in batches (NOTE [batch
-        copy]): a copy from a peer is one file at a time."""
+        another node's once the homes are known.  The daemon copies the
+        other files in batches (NOTE [batch copy]): a copy from a peer is
+        one file at a time."""
         if self._before_homes(f):
             return True
         plans = self.plans
