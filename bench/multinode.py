@@ -9,13 +9,15 @@ slowfs PFS), in three configurations side by side:
     local        a clairvoyant tier-run on each node, on its own (no peers)
     peers        the same, one multi-node job: the peer tier and the node-aware plan
 
-The data set is twice one node's tiers (it fits the tiers of two nodes).
+The data set is twice one node's tiers by default (--tier-share 0.5: it fits the tiers of
+two nodes in bytes).
 Per run: seconds per epoch (the slowest rank's), PFS opens and bytes per
 epoch per node (tier-run's --stats-json; `pfs`: the samples each rank read),
 the job's PFS opens and bytes as slowfs counted them, peer bytes, and a
 checksum of every sample every rank read (same within a node count).
 
-    python -m bench.multinode [--nodes 1,2,3] [--files 240] [--epochs 4] [--out bench/results]
+    python -m bench.multinode [--nodes 1,2,3] [--files 240] [--epochs 4] [--tier-share 0.5]
+                              [--configs pfs,lower-bound,local,peers] [--out bench/results]
 
 Writes OUT/multinode.json, OUT/multinode.png and OUT/multinode.md.
 """
@@ -119,7 +121,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         # ImageNet-like sizes (log-normal) around 32 KiB in 8 class directories
         total = generate(src, classes=8, files=args.files, mean_size=32 << 10, seed=4).bytes
         mnt.mkdir()
-        capacity = total // 2          # the data set is twice one node's tiers
+        capacity = int(total * args.tier_share)   # by default the data set is twice one node's tiers
         rows = []
         opts = SlowFsOptions(meta_latency_ms=args.meta_ms, read_latency_ms=args.read_ms,
                              bandwidth_mbps=args.pfs_mb_s, max_inflight=16)
@@ -153,7 +155,8 @@ def compute_bound(p: dict[str, Any], nodes: int) -> float:
 def table(res: dict[str, Any]) -> str:
     p = res["params"]
     lines = [f"{p['files']} files, {p['bytes'] / MIB:.1f} MiB (D); each node's tier "
-             f"{p['tier_bytes_per_node'] / MIB:.1f} MiB (D/2); {p['epochs']} epochs, one rank a node, batch "
+             f"{p['tier_bytes_per_node'] / MIB:.1f} MiB ({p['tier_bytes_per_node'] / p['bytes']:.2f} D); "
+             f"{p['epochs']} epochs, one rank a node, batch "
              f"{p['batch']}, {p['step_ms']:g} ms compute per step; slowfs {p['slowfs']['meta_ms']:g} ms per metadata "
              f"operation, {p['slowfs']['read_ms']:g} ms per read, {p['slowfs']['mb_s']:g} MB/s.  \"bound\": compute "
              "per epoch (steps x step time); \"lower bound\": the same training with each node reading its own "
@@ -211,6 +214,7 @@ def main() -> int:
     ap.add_argument("--configs", default=",".join(CONFIGS), type=lambda s: s.split(","),
                     help=f"the configurations to run (default: all of {', '.join(CONFIGS)})")
     ap.add_argument("--epochs", type=int, default=4)
+    ap.add_argument("--tier-share", type=float, default=0.5, help="each node's tier, a share of the data set")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--step-ms", type=float, default=60.0)
     ap.add_argument("--meta-ms", type=float, default=1.0)
