@@ -215,3 +215,35 @@ def test_a_file_just_read_is_held_before_the_plan_advances() -> None:
                 kept_seen = max(kept_seen, len(kept))
     assert relay.holds > len(mine[1]) // 3 and kept_seen > len(mine[1]) // 4
     assert relay.handed > 0
+
+
+def test_a_file_no_peer_would_be_asked_for_is_held_only_for_this_node_s_own_read() -> None:
+    """Where the network is not faster than the PFS for a file's size
+    (asked False), the next reader reads the PFS: node 0 holds such a file
+    only when it reads it again itself."""
+    streams = streams_for(2)
+    plans = plans_of(2, 0, int(SIZES.sum()))
+    asked = SIZES > 4096                     # the smallest files are not worth a peer fetch
+    relay = Relay(plans, 1 << 40, asked)
+    keeps = Keeps(plans.pinned())
+    e1 = streams(0, 1)
+    step(relay, keeps, e1, 1)
+    nxt = plans.readers(2)
+    assert nxt is not None
+    small, large = e1[~asked[e1]], e1[asked[e1]]
+    assert keeps.pinned[large].all()
+    assert np.array_equal(keeps.pinned[small], nxt[small] == 0)
+    assert (nxt[small] == 0).any() and (nxt[small] == 1).any()
+
+
+def test_peer_is_faster_each_agrees_with_peer_is_faster() -> None:
+    from tiering.cluster.peer import peer_is_faster, peer_is_faster_each
+    sizes = np.array([0, 1, 4095, 1 << 16, 1 << 20, 123_456_789, 1 << 33], np.int64)
+    for net, bw, lat in [(Network(bandwidth=1000, latency_ms=5.0), 100.0, 0.5),   # slow start, faster later
+                         (Network(bandwidth=10, latency_ms=0.1), 100.0, 2.0),     # fast start, slower later
+                         (Network(bandwidth=1250, latency_ms=0.1), 50.0, 2.0)]:
+        each = peer_is_faster_each(sizes, net, bw, lat)
+        assert each.tolist() == [peer_is_faster(int(s), net, bw, lat) for s in sizes]
+        assert each.dtype == bool
+    crossover = peer_is_faster_each(sizes, Network(bandwidth=1000, latency_ms=5.0), 100.0, 0.5)
+    assert not crossover[0] and crossover[-1]

@@ -193,11 +193,15 @@ class Relay:
     that read, within the budget, until that node fetches it (the server's
     lookup reports it: `served`) or, when it never does, until this node's
     reader is two epochs further.  The event thread's, except `served`
-    (any thread appends).  5 bytes a file."""
+    (any thread appends).  6 bytes a file."""
 
-    def __init__(self, plans: NodePlans, budget: int):
+    def __init__(self, plans: NodePlans, budget: int, asked: np.ndarray | None = None):
+        """asked: a bool per file, whether another node would ask a peer for
+        it (the network is faster than the PFS for its size; None: every
+        file); the others are held for this node's own next read only."""
         n = len(plans.home)
         self.plans, self.budget = plans, int(budget)
+        self.asked = np.ones(n, bool) if asked is None else np.asarray(asked, bool)
         self.kept_in = np.full(n, -1, np.int32)   # the epoch whose read holds the file here (-1: not held)
         homes = np.flatnonzero(plans.pinned())
         self.kept_in[homes] = plans.first_epoch
@@ -239,7 +243,8 @@ class Relay:
             nxt = plans.readers(e + 1) if e > plans.first_epoch else None
             if nxt is None:
                 continue
-            f = np.unique(mine[nxt[mine] >= 0])   # read in the next epoch: by another node or by this one
+            w = nxt[mine]   # the next epoch's readers: another node (that would ask), or this one
+            f = np.unique(mine[(w == plans.me) | ((w >= 0) & self.asked[mine])])
             f = f[self.kept_in[f] < 0]
             given = self.given[f]
             self.given[f] = False

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import numpy as np
 import psutil
 
 from ..catalog import CatalogFile
@@ -406,7 +407,8 @@ def fetch_copy(client: PeerClient, f: CatalogFile, tier: TierState, timeout: flo
 
 # -- when a peer is worth asking --------------------------------------------------
 
-def transfer_seconds(size: int, bandwidth_mb_s: float, latency_ms: float) -> float:
+def transfer_seconds(size: Any, bandwidth_mb_s: float, latency_ms: float) -> Any:
+    """Seconds to move `size` bytes (an int, or a numpy array of them)."""
     return latency_ms / 1000 + size / (bandwidth_mb_s * 1e6)
 
 
@@ -414,6 +416,13 @@ def peer_is_faster(size: int, net: Network, pfs_bandwidth: float, pfs_latency_ms
     """A peer's copy arrives sooner than the PFS's (per-stream rates, MB/s)."""
     return transfer_seconds(size, net.bandwidth, net.latency_ms) < transfer_seconds(size, pfs_bandwidth,
                                                                                     pfs_latency_ms)
+
+
+def peer_is_faster_each(sizes: np.ndarray, net: Network, pfs_bandwidth: float, pfs_latency_ms: float) -> np.ndarray:
+    """peer_is_faster for many sizes at once (a bool per size)."""
+    s = np.asarray(sizes, np.float64)
+    return np.asarray(transfer_seconds(s, net.bandwidth, net.latency_ms)
+                      < transfer_seconds(s, pfs_bandwidth, pfs_latency_ms), bool)
 
 
 def fetch_deadline(size: int, net: Network, slack: float = 4.0, floor: float = 2.0) -> float:

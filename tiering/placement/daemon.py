@@ -641,7 +641,10 @@ class Daemon:
             self.policy.pin(peers.plans.pinned())
             from ..clairvoyant.nodes import NodePlans, Relay
             if isinstance(peers.plans, NodePlans):
-                self._relay = Relay(peers.plans, peers.budget)
+                from ..cluster.peer import peer_is_faster_each
+                asked = peer_is_faster_each(self._sizes_array, peers.network, peers.pfs_bandwidth,
+                                            peers.pfs_latency_ms)
+                self._relay = Relay(peers.plans, peers.budget, asked)
                 peers.served = self._relay.served
                 self.policy.relay(self._relay)
 
