@@ -5,6 +5,8 @@ two epochs at most; the planner pins and unpins single files, in C as in
 Python."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from test_home_nodes import SIZES, streams_for
@@ -12,7 +14,7 @@ from test_home_nodes import SIZES, streams_for
 from tiering.clairvoyant.nodes import NodePlans, Relay, first_readers, home_budget
 from tiering.clairvoyant.planner import EVICT, FETCH, Planner, allocations
 from tiering.cluster.links import PeerLinks
-from tiering.cluster.peer import Published
+from tiering.cluster.peer import PeerServer, Published
 from tiering.cluster.peering import PeerTier
 from tiering.profile.model import Network
 
@@ -98,7 +100,7 @@ class Keeps:
 def step(relay: Relay, keeps: Keeps, files: np.ndarray, epoch: int, reader_epoch: int | None = None,
          held: np.ndarray | None = None) -> None:
     relay.step(files, np.full(len(files), epoch, np.int64), np.ones(len(files), bool) if held is None else held,
-               0, epoch if reader_epoch is None else reader_epoch, keeps)
+               epoch if reader_epoch is None else reader_epoch, keeps)
 
 
 def test_a_file_read_after_the_first_epoch_is_held_for_its_next_reader_until_fetched_or_two_epochs() -> None:
@@ -123,9 +125,16 @@ def test_a_file_read_after_the_first_epoch_is_held_for_its_next_reader_until_fet
     relay.served.extend([*gone.tolist(), int(early)])
     step(relay, keeps, e1[100:], 1)
     assert not keeps.pinned[gone].any() and (relay.kept_in[gone] == -1).all()
-    assert not keeps.pinned[early] and relay.kept_in[early] == -1 and not relay.given[early]
+    assert not keeps.pinned[early] and relay.kept_in[early] == -1 and relay.given[early] == -1
     assert keeps.pinned[np.setdiff1d(e1[100:], [early])].all()
     assert relay.handed == 2
+    # a copy handed out epochs before this node's read (a stale ask) does not stop the hold
+    relay2, keeps2 = Relay(plans, 1 << 40), Keeps(plans.pinned())
+    late = int(np.setdiff1d(e1, homes)[0])
+    relay2.served.append(late)
+    step(relay2, keeps2, e1[:0], 0, reader_epoch=0)
+    step(relay2, keeps2, np.array([late]), 3, reader_epoch=3)
+    assert keeps2.pinned[late] and relay2.kept_in[late] == 3
     assert relay.kept_bytes == int(allocations(SIZES)[relay.kept_in >= 0].sum())
     # the homes nobody fetched and node 0 did not read again are let go once the reader is in epoch 2
     stale = np.setdiff1d(homes, e1)
@@ -156,29 +165,43 @@ def test_holds_stay_within_the_budget_and_files_not_held_are_not_pinned() -> Non
     assert len(new) and not keeps.pinned[e1[held]].all()   # some held, others beyond the budget
 
 
-def test_the_server_s_lookup_reports_each_copy_it_hands_out() -> None:
-    """PeerTier's lookup tells the relay rule which copy it found (the
-    daemon sets PeerLinks.served); before that, or when the lookup finds
-    nothing, nothing is reported."""
-    found = {(0, "a"): Published("/x/a", 1, 2, 7)}
-    from tiering.cluster.identity import NodeIdentity
-    ident = NodeIdentity(job_id="j", node_rank=0, node_count=2)
-    tier = PeerTier(ident, Network(), lambda root, rel: found.get((root, rel)))
-    assert isinstance(tier.links, PeerLinks)
-    assert tier._lookup(0, "a") == found[(0, "a")]   # no relay yet: nothing kept
+def test_the_server_reports_each_copy_it_hands_out(tmp_path) -> None:
+    """PeerServer tells the relay rule (through PeerTier, once the daemon
+    set PeerLinks.served) the catalog id of each copy it opened to hand
+    out; not a copy it does not have, nor one whose identity is not the one
+    asked for."""
     from collections import deque
+
+    from tiering.cluster.identity import NodeIdentity
+    from tiering.cluster.peer import FileKey
+    (tmp_path / "a").write_bytes(b"x" * 10)
+    found = {(0, "a"): Published(str(tmp_path / "a"), 10, 2, 7)}
+    tier = PeerTier(NodeIdentity(job_id="j", node_rank=0, node_count=2), Network(),
+                    lambda root, rel: found.get((root, rel)))
+    server = PeerServer("127.0.0.1", None, tier.lookup)
+    server.served = tier._served
+    assert isinstance(tier.links, PeerLinks)
+    fd = server._open(FileKey(0, "a", 10, 2))   # no relay yet: nothing is kept
+    assert fd is not None
+    os.close(fd)
     tier.links.served = deque()
-    assert tier._lookup(0, "a") is not None and tier._lookup(0, "b") is None
+    for key, ok in [(FileKey(0, "a", 10, 2), True), (FileKey(0, "b", 10, 2), False),
+                    (FileKey(0, "a", 10, 3), False), (FileKey(0, "a", 11, 2), False)]:
+        fd = server._open(key)
+        assert (fd is not None) == ok
+        if fd is not None:
+            os.close(fd)
     assert list(tier.links.served) == [7]
 
 
 def test_a_file_just_read_is_held_before_the_plan_advances() -> None:
     """Node 0's real clairvoyant policy, its tiers 70% of what it reads per
-    epoch, the relay attached; node 1 fetches from node 0, a little ahead of
-    its reader, what node 0 holds for it.  Each file node 0 reads in epoch 1
-    is pinned at once, before the plan makes room for the next fetches (a
-    file just read has no near use, the plan's first victim otherwise): it
-    is still in place after every batch of reads, until node 1 fetched it."""
+    epoch, the relay attached (no budget); node 1 fetches from node 0, a
+    little ahead of its reader, what node 0 holds for it.  Each file node 0
+    reads from its tier in epoch 1 is pinned at once, before the plan makes
+    room for the next fetches (a file just read has no near use, the plan's
+    first victim otherwise): it is held, and still in place after every
+    batch of reads, until node 1 fetched it."""
     from test_node_plans import SIZES as SZ
     from test_node_plans import InstantPlacement, budgets, own_stream
     from test_node_plans import streams_for as node_streams
@@ -193,7 +216,7 @@ def test_a_file_just_read_is_held_before_the_plan_advances() -> None:
                          pinned=plans.pinned())
     policy.start()
     place.land(policy)
-    relay = Relay(plans, budgets(nodes, [capacity])[0])
+    relay = Relay(plans, 1 << 40)   # no budget: every file read from the tier is held
     policy.relay(relay)
     mine = [own_stream(0, nodes, e) for e in range(epochs)]
     theirs = [own_stream(1, nodes, e) for e in range(epochs)]
@@ -205,9 +228,11 @@ def test_a_file_just_read_is_held_before_the_plan_advances() -> None:
             ahead = theirs[e][:pos + lead] if e else theirs[1][:max(0, pos + lead - len(mine[0]))]
             relay.served.extend(int(f) for f in ahead if relay.kept_in[f] >= 0)
             part = mine[e][pos:pos + step_]
+            in_tier = [int(f) for f in part if int(f) in place.placed]
             policy.on_opens(part, np.ones(len(part), bool), np.full(len(part), 7))
             place.land(policy)
             if e == 1:
+                assert all(relay.kept_in[f] == 1 or relay.given[f] >= 0 for f in in_tier)
                 read = mine[1][:pos + step_]
                 kept = read[relay.kept_in[read] == 1]
                 assert all(int(f) in place.placed for f in kept)
@@ -247,3 +272,64 @@ def test_peer_is_faster_each_agrees_with_peer_is_faster() -> None:
         assert each.dtype == bool
     crossover = peer_is_faster_each(sizes, Network(bandwidth=1000, latency_ms=5.0), 100.0, 0.5)
     assert not crossover[0] and crossover[-1]
+
+
+def test_the_planner_keeps_its_own_copy_of_the_pins() -> None:
+    """Planner.keep changes the planner's pins and victim sets together; the
+    array the policy gave is not the planner's (a change to it alone would
+    leave pinned files among the victims)."""
+    pinned = np.array([False, True, False])
+    p = Planner(np.full(3, 4096, np.int64), [8192], pinned=pinned)
+    pinned[1] = False        # the caller's array, not the plan's
+    p.adopt_many(np.array([0, 1]), np.array([0, 0]))
+    p.extend(np.array([2, 0, 1]))
+    assert first_advance(p) == [(EVICT, 0), (FETCH, 2)]   # 1 is still pinned
+
+
+def test_a_step_prepares_the_readers_of_the_epochs_either_side_of_the_reader() -> None:
+    plans = plans_of(2, 0, int(SIZES.sum()))
+    relay = Relay(plans, 1 << 40)
+    keeps = Keeps(plans.pinned())
+    step(relay, keeps, np.zeros(0, np.int64), 3)
+    assert [plans.readers(e) is not None for e in range(6)] == [False, False, True, True, True, False]
+    # node 0 reads in epoch 3 what another node read in epoch 2: asked of that node
+    e3 = streams_for(2)(0, 3)
+    before = plans.readers(2)
+    assert before is not None
+    assert [plans.holder(int(f), 3) for f in e3] == [None if before[f] == 0 else 1 for f in e3]
+
+
+def test_next_epoch_is_the_epoch_of_the_next_planned_read() -> None:
+    from test_node_plans import SIZES as SZ
+    from test_node_plans import InstantPlacement, own_stream
+
+    from tiering.clairvoyant.feeds import ListFeed
+    from tiering.clairvoyant.policy import Clairvoyant
+    place = InstantPlacement(sum(SZ))
+    epochs = [own_stream(0, 2, e) for e in range(3)]
+    policy = Clairvoyant(place, ListFeed(iter(epochs)))  # type: ignore[arg-type]
+    assert policy.next_epoch(int(epochs[0][0])) is None   # no plan yet
+    policy.start()
+    first = int(epochs[0][0])
+    assert policy.next_epoch(first) == 0
+    only_later = [int(f) for f in epochs[1] if f not in set(epochs[0].tolist())]
+    assert only_later and all(policy.next_epoch(f) == 1 for f in only_later)
+    policy.on_opens(epochs[0][:1], np.ones(1, bool), np.full(1, 7))
+    assert policy.next_epoch(first) == (1 if first in set(epochs[1].tolist()) else 2
+                                        if first in set(epochs[2].tolist()) else None)
+
+
+def test_what_the_server_hands_out_is_dropped_while_the_plan_is_not_followed() -> None:
+    """A policy that follows no order never steps the relay's reads: the
+    copies handed out are dropped each turn, not kept in a queue that grows."""
+    from test_node_plans import SIZES as SZ
+    from test_node_plans import InstantPlacement
+
+    from tiering.clairvoyant.policy import Clairvoyant
+    plans = NodePlans.of_streams(streams_for(2), 2, 0, SIZES, [1 << 30] * 2)
+    policy = Clairvoyant(InstantPlacement(sum(SZ)), None)  # type: ignore[arg-type]
+    relay = Relay(plans, 1 << 40)
+    policy.relay(relay)
+    relay.served.extend(range(100))
+    policy.poll()
+    assert len(relay.served) == 0 and relay.handed == 0

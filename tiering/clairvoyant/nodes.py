@@ -122,7 +122,7 @@ class NodePlans:
     and every node's published budget), which keeps it from its first epoch
     on, and from the third epoch on the node that read it in the epoch
     before, which keeps it for its next reader (NOTE [relay]).  Every node
-    given the same budgets computes the same answers.  13 bytes a file, and
+    given the same budgets computes the same answers.  5 bytes a file, and
     one a file per prepared epoch."""
 
     def __init__(self, planning: HomePlanning, budgets: Sequence[int]):
@@ -132,8 +132,9 @@ class NodePlans:
         if len(self.budgets) != self.nodes:
             raise ValueError(f"{len(self.budgets)} budgets for {self.nodes} nodes")
         # per file: its home node (-1: none) and the offset of its first read in its home's first epoch
-        self.allocs = allocations(np.asarray(planning.sizes, np.int64))
-        self.home, self.offset = cut_to_budgets(planning.readers, planning.offset, self.allocs, self.budgets)
+        self.sizes = planning.sizes   # the catalog's column (not copied)
+        self.home, self.offset = cut_to_budgets(planning.readers, planning.offset,
+                                                allocations(np.asarray(self.sizes, np.int64)), self.budgets)
         self.streams = planning.streams
         self._readers: dict[int, np.ndarray] = {}   # epoch -> each file's first reader in it (NOTE [relay])
 
@@ -189,11 +190,12 @@ class Relay:
     """This node's holds under the relay rule (NOTE [relay]): the files it
     keeps for the node that reads them next.  Its home files are held from
     the start (the home rule).  A file this node reads in an epoch after
-    the first, whose reader in the next epoch is another node, is held from
-    that read, within the budget, until that node fetches it (the server's
-    lookup reports it: `served`) or, when it never does, until this node's
-    reader is two epochs further.  The event thread's, except `served`
-    (any thread appends).  6 bytes a file."""
+    the first, whose reader in the next epoch is this node or another node
+    that would ask a peer for it, is held from that read, within the
+    budget, until that node fetches it (the server reports it: `served`),
+    this node reads it again, or this node's reader is two epochs further.
+    The event thread's, except `served` (any thread appends).  5 bytes a
+    file."""
 
     def __init__(self, plans: NodePlans, budget: int, asked: np.ndarray | None = None):
         """asked: a bool per file, whether another node would ask a peer for
@@ -202,40 +204,39 @@ class Relay:
         n = len(plans.home)
         self.plans, self.budget = plans, int(budget)
         self.asked = np.ones(n, bool) if asked is None else np.asarray(asked, bool)
-        self.kept_in = np.full(n, -1, np.int32)   # the epoch whose read holds the file here (-1: not held)
+        self.kept_in = np.full(n, -1, np.int16)   # the epoch whose read holds the file here (-1: not held)
+        self.given = np.full(n, -1, np.int16)     # the reader's epoch when the server handed out a file not held
         homes = np.flatnonzero(plans.pinned())
         self.kept_in[homes] = plans.first_epoch
-        self.kept_bytes = int(plans.allocs[homes].sum())
-        self.given = np.zeros(n, bool)            # handed out before this node read it: not held after
+        self.kept_bytes = self._bytes(homes)
         self.served: deque[int] = deque()          # files the server handed out, not looked at yet
         self._held: dict[int, list[np.ndarray]] = {plans.first_epoch: [homes]}
-        self._plan: object | None = None           # the plan whose reads were looked at
-        self._seen = 0                             # ... up to this stream position
+        self._epoch = plans.first_epoch            # the reader's epoch at the last step
         self.holds = self.handed = self.expired = 0   # for the report
 
-    def since(self, plan: object, reader: int, base: int) -> int:
-        """The first stream position of `plan` not looked at yet (a new plan,
-        after a reset: its reader's position)."""
-        if plan is not self._plan:
-            self._plan, self._seen = plan, reader
-        return max(self._seen, base)
+    def _bytes(self, files: np.ndarray) -> int:
+        return int(allocations(np.asarray(self.plans.sizes, np.int64)[files]).sum()) if len(files) else 0
 
-    def step(self, files: np.ndarray, epochs: np.ndarray, held: np.ndarray, upto: int,
-             reader_epoch: int, keep: Keep) -> None:
-        """One turn: `files` were read (at stream positions up to `upto`, in
-        `epochs`; `held`: planned into a tier), the reader is in
+    def drop_served(self) -> None:
+        """The plan is not followed: what the server hands out is not looked at."""
+        self.served.clear()
+
+    def step(self, files: np.ndarray, epochs: np.ndarray, held: np.ndarray, reader_epoch: int,
+             keep: Keep) -> None:
+        """One turn: `files` were read (matched to the plan, in `epochs`;
+        `held`: planned into a tier when read), the reader is in
         `reader_epoch`.  Lets go of the files the server handed out, holds
         the ones read for their next reader, lets go of holds nobody came
         for, and prepares the readers the holder answers need."""
         plans = self.plans
+        self._epoch = reader_epoch
         plans.prepare(range(reader_epoch - 1, reader_epoch + 2))
         n = len(self.served)
         if n:
             out = np.fromiter((self.served.popleft() for _ in range(n)), np.int64, n)
             held_here = self.kept_in[out] >= 0
             self.handed += self._let_go(out[held_here], keep)
-            self.given[out[~held_here]] = True
-        self._seen = max(self._seen, upto)
+            self.given[out[~held_here]] = reader_epoch
         for e in np.unique(epochs).tolist():
             mine = files[(epochs == e) & held]
             kept = self.kept_in[mine]
@@ -246,14 +247,15 @@ class Relay:
             w = nxt[mine]   # the next epoch's readers: another node (that would ask), or this one
             f = np.unique(mine[(w == plans.me) | ((w >= 0) & self.asked[mine])])
             f = f[self.kept_in[f] < 0]
-            given = self.given[f]
-            self.given[f] = False
+            given = self.given[f] >= e - 1    # handed out ahead of this read: its next reader has it
+            self.given[f] = -1
             f = f[~given]
-            f = f[self.kept_bytes + np.cumsum(plans.allocs[f]) <= self.budget]
+            allocs = allocations(np.asarray(plans.sizes, np.int64)[f])
+            f = f[self.kept_bytes + np.cumsum(allocs) <= self.budget]
             if f.size:
                 keep(f, True)
                 self.kept_in[f] = e
-                self.kept_bytes += int(plans.allocs[f].sum())
+                self.kept_bytes += self._bytes(f)
                 self._held.setdefault(e, []).append(f)
                 self.holds += len(f)
         for e in [e for e in self._held if e <= reader_epoch - 2]:
@@ -265,7 +267,7 @@ class Relay:
         if files.size:
             keep(files, False)
             self.kept_in[files] = -1
-            self.kept_bytes -= int(self.plans.allocs[files].sum())
+            self.kept_bytes -= self._bytes(files)
         return len(files)
 
     def report(self) -> dict[str, int]:

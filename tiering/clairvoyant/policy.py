@@ -108,6 +108,7 @@ class Clairvoyant(Policy):
         self._paced_at: float | None = None   # when _tokens was last topped up; None: not pacing
         self._resume_at = 0.0               # the pace let nothing out: not looked at again before then
         self._relay: Any = None             # a multi-node job's relay rule (nodes.Relay), once the nodes met
+        self._view: tuple[Planner, list[int], list[int]] | None = None   # the plan and its epochs, for next_epoch
 
     # -- the stream ----------------------------------------------------------
     def start(self) -> None:
@@ -137,25 +138,30 @@ class Clairvoyant(Policy):
         self._relay = relay
         self._relay_step()
 
-    def _relay_step(self) -> None:
-        """The relay's turn: after the reads are consumed and before the plan
-        advances, so that a file read for another node is pinned before it
-        can be chosen as a victim (NOTE [relay])."""
+    def _relay_step(self, files: np.ndarray | None = None, positions: np.ndarray | None = None) -> None:
+        """The relay's turn, with the files just read at these stream
+        positions (none: a turn without reads): after the reads are consumed
+        and before the plan advances, so that a file read for another node
+        is pinned before it can be chosen as a victim (NOTE [relay])."""
         relay = self._relay
-        if relay is None or not self.following or not self.epochs:
+        if relay is None:
+            return
+        if not self.following or not self.epochs:
+            relay.drop_served()
             return
         p = self.planner
         assert p is not None
-        start, stop = relay.since(p, p.reader, p.base), p.reader
-        files = p.stream[start - p.base:max(start, stop) - p.base].astype(np.int64)
-        epochs = self._epochs_at(np.arange(start, start + len(files), dtype=np.int64))
+        if files is None or positions is None:
+            files = positions = np.zeros(0, np.int64)
+        epochs = self._epochs_at(positions)
         assert epochs is not None
-        relay.step(files, epochs, p.held(files), stop, self.epochs[self._reader_epoch()], self.keep)
+        relay.step(files, epochs, p.held(files), self.epochs[self._reader_epoch()], self.keep)
 
     def next_epoch(self, i: int) -> int | None:
-        p, starts, numbers = self.planner, self.epoch_starts, self.epochs
-        if p is None or not self.following:
+        view = self._view   # one plan with its own epochs (a copy thread asks while a reset makes another)
+        if view is None or not self.following:
             return None
+        p, starts, numbers = view
         pos = p.need.get(i)
         k = bisect.bisect_right(starts, pos) - 1
         return numbers[k] if pos < INF and 0 <= k < len(numbers) else None
@@ -173,6 +179,7 @@ class Clairvoyant(Policy):
         self.planner.adopt_many(placed[:, 0], placed[:, 1])
         self.progress = Progress(self.planner, window=max(256, 4 * self.window))
         self.epoch_starts, self.epochs = [], []
+        self._view = (self.planner, self.epoch_starts, self.epochs)
         self._actions.clear()
         self._pace.clear()                  # positions of another plan: the rate is measured anew
 
@@ -195,6 +202,7 @@ class Clairvoyant(Policy):
     def _reset(self, epoch: int, orders: list[np.ndarray]) -> None:
         self.resets += 1
         self.planner = None
+        self._view = None
         for k, order in enumerate(orders):
             self._add(epoch + k, order)
 
@@ -386,11 +394,12 @@ class Clairvoyant(Policy):
             return out
         got = self.progress.on_opens(files[planned], pids[planned])
         out[planned] = got
-        if (got >= 0).any():
+        matched = got >= 0
+        if matched.any():
             self._note_reader()
             if isinstance(self.feed, ListFeed):
                 self._extend_from_list()
-            self._relay_step()
+            self._relay_step(files[planned][matched], got[matched])
             self._pump()
         if self.progress.diverged:
             self._diverge()

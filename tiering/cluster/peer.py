@@ -173,6 +173,7 @@ class PeerServer:
         self.secret, self.lookup, self.chunk = secret, lookup, chunk
         self.workers = workers
         self.counters = Counters()
+        self.served: Callable[[int], None] | None = None   # told the catalog id of each copy handed out
         self._server: grpc.Server | None = None
         self.address = ""
 
@@ -283,6 +284,8 @@ class PeerServer:
         if os.fstat(fd).st_size != key.size:
             os.close(fd)
             return None
+        if self.served is not None and pub.file >= 0:
+            self.served(pub.file)   # the relay rule (NOTE [relay]): the next reader has it now
         return fd
 
     def _read(self, fd: int, offset: int, n: int, context: grpc.ServicerContext) -> bytes:

@@ -115,7 +115,8 @@ class PeerTier:
         base = Path(self.ident.rendezvous) if self.ident.rendezvous else default_base()
         try:
             self._directory = JobDirectory(base, self.ident)
-            self.server = PeerServer(listen_host(self.network), None, self._lookup)
+            self.server = PeerServer(listen_host(self.network), None, self.lookup)
+            self.server.served = self._served
             self.address = self.server.start()
         except (PeerError, RendezvousError) as e:
             self._give_up(str(e))
@@ -123,14 +124,12 @@ class PeerTier:
         self._thread = threading.Thread(target=self._meet, name="tiering-rendezvous", daemon=True)
         self._thread.start()
 
-    def _lookup(self, root: int, rel: str) -> Published | None:
-        """The server's lookup; what it finds is reported to the relay rule
-        (PeerLinks.served, NOTE [relay]): its next reader has it now."""
-        pub = self.lookup(root, rel)
+    def _served(self, file: int) -> None:
+        """The server handed a copy out: reported to the relay rule
+        (PeerLinks.served, NOTE [relay]), once the daemon has one."""
         served = self.links.served
-        if pub is not None and pub.file >= 0 and served is not None:
-            served.append(pub.file)
-        return pub
+        if served is not None:
+            served.append(file)
 
     def _meet(self) -> None:
         assert self._directory is not None and self.server is not None
