@@ -88,8 +88,13 @@ def test_torchrun_across_nodes_reads_the_same_bytes_and_fetches_from_peers(tmp_p
         assert s["placement"]["copies"] + s["placement"]["copy_failures"] == (
             s["pfs"]["opens_by_daemon"] + s["peer"]["fetches"])
     # the home rule: a node's tiers hold more than its share, so every file has a home, which
-    # reads it from the PFS once and keeps it; the others ask it.  The daemons read each file
-    # from the PFS once, plus one for each fetch a peer could not serve (counted by reason)
+    # reads it from the PFS once and keeps it; the others ask it.  From the third epoch the relay
+    # rule: the node that read a file in the second epoch holds it until its next reader fetched
+    # it (NOTE [relay]).  The daemons read each file from the PFS once, plus one for each fetch a
+    # peer could not serve (counted by reason)
+    relays = [p["relay"] for p in peers]
+    assert all(r is not None for r in relays), relays
+    assert sum(r["holds"] for r in relays) > 0 and sum(r["handed"] for r in relays) > 0, relays
     fallbacks = sum(sum(p["fallbacks"].values()) for p in peers)
     daemon_opens = sum(s["pfs"]["opens_by_daemon"] for s in got.stats)
     assert daemon_opens == FILES + fallbacks, [(p["fallbacks"], s["epochs"]) for p, s in zip(peers, got.stats)]
