@@ -206,16 +206,16 @@ class Relay:
         self.asked = np.ones(n, bool) if asked is None else np.asarray(asked, bool)
         self.kept_in = np.full(n, -1, np.int16)   # the epoch whose read holds the file here (-1: not held)
         self.given = np.full(n, -1, np.int16)     # the reader's epoch when the server handed out a file not held
+        self._sizes = np.asarray(plans.sizes, np.int64)   # the catalog's column: not copied
         homes = np.flatnonzero(plans.pinned())
         self.kept_in[homes] = plans.first_epoch
-        self.kept_bytes = self._bytes(homes)
+        self.kept_bytes = int(self._allocs(homes).sum())
         self.served: deque[int] = deque()          # files the server handed out, not looked at yet
         self._held: dict[int, list[np.ndarray]] = {plans.first_epoch: [homes]}
-        self._epoch = plans.first_epoch            # the reader's epoch at the last step
         self.holds = self.handed = self.expired = 0   # for the report
 
-    def _bytes(self, files: np.ndarray) -> int:
-        return int(allocations(np.asarray(self.plans.sizes, np.int64)[files]).sum()) if len(files) else 0
+    def _allocs(self, files: np.ndarray) -> np.ndarray:
+        return allocations(self._sizes[files])
 
     def drop_served(self) -> None:
         """The plan is not followed: what the server hands out is not looked at."""
@@ -229,7 +229,6 @@ class Relay:
         the ones read for their next reader, lets go of holds nobody came
         for, and prepares the readers the holder answers need."""
         plans = self.plans
-        self._epoch = reader_epoch
         plans.prepare(range(reader_epoch - 1, reader_epoch + 2))
         n = len(self.served)
         if n:
@@ -250,12 +249,13 @@ class Relay:
             given = self.given[f] >= e - 1    # handed out ahead of this read: its next reader has it
             self.given[f] = -1
             f = f[~given]
-            allocs = allocations(np.asarray(plans.sizes, np.int64)[f])
-            f = f[self.kept_bytes + np.cumsum(allocs) <= self.budget]
+            allocs = self._allocs(f)
+            fits = self.kept_bytes + np.cumsum(allocs) <= self.budget
+            f = f[fits]
             if f.size:
                 keep(f, True)
                 self.kept_in[f] = e
-                self.kept_bytes += self._bytes(f)
+                self.kept_bytes += int(allocs[fits].sum())
                 self._held.setdefault(e, []).append(f)
                 self.holds += len(f)
         for e in [e for e in self._held if e <= reader_epoch - 2]:
@@ -267,7 +267,7 @@ class Relay:
         if files.size:
             keep(files, False)
             self.kept_in[files] = -1
-            self.kept_bytes -= self._bytes(files)
+            self.kept_bytes -= int(self._allocs(files).sum())
         return len(files)
 
     def report(self) -> dict[str, int]:

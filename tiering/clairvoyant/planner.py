@@ -480,8 +480,7 @@ class Planner:
         files = np.unique(files[self._pin[files] != on])
         if not files.size:
             return
-        tiers = self._tier[files]
-        held = files[tiers >= 0]
+        held = files[self._tier[files] >= 0]
         if on:
             self._move(held, self._tier[held], self._need[held], False)   # out of the sets while not pinned
             self._pin[files] = True
