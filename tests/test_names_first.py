@@ -261,6 +261,23 @@ def test_a_names_first_scan_gives_the_catalog_of_a_full_scan(tmp_path):
         assert (first.files.columns[k] == full.files.columns[k]).all(), k
 
 
+def test_a_listing_of_regular_files_shares_one_record_and_a_mixed_one_has_its_own(tmp_path):
+    """Names first, memory: a directory of regular files by d_type holds no
+    stat record per file (one read-only record through a zero stride); a
+    directory with a symlink gets a record per entry, the link's stat'ed."""
+    from tiering.catalog.scan import _listing, _stat_others
+    root = tmp_path / "pfs"
+    write_tree(root)
+    os.symlink(root / "c0/f1.bin", root / "c1/zz-link.bin")
+    recs, deferred = _stat_others(str(root / "c0"), _listing(str(root / "c0")))
+    assert len(recs) == 40 and deferred.all() and recs.strides == (0,) and not recs.flags.writeable
+    assert (recs["ok"] == 1).all() and (recs["mode"] == stat.S_IFREG).all() and (recs["size"] == 0).all()
+    recs, deferred = _stat_others(str(root / "c1"), _listing(str(root / "c1")))
+    assert len(recs) == 41 and deferred.sum() == 40 and recs.strides != (0,)
+    assert recs["link"][~deferred].tolist() == [1] and recs["size"][~deferred].tolist() == [len(FILES["c0/f1.bin"])]
+    assert (recs["mode"][deferred] == stat.S_IFREG).all() and (recs["size"][deferred] == 0).all()
+
+
 # -- tier-run -------------------------------------------------------------------
 
 READ_TWICE = textwrap.dedent("""

@@ -141,15 +141,23 @@ def _stat_others(path: str, listing: _Listing) -> tuple[np.ndarray, np.ndarray]:
     symlinks, entries of unknown type) are stat'ed now; and which entries
     are deferred so."""
     deferred = listing.types == DT_REG
-    if deferred.all():
-        out = np.zeros(len(deferred), _stat_dtype())
-    else:
-        others = ~deferred
-        out = np.zeros(len(deferred), _stat_dtype())
-        out[others] = _c_stat(path, _file_names(listing.names, others), np.ascontiguousarray(listing.types[others]))
-    out["ok"][deferred] = 1
-    out["mode"][deferred] = stat.S_IFREG
+    if deferred.all():      # one record seen through a zero stride: no memory per file
+        return np.broadcast_to(_deferred_record(), len(deferred)), deferred
+    others = ~deferred
+    out = np.zeros(len(deferred), _stat_dtype())
+    out[others] = _c_stat(path, _file_names(listing.names, others), np.ascontiguousarray(listing.types[others]))
+    out[deferred] = _deferred_record()
     return out, deferred
+
+
+def _deferred_record() -> np.ndarray:
+    """The record (one, read-only) of a file not stat'ed yet (names first): ok, S_IFREG, zeros."""
+    if not _DEFERRED:
+        rec = np.zeros(1, _stat_dtype())
+        rec["ok"], rec["mode"] = 1, stat.S_IFREG
+        rec.flags.writeable = False
+        _DEFERRED.append(rec)
+    return _DEFERRED[0]
 
 
 def _c_stat(path: str, names: bytes, types: np.ndarray) -> np.ndarray:
@@ -183,6 +191,7 @@ def _stat_entries(entries: list[Any]) -> np.ndarray:
 _PY_STAT = ("size", "mtime_ns", "atime_ns", "ctime_ns", "blocks", "blksize", "dev", "ino", "nlink", "mode", "uid",
             "gid")
 _C_SCANNER: list[Any] = []
+_DEFERRED: list[np.ndarray] = []
 _SCANDIR = os.scandir
 
 
