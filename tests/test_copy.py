@@ -441,6 +441,43 @@ def test_the_daemon_copies_queued_small_files_in_batches(tmp_path, monkeypatch):
         s.close()
 
 
+def test_a_batch_publishes_its_copies_but_those_written_meanwhile(tmp_path, monkeypatch):
+    """One batch of small copies, settled together (Daemon._publish_batch):
+    a file whose entry the shim marked invalid, and one a write event
+    invalidated while it was queued, are not published and their copies
+    are gone; the others are published byte-equal, and the tier's counts
+    and bytes are those of the copies left on disk."""
+    from tiering.placement import tiers
+    calls: list[int] = []
+    real = tiers._transfer_many
+    monkeypatch.setattr(tiers, "_transfer_many", lambda b, files, n: calls.append(n) or real(b, files, n))
+    monkeypatch.setattr(tiers, "BATCH_BUDGET_NS", 0)     # one C call, one settling, per batch
+    files = {f"d{k % 3}/f{k}.bin": 300 + 7 * k for k in range(40)}
+    s = Setup(tmp_path, files, pfs_threads=1, threads=1)
+    try:
+        s.d.close_pools()
+        for rel in files:
+            assert s.d.place(s.i[rel], 0)
+        marked, written = "d1/f4.bin", "d2/f8.bin"
+        assert s.index.cas_state(s.d.slots[s.i[marked]], 0, lib.TIERING_STATE_INVALID)
+        s.d._invalidate(s.i[written])
+        s.d.start_pools()
+        s.wait()
+        assert calls == [40]
+        kept = [rel for rel in files if rel not in (marked, written)]
+        assert s.d.stats.copies == len(kept) and s.tier.files == len(kept)
+        assert s.tier.placed_bytes == sum(files[rel] for rel in kept)
+        for rel in kept:
+            assert s.state(rel) == 1 and (s.tier.data / "0" / rel).read_bytes() == s.contents[rel]
+        assert s.state(marked) == lib.TIERING_STATE_INVALID and s.state(written) == lib.TIERING_STATE_NONE
+        assert not (s.tier.data / "0" / marked).exists() and not (s.tier.data / "0" / written).exists()
+        assert [s.d.where(s.i[r]) for r in (marked, written)] == [-1, -1]
+        assert s.tier.used == sum(p.stat().st_blocks * 512 for p in s.tier.data.rglob("*") if p.is_file())
+        assert s.d._allocated[[s.i[r] for r in kept]].min() > 0 and s.d._allocated[s.i[marked]] == -1
+    finally:
+        s.close()
+
+
 def test_copies_placed_in_one_turn_of_the_event_thread_wake_the_workers_once(tmp_path, monkeypatch):
     """The policy places its copies one by one; inside the event thread's
     turn (Daemon._waking_later) no worker is woken until the turn ends, so

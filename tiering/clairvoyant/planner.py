@@ -978,6 +978,10 @@ class Planner:
         self._enter(f, tier)
         return True
 
+    def held_on(self, files: np.ndarray, tier: int) -> np.ndarray:
+        """Which of files the plan holds on tier."""
+        return self._tier[files] == tier
+
     def adopt_many(self, files: np.ndarray, tiers: np.ndarray) -> None:
         """adopt() of each (file, tier), the first of a file only, in one pass."""
         files, first = np.unique(np.asarray(files, np.int64), return_index=True)

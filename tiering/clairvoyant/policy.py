@@ -594,9 +594,12 @@ class Clairvoyant(Policy):
         return self._held_back and self.following
 
     def on_landed(self, files: np.ndarray, tier: int, published: np.ndarray) -> None:
-        """on_placed and on_failed of a batch's copies, then one refill."""
-        for i, ok in zip(files.tolist(), published.tolist()):
-            self._landed(i, tier, ok)
+        """on_placed and on_failed of a batch's copies, then one refill; a
+        published copy where the plan holds it (most) asks for nothing."""
+        if self.planner is not None:
+            rest = ~(published & self.planner.held_on(files, tier))
+            for i, ok in zip(files[rest].tolist(), published[rest].tolist()):
+                self._landed(i, tier, ok)
         self._refill()
 
     def _landed(self, i: int, tier: int, published: bool) -> None:
