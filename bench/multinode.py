@@ -9,15 +9,18 @@ slowfs PFS), in three configurations side by side:
     local        a clairvoyant tier-run on each node, on its own (no peers)
     peers        the same, one multi-node job: the peer tier and the node-aware plan
 
-The data set is twice one node's tiers by default (--tier-share 0.5: it fits the tiers of
-two nodes in bytes).
+The data set is twice one node's tiers by default (--tier-share 0.5 of what the data set
+takes on a tier, each file in whole 4 KiB blocks as tiering counts it: the tiers of two nodes
+hold it exactly; --share-of bytes takes the share of its bytes instead, 5-6% less at these
+sizes, and two nodes' tiers then cannot hold it).
 Per run: seconds per epoch (the slowest rank's), PFS opens and bytes per
 epoch per node (tier-run's --stats-json; `pfs`: the samples each rank read),
 the job's PFS opens and bytes as slowfs counted them, peer bytes, and a
 checksum of every sample every rank read (same within a node count).
 
     python -m bench.multinode [--nodes 1,2,3] [--files 240] [--epochs 4] [--tier-share 0.5]
-                              [--configs pfs,lower-bound,local,peers] [--out bench/results]
+                              [--share-of allocated|bytes] [--configs pfs,lower-bound,local,peers]
+                              [--out bench/results]
 
 Writes OUT/multinode.json, OUT/multinode.png and OUT/multinode.md.
 """
@@ -39,6 +42,7 @@ sys.path.insert(0, str(REPO / "tests"))
 import multinode  # noqa: E402
 
 import netns  # noqa: E402
+from tiering.placement.api import allocation  # noqa: E402
 
 from .datagen import generate  # noqa: E402
 from .slowfs import SlowFs, SlowFsOptions, ensure_built  # noqa: E402
@@ -120,8 +124,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         src, mnt = work / "src", work / "mnt"
         # ImageNet-like sizes (log-normal) around 32 KiB in 8 class directories
         total = generate(src, classes=8, files=args.files, mean_size=32 << 10, seed=4).bytes
+        allocated = sum(allocation(p.stat().st_size) for p in src.rglob("*") if p.is_file())
         mnt.mkdir()
-        capacity = int(total * args.tier_share)   # by default the data set is twice one node's tiers
+        # by default the data set is twice one node's tiers
+        capacity = int((allocated if args.share_of == "allocated" else total) * args.tier_share)
         rows = []
         opts = SlowFsOptions(meta_latency_ms=args.meta_ms, read_latency_ms=args.read_ms,
                              bandwidth_mbps=args.pfs_mb_s, max_inflight=16)
@@ -132,7 +138,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         if config not in args.configs or config == "peers" and n == 1:
                             continue   # one node has no peers
                         rows.append(one_run(fs, net, work, n, config, args, capacity, 29500 + k, src))
-        return {"params": {"files": args.files, "bytes": total, "tier_bytes_per_node": capacity,
+        return {"params": {"files": args.files, "bytes": total, "allocated": allocated, "share_of": args.share_of,
+                           "tier_bytes_per_node": capacity,
                            "epochs": args.epochs, "batch": args.batch, "step_ms": args.step_ms,
                            "slowfs": {"meta_ms": args.meta_ms, "read_ms": args.read_ms, "mb_s": args.pfs_mb_s}},
                 "runs": rows}
@@ -155,7 +162,9 @@ def compute_bound(p: dict[str, Any], nodes: int) -> float:
 def table(res: dict[str, Any]) -> str:
     p = res["params"]
     lines = [f"{p['files']} files, {p['bytes'] / MIB:.1f} MiB (D); each node's tier "
-             f"{p['tier_bytes_per_node'] / MIB:.1f} MiB ({p['tier_bytes_per_node'] / p['bytes']:.2f} D); "
+             f"{p['tier_bytes_per_node'] / MIB:.1f} MiB ({p['tier_bytes_per_node'] / p['bytes']:.2f} D"
+             + (f", {p['tier_bytes_per_node'] / p['allocated']:.2f} of the data set's {p['allocated'] / MIB:.1f} MiB "
+                "in 4 KiB blocks" if p.get("allocated") else "") + "); "
              f"{p['epochs']} epochs, one rank a node, batch "
              f"{p['batch']}, {p['step_ms']:g} ms compute per step; slowfs {p['slowfs']['meta_ms']:g} ms per metadata "
              f"operation, {p['slowfs']['read_ms']:g} ms per read, {p['slowfs']['mb_s']:g} MB/s.  \"bound\": compute "
@@ -215,6 +224,8 @@ def main() -> int:
                     help=f"the configurations to run (default: all of {', '.join(CONFIGS)})")
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--tier-share", type=float, default=0.5, help="each node's tier, a share of the data set")
+    ap.add_argument("--share-of", choices=("allocated", "bytes"), default="allocated",
+                    help="the share of what the data set takes on a tier (whole 4 KiB blocks) or of its bytes")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--step-ms", type=float, default=60.0)
     ap.add_argument("--meta-ms", type=float, default=1.0)
