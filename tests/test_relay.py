@@ -163,6 +163,11 @@ def test_holds_stay_within_the_budget_and_files_not_held_are_not_pinned() -> Non
     assert budget - relay.kept_bytes < 12288            # full, up to one file's allocation
     new = np.setdiff1d(np.flatnonzero(keeps.pinned), homes)
     assert len(new) and not keeps.pinned[e1[held]].all()   # some held, others beyond the budget
+    # every file read from a tier that has a next reader was held or counted as beyond the budget
+    read = np.unique(e1[held])
+    wanted = read[plans.readers(2)[read] >= 0]
+    assert relay.over_budget > 0 and relay.holds + relay.over_budget == len(wanted)
+    assert relay.report()["over_budget"] == relay.over_budget
 
 
 def test_the_server_reports_each_copy_it_hands_out(tmp_path) -> None:

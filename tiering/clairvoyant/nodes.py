@@ -213,6 +213,7 @@ class Relay:
         self.served: deque[int] = deque()          # files the server handed out, not looked at yet
         self._held: dict[int, list[np.ndarray]] = {plans.first_epoch: [homes]}
         self.holds = self.handed = self.expired = 0   # for the report
+        self.over_budget = 0     # files read that were not held: the budget was taken
 
     def _allocs(self, files: np.ndarray) -> np.ndarray:
         return allocations(self._sizes[files])
@@ -251,6 +252,7 @@ class Relay:
             f = f[~given]
             allocs = self._allocs(f)
             fits = self.kept_bytes + np.cumsum(allocs) <= self.budget
+            self.over_budget += int(len(f) - np.count_nonzero(fits))
             f = f[fits]
             if f.size:
                 keep(f, True)
@@ -272,7 +274,8 @@ class Relay:
 
     def report(self) -> dict[str, int]:
         return {"holds": self.holds, "handed": self.handed, "expired": self.expired,
-                "held": int((self.kept_in >= 0).sum()), "held_bytes": self.kept_bytes}
+                "over_budget": self.over_budget, "held": int((self.kept_in >= 0).sum()),
+                "held_bytes": self.kept_bytes}
 
 
 @dataclasses.dataclass(frozen=True)
