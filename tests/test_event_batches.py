@@ -249,6 +249,60 @@ def test_copies_landed_together_leave_the_plan_as_landed_one_by_one() -> None:
     assert len(runs[0][0]) == n and runs[0][1] == n
 
 
+class TwoTiers(FakePlacement):
+    """Two tiers, and evictions recorded."""
+
+    def __init__(self, files: int, capacity: int):
+        super().__init__(files, capacity)
+        self.capacities = [capacity, capacity]
+        self.evicted: list[int] = []
+
+    def evict(self, i: int) -> bool:
+        self.evicted.append(i)
+        return True
+
+
+@pytest.mark.parametrize("following", [True, False])
+@pytest.mark.parametrize("seed", range(4))
+def test_copies_landed_anywhere_together_leave_the_plan_as_landed_one_by_one(seed: int, following: bool) -> None:
+    """on_landed skips the published copies its plan holds where they
+    landed; the rest (failed, landed on the other tier, copies the plan did
+    not ask for) go one by one: the plan, evictions and fetches are those
+    of _landed called for each copy, on two tiers, followed or not."""
+    n = 2000
+    order = np.random.default_rng(seed).permutation(n)
+    runs = []
+    for together in (False, True):
+        rng = np.random.default_rng(100 + seed)
+        fake = TwoTiers(n, 4096 * n // 3)
+        policy = Clairvoyant(fake, ListFeed(iter([order])))  # type: ignore[arg-type]
+        policy.start()
+        handed: list[int] = []
+        for _ in range(200):
+            if not fake.pending:
+                break
+            batch = np.array(fake.pending[:150], np.int64)
+            del fake.pending[:150]
+            extra = np.setdiff1d(rng.integers(0, n, 20), batch)   # copies the plan did not ask for
+            rng.shuffle(extra)
+            batch = np.concatenate([batch, extra])
+            handed.extend(batch.tolist())
+            ok = rng.random(len(batch)) > 0.1
+            tier = int(rng.integers(0, 2))
+            policy.diverged = not following
+            if together:
+                policy.on_landed(batch, tier, ok)
+            else:
+                for f, good in zip(batch.tolist(), ok.tolist()):
+                    policy._landed(f, tier, good)
+                policy._refill()
+        assert policy.planner is not None
+        runs.append((handed, fake.evicted, policy.fetches, sorted(policy.planner.resident.items()),
+                     list(policy.planner.used)))
+    assert runs[0] == runs[1]
+    assert runs[0][1] if following else not runs[0][1]     # evictions happen only while followed
+
+
 def test_a_late_drain_spanning_several_epochs_is_followed() -> None:
     """A daemon starved of CPU drains opens of several epochs at once, more
     than the plan knew ahead: the next epochs become known as the reader

@@ -595,8 +595,10 @@ class Clairvoyant(Policy):
 
     def on_landed(self, files: np.ndarray, tier: int, published: np.ndarray) -> None:
         """on_placed and on_failed of a batch's copies, then one refill; a
-        published copy where the plan holds it (most) asks for nothing."""
+        published copy where the plan holds it (most) asks for nothing.
+        Each file at most once (Policy.on_landed)."""
         if self.planner is not None:
+            files, published = np.asarray(files, np.int64), np.asarray(published, bool)
             rest = ~(published & self.planner.held_on(files, tier))
             for i, ok in zip(files[rest].tolist(), published[rest].tolist()):
                 self._landed(i, tier, ok)

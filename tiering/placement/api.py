@@ -132,8 +132,9 @@ class Policy:
         return False
 
     def on_landed(self, files: np.ndarray, tier: int, published: np.ndarray) -> None:
-        """Copies onto tier that ended together, in order (catalog ids, and
-        whether each was published): on_placed or on_failed for each unless
+        """Copies onto tier that ended together, in order (catalog ids, each
+        at most once: a file is queued once until its copy ends, and whether
+        each was published): on_placed or on_failed for each unless
         overridden (NOTE [batch copy])."""
         for i, ok in zip(files.tolist(), published.tolist()):
             if ok:

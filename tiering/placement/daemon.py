@@ -711,6 +711,8 @@ class Daemon:
                 "planned": peers.plans is not None, "budget": peers.budget, "budgets": peers.budgets,
                 "homes": peers.homes, "relay": self._relay.report() if self._relay is not None else None,
                 "client": peers.counters.snapshot()}
+
+    # -- settling copies -------------------------------------------------------------
     def _publish_batch(self, part: list[tuple[int, int]], tier: int, allocated: np.ndarray) -> list[bool]:
         """Under the lock: _settle of a batch whose every copy is complete,
         with the accounting of the published ones done on arrays (per file,
