@@ -442,7 +442,7 @@ def test_the_daemon_copies_queued_small_files_in_batches(tmp_path, monkeypatch):
 
 
 def test_a_batch_publishes_its_copies_but_those_written_meanwhile(tmp_path, monkeypatch):
-    """One batch of small copies, settled together (Daemon._publish_batch):
+    """One batch of small copies, published together (Daemon._publish):
     a file whose entry the shim marked invalid, and one a write event
     invalidated while it was queued, are not published and their copies
     are gone; the others are published byte-equal, and the tier's counts

@@ -31,6 +31,7 @@ show and how often.  The scan itself never prints.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import queue
@@ -150,14 +151,13 @@ def _stat_others(path: str, listing: _Listing) -> tuple[np.ndarray, np.ndarray]:
     return out, deferred
 
 
+@functools.cache
 def _deferred_record() -> np.ndarray:
     """The record (one, read-only) of a file not stat'ed yet (names first): ok, S_IFREG, zeros."""
-    if not _DEFERRED:
-        rec = np.zeros(1, _stat_dtype())
-        rec["ok"], rec["mode"] = 1, stat.S_IFREG
-        rec.flags.writeable = False
-        _DEFERRED.append(rec)
-    return _DEFERRED[0]
+    rec = np.zeros(1, _stat_dtype())
+    rec["ok"], rec["mode"] = 1, stat.S_IFREG
+    rec.flags.writeable = False
+    return rec
 
 
 def _c_stat(path: str, names: bytes, types: np.ndarray) -> np.ndarray:
@@ -191,7 +191,6 @@ def _stat_entries(entries: list[Any]) -> np.ndarray:
 _PY_STAT = ("size", "mtime_ns", "atime_ns", "ctime_ns", "blocks", "blksize", "dev", "ino", "nlink", "mode", "uid",
             "gid")
 _C_SCANNER: list[Any] = []
-_DEFERRED: list[np.ndarray] = []
 _SCANDIR = os.scandir
 
 

@@ -604,14 +604,13 @@ class Daemon:
         files = [i for i, _ in part]
         stopped = lib.TIERING_COPY_STOPPED
         statuses = out["status"].tolist() if out is not None else [stopped] * len(part)
-        whole = out is not None and bool((out["status"] == lib.TIERING_COPY_OK).all())
         with self._lock:
             try:
                 if out is not None:
                     self.stats.pfs_opens += sum(1 for st in statuses if st != stopped)
                     self.stats.pfs_bytes += int(out["copied"].sum())
-                if whole and out is not None and not self._stop.is_set():
-                    published = self._publish_batch(part, tier, out["blocks"].astype(np.int64) * 512)
+                if out is not None and all(st == lib.TIERING_COPY_OK for st in statuses) and not self._stop.is_set():
+                    published = self._publish(part, tier, out["blocks"].astype(np.int64) * 512)
                 else:
                     for k, (i, reserved) in enumerate(part):
                         allocated, error, src = None, failure, ""
@@ -713,10 +712,12 @@ class Daemon:
                 "client": peers.counters.snapshot()}
 
     # -- settling copies -------------------------------------------------------------
-    def _publish_batch(self, part: list[tuple[int, int]], tier: int, allocated: np.ndarray) -> list[bool]:
-        """Under the lock: _settle of a batch whose every copy is complete,
-        with the accounting of the published ones done on arrays (per file,
-        only the state word's compare-and-swap: NOTE [batch copy])."""
+    def _publish(self, part: list[tuple[int, int]], tier: int, allocated: np.ndarray) -> list[bool]:
+        """Under the lock, the daemon not stopping: publishes complete copies
+        (file, bytes reserved; `allocated`, each copy's blocks) unless their
+        file was written meanwhile, and does the accounting, on arrays (per
+        file only the state word's compare-and-swap: NOTE [batch copy]);
+        whether each was published.  A copy not published is removed."""
         t = self.tiers[tier]
         ids = np.fromiter((i for i, _ in part), np.int64, len(part))
         reserved = np.fromiter((r for _, r in part), np.int64, len(part))
@@ -744,29 +745,20 @@ class Daemon:
         written meanwhile or the daemon stops) and does the accounting;
         True when published."""
         t = self.tiers[tier]
-        published = False
         if isinstance(failure, SourceChanged):
             self.stats.changed_sources += 1
         elif failure is not None:
             t.failures += 1
             self.stats.copy_failures += 1
             self.stats.note(f"{src}: {failure}")
-        elif allocated is not None and i not in self._invalid and not self._stop.is_set():
+        elif allocated is not None and not self._stop.is_set():
             # the copy is complete under its final name: publish it
-            published = self.index.cas_state(self.slots[i], lib.TIERING_STATE_NONE, tier + 1)
+            return self._publish([(i, reserved)], tier, np.array([allocated], np.int64))[0]
         self._pending.pop(i, None)
-        if published and allocated is not None:
-            self._where[i] = tier
-            t.files += 1
-            t.placed_bytes += int(self._sizes[i])
-            t.used += allocated - reserved
-            self._allocated[i] = allocated
-            self.stats.copies += 1
-        else:
-            t.used -= reserved
-            if allocated is not None:
-                t.remove_copy(CopyOf.of(self.files, i))
-        return published
+        t.used -= reserved
+        if allocated is not None:
+            t.remove_copy(CopyOf.of(self.files, i))
+        return False
 
     # -- observation (NOTE [status file]) -------------------------------------------
     def snapshot(self) -> DaemonSnapshot:
