@@ -89,7 +89,7 @@ def check_predictions(res: dict[str, Any], sizes: list[int]) -> None:
         assert p["policy"] == POLICY_OF[c["name"]]
         assert len(p["epochs"]) == len(c["epochs"]) and all(x > 0 for x in p["epochs"])
         for e, x, r in zip(c["epochs"], p["epochs"], p["ratio"]):
-            assert r == pytest.approx(e["seconds"] / x, rel=2e-3)   # ratios kept to 3 decimals
+            assert r == pytest.approx(e["seconds"] / x, abs=6e-4)   # ratios kept to 3 decimals: off by <= 5e-4
     by = {c["name"]: c["predicted"]["epochs"] for c in res["configurations"]}
     assert by["pfs"] == by["off"]
     bw = next(iter(cfg["pfs_mb_s"].values()))   # one point: slowfs's bandwidth
