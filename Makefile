@@ -80,7 +80,7 @@ bench-micro: build
 # nodes (network namespaces, as root) reading one slowfs PFS, a data set twice
 # one node's tiers; the PFS directly, a clairvoyant tier-run per node without
 # peers, and with the peer tier; writes bench/results/multinode.{json,md,png}.
-# About 3 minutes on 2 cores.
+# About 10 minutes on 2 cores.
 bench-multinode: install bench-deps
 	$(PY) -m bench.multinode $(MULTINODE_ARGS)
 

@@ -18,7 +18,7 @@ epoch per node (tier-run's --stats-json; `pfs`: the samples each rank read),
 the job's PFS opens and bytes as slowfs counted them, peer bytes, and a
 checksum of every sample every rank read (same within a node count).
 
-    python -m bench.multinode [--nodes 1,2,3] [--files 240] [--epochs 4] [--tier-share 0.5]
+    python -m bench.multinode [--nodes 1,2,3] [--files 1920] [--epochs 4] [--tier-share 0.5]
                               [--share-of allocated|bytes] [--configs pfs,lower-bound,local,peers]
                               [--out bench/results]
 
@@ -219,7 +219,7 @@ def plot(res: dict[str, Any], path: Path) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", default="1,2,3", type=lambda s: [int(x) for x in s.split(",")])
-    ap.add_argument("--files", type=int, default=240)
+    ap.add_argument("--files", type=int, default=1920)
     ap.add_argument("--configs", default=",".join(CONFIGS), type=lambda s: s.split(","),
                     help=f"the configurations to run (default: all of {', '.join(CONFIGS)})")
     ap.add_argument("--epochs", type=int, default=4)

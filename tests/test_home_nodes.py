@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from test_node_plans import held
 
-from tiering.clairvoyant.nodes import SHARE, NodePlans, NodeStreams, home_budget, home_nodes
+from tiering.clairvoyant.nodes import WINDOW_FILES, WINDOW_SHARE, NodePlans, NodeStreams, home_budget, home_nodes
 from tiering.clairvoyant.planner import EVICT, FETCH, Planner, allocations
 from tiering.clairvoyant.policy import Clairvoyant
 from tiering.clairvoyant.samplers import SamplerSpec
@@ -52,8 +52,8 @@ def test_the_home_rule_partitions_the_data_set_the_same_on_every_node(nodes: int
     home = plans[0].home
     for p in plans[1:]:
         assert np.array_equal(p.home, home)   # the same answer on every node, without a message
-    budget = int((int(capacity // 2 * Clairvoyant.margin) + int((capacity - capacity // 2) * Clairvoyant.margin))
-                 * SHARE)
+    room = int(capacity // 2 * Clairvoyant.margin) + int((capacity - capacity // 2) * Clairvoyant.margin)
+    budget = int(room * (1 - WINDOW_SHARE))
     allocs = allocations(SIZES)
     homed = 0
     for n in range(nodes):
@@ -67,10 +67,23 @@ def test_the_home_rule_partitions_the_data_set_the_same_on_every_node(nodes: int
         assert np.array_equal(plans[n].pinned(), home == n) and np.array_equal(plans[0].pinned(n), home == n)
         homed += len(mine)
     assert ((home >= -1) & (home < nodes)).all()              # at most one home each
-    if capacity_share < 1 / SHARE:    # the budget is below a node's share: some have no home
+    if capacity_share < 1 / (1 - WINDOW_SHARE):    # the budget is below a node's share: some have no home
         assert 0 < homed < N and int(allocs[home >= 0].sum()) <= nodes * budget
     else:                                       # the aggregate holds the data set: every file has a home
         assert homed == N
+
+
+def test_the_budget_leaves_a_window_of_a_share_of_the_tiers_and_at_least_some_files() -> None:
+    """The home budget is the tiers after the margin less the window: WINDOW_SHARE
+    of them, or room for WINDOW_FILES files of the mean allocation when that is more."""
+    tiers = [3 << 30, 1 << 30]
+    room = int((3 << 30) * Clairvoyant.margin) + int((1 << 30) * Clairvoyant.margin)
+    assert home_budget(tiers) == int(room - room * WINDOW_SHARE)
+    small = 4096 * 10                                      # the share is larger than WINDOW_FILES of these
+    assert home_budget(tiers, small) == int(room - room * WINDOW_SHARE)
+    large = room // 16                                     # WINDOW_FILES of these take more than the share
+    assert home_budget(tiers, large) == room - WINDOW_FILES * large
+    assert home_budget(tiers, room) == 0                   # tiers for fewer files than the window: no holds
 
 
 def test_capacity_weighted_budgets() -> None:

@@ -533,6 +533,7 @@ def _plan_peers(job: Job, cat: catalog_mod.Catalog) -> None:
     this node's budget for them, which the rendezvous publishes (NOTE [home
     nodes]); the PFS's rate per stream to compare with the network's."""
     from .clairvoyant.nodes import home_budget, planning_from_options
+    from .clairvoyant.planner import allocations
     from .cluster.links import pfs_stream_rate
     assert job.peer is not None
     opts, links = job.opts, job.peer.links
@@ -540,7 +541,9 @@ def _plan_peers(job: Job, cat: catalog_mod.Catalog) -> None:
     links.pfs_latency_ms = opts.profile.pfs.latency_ms or 0.0
     if job.policy != "clairvoyant":
         return
-    links.budget = home_budget([t.capacity for t in job.tiers])
+    sizes = np.asarray(cat.files.size)   # known: a job that spans nodes does not scan names first
+    mean = int(allocations(sizes).mean()) if len(sizes) else 0
+    links.budget = home_budget([t.capacity for t in job.tiers], mean)
     try:
         links.planning = planning_from_options(opts.order, cat, opts.node.node_count, opts.node.node_rank)
     except Exception as e:   # no peer fetch: this node reads the PFS

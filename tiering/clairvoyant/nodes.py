@@ -33,7 +33,8 @@ from .policy import Clairvoyant
 from .samplers import SamplerSpec, node_stream_array
 
 MAX_NODES = 127   # a file's home node is an int8
-SHARE = 15 / 16   # of a node's tiers (after the margin) its home files take at most; the rest is its window
+WINDOW_SHARE = 1 / 64   # of a node's tiers (after the margin): the least room its window keeps ...
+WINDOW_FILES = 8        # ... and room for at least this many of the data set's files (NOTE [home nodes])
 
 Streams = Callable[[int, int], np.ndarray]   # (node rank, epoch) -> the catalog ids that node reads
 
@@ -108,12 +109,16 @@ def home_nodes(first: Sequence[np.ndarray], allocs: np.ndarray,
     return cut_to_budgets(*first_readers(first, len(allocs)), allocs, budgets)
 
 
-def home_budget(capacities: Sequence[int]) -> int:
-    """The bytes of this node's tiers its home files may take (NOTE [home
-    nodes]): SHARE of the tiers after the clairvoyant margin; the rest is its
-    window.  Each node computes its own (RAM ``auto`` and the profile may
-    differ between nodes) and publishes it at the rendezvous."""
-    return int(sum(Clairvoyant.plan_capacities(capacities)) * SHARE)
+def home_budget(capacities: Sequence[int], mean_allocation: int = 0) -> int:
+    """The bytes of this node's tiers its home files (and the relay's holds)
+    may take (NOTE [home nodes]): the tiers after the clairvoyant margin less
+    the node's window, the room where it fetches ahead of its reader:
+    WINDOW_SHARE of them, and at least WINDOW_FILES files of
+    `mean_allocation` bytes (the data set's mean allocation on a tier).  Each
+    node computes its own (RAM ``auto`` and the profile may differ between
+    nodes) and publishes it at the rendezvous."""
+    room = sum(Clairvoyant.plan_capacities(capacities))
+    return max(0, int(room - max(room * WINDOW_SHARE, WINDOW_FILES * mean_allocation)))
 
 
 class NodePlans:
