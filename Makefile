@@ -76,6 +76,14 @@ bench-scale-quick: build
 bench-micro: build
 	$(PY) -m bench.micro $(MICRO_ARGS)
 
+# What publishing a small copy costs each file system: the final name made
+# directly (cp -r), a staging directory and a rename (tiering), a temporary name
+# beside the final one, O_TMPFILE and linkat; on the temporary directory's disk,
+# /dev/shm and (as root) ext4 in memory; writes bench/results/publish.{json,md}.
+.PHONY: bench-publish
+bench-publish:
+	$(PY) -m bench.publish $(PUBLISH_ARGS)
+
 # Multi-node benchmark: a torchrun gloo training across 1, 2 and 3 emulated
 # nodes (network namespaces, as root) reading one slowfs PFS, a data set twice
 # one node's tiers; the PFS directly, a clairvoyant tier-run per node without
