@@ -10,13 +10,14 @@ import math
 import subprocess
 from pathlib import Path
 
+from bench import ext4mem
 from helpers import PYTHON, REPO
 
 FILES = 20_000
 EPOCHS = 4
 LARGE = (2, 4 << 20)
 CASES = ["startup", "plan", "clairvoyant-random", "clairvoyant-distributed", "copies-small", "copies-small-ram",
-         "copies-large"]
+         "copies-small-ext4", "copies-large"]
 
 
 def run_bench(tmp_path: Path) -> dict:
@@ -96,6 +97,12 @@ def test_scale_bench_runs_every_case_on_the_data_set(tmp_path: Path):
     check_copies(cases["copies-small"], FILES, FILES * 1024)
     check_copies(cases["copies-small-ram"], FILES, FILES * 1024)
     assert "/dev/shm/" in cases["copies-small-ram"]["cp"]["script"]
+    no_ext4 = ext4mem.unavailable()   # ext4 in memory needs root and mkfs.ext4 (CI has both)
+    if no_ext4 is None:
+        check_copies(cases["copies-small-ext4"], FILES, FILES * 1024)
+        assert "/copies-small-ext4/ext4/copies" in cases["copies-small-ext4"]["cp"]["script"]
+    else:
+        assert cases["copies-small-ext4"]["error"] == no_ext4
     check_copies(cases["copies-large"], LARGE[0], LARGE[0] * LARGE[1])
 
     targets = doc["targets"]
@@ -106,3 +113,5 @@ def test_scale_bench_runs_every_case_on_the_data_set(tmp_path: Path):
     assert measured["start-up to COMMAND, cached catalog"]["value"] > 0
     assert measured["copies, small files: stage vs cp -r"]["ratio"] > 0
     assert measured["copies, small files to /dev/shm: stage vs cp -r"]["ratio"] > 0
+    ext4_row = measured["copies, small files to ext4 in memory: stage vs cp -r"]
+    assert ext4_row["ratio"] > 0 if no_ext4 is None else ext4_row["verdict"] == f"not measured ({no_ext4})"

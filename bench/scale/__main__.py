@@ -13,6 +13,7 @@ targets: ours, reference, ratio, verdict).  Cases:
     clairvoyant-distributed  events at full speed (8 threads), following the order, teardown
     copies-small             tier-run --policy stage vs cp -r and tar | tar, files/s
     copies-small-ram         the same into /dev/shm (a memory tier), files/s
+    copies-small-ext4        the same onto ext4 on a loop device in /dev/shm (as root), files/s
     copies-large             the same on large files of real data, MB/s
 
 Page cache and dentries are warm for ours and the references alike. Runs

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench import ext4mem
 from bench.scale import monitor
 from bench.scale.tool import SamplerCase, Tree, catalog_lists, make_large, order_lists, write_lines
 
@@ -324,14 +325,15 @@ def _copy_reference(script: str, d: Path, dst: Path, name: str, limit: float) ->
 
 
 def _copies(ctx: Context, d: Path, src: Path, files: int, data_bytes: int, listing: Path,
-            rels: Path, ram: bool = False) -> dict[str, Any]:
+            rels: Path, ram: bool = False, dst: Path | None = None) -> dict[str, Any]:
     """cp -r, tar | tar and tier-run --policy stage from src into the same file
-    system (the work directory; with `ram`, a private directory in /dev/shm
-    and a memory tier there), the page cache warm with src for all three.
-    Staging is timed from COMMAND's start until every file's copy is served
-    (COMMAND asks the shim, in catalog order, the order stage copies in);
-    then COMMAND reads every file through the shim."""
-    dst = Path(tempfile.mkdtemp(prefix="tiering-scale-copies-", dir="/dev/shm")) if ram else ctx.s.work / "copies"
+    system (`dst`, default the work directory; with `ram`, a private directory
+    in /dev/shm and a memory tier there), the page cache warm with src for all
+    three.  Staging is timed from COMMAND's start until every file's copy is
+    served (COMMAND asks the shim, in catalog order, the order stage copies
+    in); then COMMAND reads every file through the shim."""
+    if dst is None:
+        dst = Path(tempfile.mkdtemp(prefix="tiering-scale-copies-", dir="/dev/shm")) if ram else ctx.s.work / "copies"
     direct = read_direct(ctx, d, listing, src)
     refs = {
         "cp": _copy_reference(f"cp -r {src} {dst}/tree", d, dst, "cp", ctx.s.limit),
@@ -375,6 +377,22 @@ def case_copies_small_ram(ctx: Context) -> dict[str, Any]:
     return _copies(ctx, d, ctx.tree.root, ctx.tree.files, ctx.tree.bytes, listing, rels, ram=True)
 
 
+def case_copies_small_ext4(ctx: Context) -> dict[str, Any]:
+    """The small files onto a file-system tier on ext4 in memory (a loop device
+    whose image is in /dev/shm), cp -r and tar onto the same ext4: what ext4
+    itself costs each way, without a device's noise (bench/ext4mem.py)."""
+    d = ctx.run_dir("copies-small-ext4")
+    why = ext4mem.unavailable()
+    if why:
+        return {"files": ctx.tree.files, "error": why}
+    listing, rels = catalog_lists(ctx.tree, d)
+    blocks = -(-ctx.tree.size // BLOCK) * BLOCK
+    inodes = ctx.tree.files * 5 // 4 + 10_000
+    size = (ctx.tree.files * blocks + inodes * ext4mem.INODE_BYTES) * 3 // 2 + 512 * MiB
+    with ext4mem.ext4_in_memory(d / "ext4", size, inodes) as mnt:
+        return _copies(ctx, d, ctx.tree.root, ctx.tree.files, ctx.tree.bytes, listing, rels, dst=mnt / "copies")
+
+
 def case_copies_large(ctx: Context) -> dict[str, Any]:
     d = ctx.run_dir("copies-large")
     src = make_large(ctx.tool, ctx.s.work, ctx.s.large_count, ctx.s.large_size, seed=1)
@@ -391,6 +409,7 @@ CASES = {
     "clairvoyant-distributed": lambda ctx: case_clairvoyant(ctx, SAMPLERS[1]),
     "copies-small": case_copies_small,
     "copies-small-ram": case_copies_small_ram,
+    "copies-small-ext4": case_copies_small_ext4,
     "copies-large": case_copies_large,
 }
 

@@ -198,7 +198,7 @@ def copies_rows(res: dict[str, Any], label: str, unit: str) -> list[Row]:
     stage, cp, tar = res.get("stage") or {}, res.get("cp") or {}, res.get("tar") or {}
     key = "files_per_s" if unit == "files/s" else "mb_per_s"
     fmt = (lambda x: _rate(x, "files/s")) if key == "files_per_s" else (lambda x: "-" if x is None else f"{x:.0f} MB/s")
-    problem = _run_problem(stage) or res.get("error")
+    problem = res.get("error") or _run_problem(stage)
     if stage.get("invalid"):        # set by hand on a result found to be wrong, with the reason
         problem = stage["invalid"]
     elif not problem and stage.get("waited") != res.get("files"):
@@ -218,8 +218,8 @@ def teardown_row(results: dict[str, Any]) -> Row | None:
     """The slowest teardown of every tier-run of the run."""
     runs = [(f"startup/{k}", v) for k, v in (_get(results, "startup", "runs") or {}).items()]
     runs += [(k, results[k]) for k in ("clairvoyant-random", "clairvoyant-distributed") if k in results]
-    runs += [(f"{k}/stage", _get(results, k, "stage")) for k in ("copies-small", "copies-small-ram", "copies-large")
-             if k in results]
+    runs += [(f"{k}/stage", _get(results, k, "stage"))
+             for k in ("copies-small", "copies-small-ram", "copies-small-ext4", "copies-large") if k in results]
     seen = [(k, r["teardown_s"]) for k, r in runs if isinstance(r, dict) and r.get("teardown_s") is not None]
     if not seen:
         return None
@@ -241,6 +241,8 @@ def rows(results: dict[str, Any], epochs: int) -> list[Row]:
         out += copies_rows(results["copies-small"], "small files", "files/s")
     if "copies-small-ram" in results:
         out += copies_rows(results["copies-small-ram"], "small files to /dev/shm", "files/s")
+    if "copies-small-ext4" in results:
+        out += copies_rows(results["copies-small-ext4"], "small files to ext4 in memory", "files/s")
     if "copies-large" in results:
         out += copies_rows(results["copies-large"], "large files", "MB/s")
     td = teardown_row(results)
