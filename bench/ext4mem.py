@@ -7,11 +7,14 @@ import contextlib
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 INODE_BYTES = 256    # what each inode takes of the image (mkfs.ext4's default inode size)
+UMOUNT_TRIES = 5
 
 
 def unavailable() -> str | None:
@@ -22,7 +25,21 @@ def unavailable() -> str | None:
         return "mkfs.ext4 is not installed (Debian: e2fsprogs)"
     if not Path("/dev/shm").is_dir():
         return "no /dev/shm"
+    if not Path("/dev/loop-control").exists():
+        return "no loop devices (/dev/loop-control)"
     return None
+
+
+def _unmount(mountpoint: Path) -> None:
+    """Unmounts, retrying a busy file system for a while, then lazily (the
+    mount goes once its last user does); says so when it had to."""
+    for k in range(UMOUNT_TRIES):
+        if subprocess.run(["umount", str(mountpoint)], capture_output=True).returncode == 0:
+            return
+        time.sleep(0.2 * (k + 1))
+    r = subprocess.run(["umount", "-l", str(mountpoint)], capture_output=True, text=True)
+    print(f"ext4mem: {mountpoint} was busy; " + ("detached lazily" if r.returncode == 0 else
+          f"still mounted: {r.stderr.strip()} (umount it by hand)"), file=sys.stderr)
 
 
 @contextlib.contextmanager
@@ -39,9 +56,8 @@ def ext4_in_memory(mountpoint: Path, size: int, inodes: int) -> Iterator[Path]:
     fd, name = tempfile.mkstemp(prefix="tiering-bench-", suffix=".ext4", dir="/dev/shm")
     os.close(fd)
     image = Path(name)
-    mountpoint.mkdir(parents=True, exist_ok=True)
-    mounted = False
     try:
+        mountpoint.mkdir(parents=True, exist_ok=True)
         os.truncate(image, size)
         r = subprocess.run(["mkfs.ext4", "-q", "-F", "-N", str(inodes), "-E", "lazy_itable_init=0,lazy_journal_init=0",
                             str(image)], capture_output=True, text=True)
@@ -50,9 +66,8 @@ def ext4_in_memory(mountpoint: Path, size: int, inodes: int) -> Iterator[Path]:
         r = subprocess.run(["mount", "-o", "loop,discard", str(image), str(mountpoint)], capture_output=True, text=True)
         if r.returncode != 0:
             raise RuntimeError(f"mount -o loop failed: {r.stderr.strip()}")
-        mounted = True
         yield mountpoint
     finally:
-        if mounted:
-            subprocess.run(["umount", str(mountpoint)], check=False)
-        image.unlink(missing_ok=True)
+        if os.path.ismount(mountpoint):
+            _unmount(mountpoint)
+        image.unlink(missing_ok=True)   # a lazily detached mount keeps the image's memory until it goes

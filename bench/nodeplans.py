@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from tiering.clairvoyant.nodes import NodePlans, NodeStreams, home_budget
-from tiering.clairvoyant.planner import FETCH, Planner
+from tiering.clairvoyant.planner import FETCH, Planner, allocations
 from tiering.clairvoyant.policy import Clairvoyant
 from tiering.clairvoyant.samplers import SamplerSpec
 
@@ -41,7 +41,7 @@ def run(files: int, nodes: int, local_world: int, epochs: int, step: int, seed: 
     spec = SamplerSpec("distributed", seed=seed, num_replicas=nodes * local_world, rank=0)
     streams = NodeStreams(spec, local_world, np.arange(files, dtype=np.int64))
     streams(0, 0)   # torch is imported outside the measured memory
-    budgets = [home_budget([capacity])] * nodes
+    budgets = [home_budget([capacity], int(allocations(sizes).mean()))] * nodes   # as tier-run computes it
     t0 = time.perf_counter()
     plans = NodePlans.of_streams(streams, nodes, 0, sizes, budgets)
     plans_s = time.perf_counter() - t0

@@ -13,6 +13,7 @@
  * prints one JSON line: the mode, the files, the seconds of the loop and of a
  * syncfs after it.  Exits 1 on the first error, saying which call failed. */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,10 +43,25 @@ static void fill(int out, const char *source, off_t size)
     if (in < 0)
         die("open source");
     off_t off = 0;
-    while (off < size)
-        if (sendfile(out, in, &off, (size_t)(size - off)) <= 0)
+    while (off < size) {
+        ssize_t n = sendfile(out, in, &off, (size_t)(size - off));
+        if (n < 0)
             die("sendfile");
+        if (n == 0) {
+            fprintf(stderr, "sendfile: the source ended early\n");
+            exit(1);
+        }
+    }
     close(in);
+}
+
+/* a positive int, or -1 */
+static int positive(const char *s)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    return errno || end == s || *end || v < 1 || v > 1000000000 ? -1 : (int)v;
 }
 
 int main(int argc, char **argv)
@@ -55,12 +71,16 @@ int main(int argc, char **argv)
         return 2;
     }
     const char *mode = argv[1], *root = argv[2], *source = argv[5];
-    int files = atoi(argv[3]), per = atoi(argv[4]);
-    if (files < 1 || per < 1) {
-        fprintf(stderr, "FILES and PER must be positive\n");
+    if (strcmp(mode, "create") && strcmp(mode, "staging") && strcmp(mode, "samedir") && strcmp(mode, "tmpfile")) {
+        fprintf(stderr, "unknown mode %s\n", mode);
         return 2;
     }
-    int dirs = (files + per - 1) / per;
+    int files = positive(argv[3]), per = positive(argv[4]);
+    if (files < 0 || per < 0) {
+        fprintf(stderr, "FILES and PER must be whole numbers from 1 to 1000000000\n");
+        return 2;
+    }
+    int dirs = files / per + (files % per != 0);
     struct stat st;
     if (stat(source, &st) < 0)
         die("stat source");
@@ -92,14 +112,14 @@ int main(int argc, char **argv)
                 fill(fd, source, st.st_size);
                 close(fd);
             } else if (!strcmp(mode, "staging") || !strcmp(mode, "samedir")) {
-                int at = mode[0] == 's' && mode[1] == 't' ? sfd : dfd;
+                int at = strcmp(mode, "staging") ? dfd : sfd;
                 if ((fd = openat(at, tmp, O_CREAT | O_EXCL | O_WRONLY, 0400)) < 0)
                     die("create temporary");
                 fill(fd, source, st.st_size);
                 close(fd);
                 if (renameat(at, tmp, dfd, name) < 0)
                     die("renameat");
-            } else if (!strcmp(mode, "tmpfile")) {
+            } else {
                 if ((fd = openat(dfd, ".", O_TMPFILE | O_WRONLY, 0400)) < 0)
                     die("O_TMPFILE");
                 fill(fd, source, st.st_size);
@@ -107,15 +127,13 @@ int main(int argc, char **argv)
                 if (linkat(AT_FDCWD, proc, dfd, name, AT_SYMLINK_FOLLOW) < 0)
                     die("linkat");
                 close(fd);
-            } else {
-                fprintf(stderr, "unknown mode %s\n", mode);
-                return 2;
             }
         }
         close(dfd);
     }
     double t1 = now();
-    syncfs(rfd);
+    if (syncfs(rfd) < 0)
+        die("syncfs");
     double t2 = now();
     printf("{\"mode\": \"%s\", \"files\": %d, \"seconds\": %.6f, \"sync_seconds\": %.6f}\n",
            mode, files, t1 - t0, t2 - t1);

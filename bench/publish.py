@@ -10,10 +10,10 @@ on each file system (bench/publish.c):
 
     python -m bench.publish [--files N] [--size BYTES] [--rounds R] [--dir DIR ...] [--out DIR]
 
-File systems: every --dir (default: a directory under the system's temporary
-directory, on its disk), /dev/shm (tmpfs) and, as root with mkfs.ext4, an ext4
-file system on a loop device backed by /dev/shm: ext4's own costs without a
-device's noise.  Each round runs every mode once, in an order rotated every
+File systems: every --dir (default: the system's temporary directory; each
+named by its type), /dev/shm (tmpfs) and, as root with mkfs.ext4 and loop
+devices, an ext4 file system on a loop device backed by /dev/shm: ext4's own
+costs without a device's noise.  Each round runs every mode once, in an order rotated every
 round, on a fresh directory (removed untimed after a syncfs, also untimed).
 Reported: the median files/s over rounds of each mode and its ratio to
 `create`, paired within each round.  Writes OUT/publish.json and OUT/publish.md
@@ -22,6 +22,7 @@ Reported: the median files/s over rounds of each mode and its ratio to
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -30,6 +31,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +45,7 @@ WHAT = {"create": "the final name made directly (cp -r, tar)",
         "samedir": "temporary name beside the final one, renamed",
         "tmpfile": "O_TMPFILE, linked under its name"}
 PER_DIR = 1000
+Place = contextlib.AbstractContextManager[Path]
 
 
 def build(work: Path) -> Path:
@@ -86,7 +89,6 @@ def run_round(binary: Path, place: Path, source: Path, files: int, order: list[s
 
 
 def measure(binary: Path, name: str, place: Path, source: Path, files: int, rounds: int) -> dict[str, Any]:
-    place.mkdir(parents=True, exist_ok=True)
     runs = []
     for k in range(rounds):
         order = list(MODES[k % len(MODES):] + MODES[:k % len(MODES)])
@@ -109,12 +111,45 @@ def table(result: dict[str, Any]) -> str:
              "median (min-max).", "",
              "| file system | mode | what | files/s | ratio to create |", "|---|---|---|---:|---:|"]
     for fs in result["file_systems"]:
+        if "error" in fs:
+            lines.append(f"| {fs['name']} | - | not measured: {fs['error']} | - | - |")
+            continue
         for m in MODES:
             s = fs["modes"][m]
             rate = f"{s['files_per_s']:,.0f} ({s['min']:,.0f}-{s['max']:,.0f})"
             ratio = f"{s['ratio_to_create']:.2f} ({s['ratio_min']:.2f}-{s['ratio_max']:.2f})"
             lines.append(f"| {fs['name']} | {m} | {WHAT[m]} | {rate} | {ratio} |")
     return "\n".join(lines) + "\n"
+
+
+def fs_type(path: Path) -> str:
+    r = subprocess.run(["stat", "-f", "-c", "%T", str(path)], capture_output=True, text=True)
+    return r.stdout.strip() or "?"
+
+
+@contextlib.contextmanager
+def private_dir(parent: Path) -> Iterator[Path]:
+    """A fresh directory under parent, removed with everything in it at the end."""
+    place = Path(tempfile.mkdtemp(prefix="tiering-publish-", dir=parent))
+    try:
+        yield place
+    finally:
+        shutil.rmtree(place, ignore_errors=True)
+
+
+def places(dirs: list[Path], work: Path, files: int, size: int) -> Iterator[tuple[str, Place]]:
+    """(name, a context giving a fresh directory) of every file system measured."""
+    for d in dirs:
+        yield f"{fs_type(d)} ({d})", private_dir(d)
+    yield "tmpfs (/dev/shm)", private_dir(Path("/dev/shm"))
+    why = unavailable()
+    if why:
+        print(f"bench.publish: no ext4 in memory: {why}", file=sys.stderr)
+        return
+    inodes = files * 5 // 4 + 10_000
+    blocks = -(-size // 4096) * 4096
+    yield "ext4 on a loop device in /dev/shm", ext4_in_memory(
+        work / "ext4", (files * blocks + inodes * INODE_BYTES) * 2 + (512 << 20), inodes)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -124,33 +159,31 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size", type=int, default=1024, help="bytes per file")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--dir", type=Path, action="append", default=None,
-                    help="a directory on a file system to measure (repeatable)")
+                    help="a directory on a file system to measure (repeatable; default: the temporary directory)")
     ap.add_argument("--out", type=Path, default=BENCH_DIR / "results")
     a = ap.parse_args(argv)
+    if a.files < 1 or a.size < 1 or a.rounds < 1:
+        ap.error("--files, --size and --rounds must be positive")
+    dirs = [d.resolve() for d in (a.dir or [Path(tempfile.gettempdir())])]
+    for d in dirs:
+        if not d.is_dir():
+            ap.error(f"--dir {d}: not a directory")
+    file_systems: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="tiering-publish-") as tmp:
         work = Path(tmp)
         binary = build(work)
-        source = Path(tempfile.mkstemp(prefix="tiering-publish-source-", dir="/dev/shm")[1])
+        fd, name = tempfile.mkstemp(prefix="tiering-publish-source-", dir="/dev/shm")
+        source = Path(name)
         try:
-            source.write_bytes(os.urandom(a.size))
-            places = [(f"disk ({d})", d / "tiering-publish") for d in (a.dir or [work])]
-            places.append(("tmpfs (/dev/shm)", Path(tempfile.mkdtemp(prefix="tiering-publish-", dir="/dev/shm"))))
-            file_systems = []
-            for name, place in places:
+            with os.fdopen(fd, "wb") as f:
+                f.write(os.urandom(a.size))
+            for fs, place in places(dirs, work, a.files, a.size):
                 try:
-                    file_systems.append(measure(binary, name, place, source, a.files, a.rounds))
-                finally:
-                    shutil.rmtree(place, ignore_errors=True)
-            why = unavailable()
-            if why:
-                print(f"bench.publish: no ext4 in memory: {why}", file=sys.stderr)
-            else:
-                inodes = a.files * 5 // 4 + 10_000
-                blocks = -(-a.size // 4096) * 4096
-                with ext4_in_memory(work / "ext4", (a.files * blocks + inodes * INODE_BYTES) * 2 + (512 << 20),
-                                    inodes) as mnt:
-                    file_systems.append(measure(binary, "ext4 on a loop device in /dev/shm", mnt / "work", source,
-                                                a.files, a.rounds))
+                    with place as p:
+                        file_systems.append(measure(binary, fs, p, source, a.files, a.rounds))
+                except RuntimeError as e:    # an ext4 that could not be made
+                    print(f"bench.publish: {fs}: {e}", file=sys.stderr)
+                    file_systems.append({"name": fs, "error": str(e)})
         finally:
             source.unlink(missing_ok=True)
     result = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),

@@ -9,7 +9,15 @@ import numpy as np
 import pytest
 from test_node_plans import held
 
-from tiering.clairvoyant.nodes import WINDOW_FILES, WINDOW_SHARE, NodePlans, NodeStreams, home_budget, home_nodes
+from tiering.clairvoyant.nodes import (
+    WINDOW_FILES,
+    WINDOW_MAX_SHARE,
+    WINDOW_SHARE,
+    NodePlans,
+    NodeStreams,
+    home_budget,
+    home_nodes,
+)
 from tiering.clairvoyant.planner import EVICT, FETCH, Planner, allocations
 from tiering.clairvoyant.policy import Clairvoyant
 from tiering.clairvoyant.samplers import SamplerSpec
@@ -75,15 +83,20 @@ def test_the_home_rule_partitions_the_data_set_the_same_on_every_node(nodes: int
 
 def test_the_budget_leaves_a_window_of_a_share_of_the_tiers_and_at_least_some_files() -> None:
     """The home budget is the tiers after the margin less the window: WINDOW_SHARE
-    of them, or room for WINDOW_FILES files of the mean allocation when that is more."""
+    of them, or room for WINDOW_FILES files of the mean allocation when that is
+    more, but never more than WINDOW_MAX_SHARE of them."""
     tiers = [3 << 30, 1 << 30]
     room = int((3 << 30) * Clairvoyant.margin) + int((1 << 30) * Clairvoyant.margin)
     assert home_budget(tiers) == int(room - room * WINDOW_SHARE)
     small = 4096 * 10                                      # the share is larger than WINDOW_FILES of these
+    assert WINDOW_FILES * small < room * WINDOW_SHARE
     assert home_budget(tiers, small) == int(room - room * WINDOW_SHARE)
-    large = room // 16                                     # WINDOW_FILES of these take more than the share
-    assert home_budget(tiers, large) == room - WINDOW_FILES * large
-    assert home_budget(tiers, room) == 0                   # tiers for fewer files than the window: no holds
+    middle = room // 256                                   # WINDOW_FILES of these take 1/32 of the room
+    assert room * WINDOW_SHARE < WINDOW_FILES * middle < room * WINDOW_MAX_SHARE
+    assert home_budget(tiers, middle) == room - WINDOW_FILES * middle
+    for large in (room // 16, room):                       # a few large files: the window stops at its largest
+        assert home_budget(tiers, large) == int(room - room * WINDOW_MAX_SHARE)
+    assert 0 < home_budget([4096]) <= 4096                 # never below nothing, never above the tiers
 
 
 def test_capacity_weighted_budgets() -> None:

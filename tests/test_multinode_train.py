@@ -21,6 +21,7 @@ from helpers import REPO, make_data, wait_for
 
 sys.path.insert(0, str(REPO))
 from bench.slowfs import SlowFs, SlowFsOptions  # noqa: E402
+from tiering.clairvoyant.nodes import home_budget  # noqa: E402
 
 REASON = netns.unavailable()
 pytestmark = [pytest.mark.slow, pytest.mark.fuse,
@@ -219,6 +220,8 @@ def test_nodes_whose_tiers_differ_agree_on_the_homes(tmp_path: Path, pfs: SlowFs
     assert samples(got) == multinode.expected_samples(pfs.source, 2, EPOCHS, 11)
     peers = [s["peer"] for s in got.stats]
     budgets = [p["budget"] for p in peers]
+    # each node's tiers less its window, from the data set's mean allocation (SIZE: whole blocks)
+    assert budgets == [home_budget([D // 2], SIZE), home_budget([D], SIZE)]
     assert budgets[0] < D // 2 < budgets[1]                      # node 0 cannot home all it reads first
     assert [p["budgets"] for p in peers] == [budgets, budgets]   # every node knows every node's
     homes = peers[0]["homes"]

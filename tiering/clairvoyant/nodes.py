@@ -34,7 +34,8 @@ from .samplers import SamplerSpec, node_stream_array
 
 MAX_NODES = 127   # a file's home node is an int8
 WINDOW_SHARE = 1 / 64   # of a node's tiers (after the margin): the least room its window keeps ...
-WINDOW_FILES = 8        # ... and room for at least this many of the data set's files (NOTE [home nodes])
+WINDOW_FILES = 8        # ... and room for at least this many of the data set's files ...
+WINDOW_MAX_SHARE = 1 / 16   # ... as long as those take at most this share (NOTE [home nodes])
 
 Streams = Callable[[int, int], np.ndarray]   # (node rank, epoch) -> the catalog ids that node reads
 
@@ -113,12 +114,14 @@ def home_budget(capacities: Sequence[int], mean_allocation: int = 0) -> int:
     """The bytes of this node's tiers its home files (and the relay's holds)
     may take (NOTE [home nodes]): the tiers after the clairvoyant margin less
     the node's window, the room where it fetches ahead of its reader:
-    WINDOW_SHARE of them, and at least WINDOW_FILES files of
-    `mean_allocation` bytes (the data set's mean allocation on a tier).  Each
-    node computes its own (RAM ``auto`` and the profile may differ between
-    nodes) and publishes it at the rendezvous."""
+    WINDOW_SHARE of them, and room for WINDOW_FILES files of `mean_allocation`
+    bytes (the data set's mean allocation on a tier) when that is more, up
+    to WINDOW_MAX_SHARE of them (tiers of a few large files keep their
+    holds).  Each node computes its own (RAM ``auto`` and the profile may
+    differ between nodes) and publishes it at the rendezvous."""
     room = sum(Clairvoyant.plan_capacities(capacities))
-    return max(0, int(room - max(room * WINDOW_SHARE, WINDOW_FILES * mean_allocation)))
+    files = min(WINDOW_FILES * mean_allocation, room * WINDOW_MAX_SHARE)
+    return int(room - max(room * WINDOW_SHARE, files))
 
 
 class NodePlans:
