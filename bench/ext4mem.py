@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 INODE_BYTES = 256    # what each inode takes of the image (mkfs.ext4's default inode size)
+BLOCK = 4096
 UMOUNT_TRIES = 5
 
 
@@ -43,13 +44,16 @@ def _unmount(mountpoint: Path) -> None:
 
 
 @contextlib.contextmanager
-def ext4_in_memory(mountpoint: Path, size: int, inodes: int) -> Iterator[Path]:
-    """Mounts a fresh ext4 of `size` bytes with `inodes` inodes (a sparse
-    image in /dev/shm, mounted with discard so that removed files give their
+def ext4_in_memory(mountpoint: Path, files: int, file_size: int) -> Iterator[Path]:
+    """Mounts a fresh ext4 with room for `files` files of `file_size` bytes
+    (a sparse image in /dev/shm, twice what they take with their inodes and
+    512 MiB more, mounted with discard so that removed files give their
     memory back) on `mountpoint` and yields it; unmounts and removes the image
     at the end.  The inode tables and the journal are written by mkfs, not
     by the kernel in the background while a copy is measured.  Raises
     RuntimeError saying what failed."""
+    inodes = files * 5 // 4 + 10_000
+    size = (files * -(-file_size // BLOCK) * BLOCK + inodes * INODE_BYTES) * 2 + (512 << 20)
     why = unavailable()
     if why:
         raise RuntimeError(f"no ext4 in memory: {why}")

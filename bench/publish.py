@@ -35,7 +35,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from bench.ext4mem import INODE_BYTES, ext4_in_memory, unavailable
+from bench.ext4mem import ext4_in_memory, unavailable
 
 BENCH_DIR = Path(__file__).resolve().parent
 SOURCE = BENCH_DIR / "publish.c"
@@ -147,10 +147,7 @@ def places(dirs: list[Path], work: Path, files: int, size: int) -> Iterator[tupl
     if why:
         print(f"bench.publish: no ext4 in memory: {why}", file=sys.stderr)
         return
-    inodes = files * 5 // 4 + 10_000
-    blocks = -(-size // 4096) * 4096
-    yield "ext4 on a loop device in /dev/shm", ext4_in_memory(
-        work / "ext4", (files * blocks + inodes * INODE_BYTES) * 2 + (512 << 20), inodes)
+    yield "ext4 on a loop device in /dev/shm", ext4_in_memory(work / "ext4", files, size)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -386,10 +386,7 @@ def case_copies_small_ext4(ctx: Context) -> dict[str, Any]:
     if why:
         return {"files": ctx.tree.files, "error": why}
     listing, rels = catalog_lists(ctx.tree, d)
-    blocks = -(-ctx.tree.size // BLOCK) * BLOCK
-    inodes = ctx.tree.files * 5 // 4 + 10_000
-    size = (ctx.tree.files * blocks + inodes * ext4mem.INODE_BYTES) * 3 // 2 + 512 * MiB
-    with ext4mem.ext4_in_memory(d / "ext4", size, inodes) as mnt:
+    with ext4mem.ext4_in_memory(d / "ext4", ctx.tree.files, ctx.tree.size) as mnt:
         return _copies(ctx, d, ctx.tree.root, ctx.tree.files, ctx.tree.bytes, listing, rels, dst=mnt / "copies")
 
 

@@ -732,12 +732,20 @@ class Daemon:
         np.frombuffer(self._where, np.int8)[done] = tier
         t.files += len(done)
         t.placed_bytes += int(self._sizes_array[done].sum())
-        t.used += int((allocated[ok] - reserved[ok]).sum()) - int(reserved[~ok].sum())
+        t.used += int((allocated[ok] - reserved[ok]).sum())
         self._allocated[done] = allocated[ok]
         self.stats.copies += len(done)
-        for i in ids[~ok].tolist():      # written meanwhile: its copy goes
-            t.remove_copy(CopyOf.of(self.files, i))
+        for i, r in zip(ids[~ok].tolist(), reserved[~ok].tolist()):   # written meanwhile: its copy goes
+            self._discard(i, t, r, copied=True)
         return published
+
+    def _discard(self, i: int, t: TierState, reserved: int, copied: bool) -> None:
+        """Under the lock: a copy that is not published gives its reservation
+        back, and its file, when one was made, is removed."""
+        self._pending.pop(i, None)
+        t.used -= reserved
+        if copied:
+            t.remove_copy(CopyOf.of(self.files, i))
 
     def _settle(self, i: int, tier: int, reserved: int, allocated: int | None, failure: Exception | None,
                 src: str) -> bool:
@@ -754,10 +762,7 @@ class Daemon:
         elif allocated is not None and not self._stop.is_set():
             # the copy is complete under its final name: publish it
             return self._publish([(i, reserved)], tier, np.array([allocated], np.int64))[0]
-        self._pending.pop(i, None)
-        t.used -= reserved
-        if allocated is not None:
-            t.remove_copy(CopyOf.of(self.files, i))
+        self._discard(i, t, reserved, copied=allocated is not None)
         return False
 
     # -- observation (NOTE [status file]) -------------------------------------------
