@@ -157,18 +157,28 @@ def run_facts(fin: monitor.Finished, stats: dict[str, Any] | None, cached: bool,
     }
 
 
-def read_direct(ctx: Context, d: Path, listing: Path, src: Path, name: str = "direct") -> dict[str, Any]:
+def _per_s(phase: dict[str, Any]) -> float | None:
+    span = (phase.get("end") or 0) - (phase.get("start") or 0)
+    return phase.get("files", 0) / span if span > 0 else None
+
+
+def read_direct(ctx: Context, d: Path, listing: Path, src: Path, name: str = "direct",
+                phases: list[str] | None = None) -> dict[str, Any]:
     """The reader with no tier-run, twice: the reference checksum and opens/s
-    of the second pass, with the page cache warm (as for what follows)."""
+    of the second pass, with the page cache warm (as for what follows).
+    phases: the reader's phases (default: all of the list at full speed);
+    opens_per_s is the first's, opens_only_per_s that of an `opens` phase."""
     out = d / f"{name}.json"
+    args = [a for p in (phases or [f"full,{ctx.s.threads}"]) for a in ("-p", p)]
     for _ in range(2):
-        fin = monitor.run([str(ctx.tool), "read", str(listing), str(out), str(src), "-p", f"full,{ctx.s.threads}"],
+        fin = monitor.run([str(ctx.tool), "read", str(listing), str(out), str(src), *args],
                           d / f"{name}.log", ctx.s.limit)
     res = _load(out) or {}
-    full = (res.get("phases") or [{}])[0]
-    span = (full.get("end") or 0) - (full.get("start") or 0)
+    ran = res.get("phases") or [{}]
+    opens = [p for p in ran if p.get("kind") == "opens"]
     return {"status": fin.status, "files": res.get("files"), "bytes": res.get("bytes"),
-            "checksum": res.get("checksum"), "opens_per_s": full.get("files", 0) / span if span > 0 else None}
+            "checksum": res.get("checksum"), "opens_per_s": _per_s(ran[0]),
+            "opens_only_per_s": _per_s(opens[0]) if opens else None}
 
 
 def reader_command(ctx: Context, listing: Path, out: Path, src: Path, phases: list[str]) -> list[str]:
@@ -278,26 +288,30 @@ def case_clairvoyant(ctx: Context, sc: SamplerCase) -> dict[str, Any]:
     daemon prefetches, then (every copy of the two epochs made) paced again,
     then at full speed with `threads` threads."""
     d = ctx.run_dir(f"clairvoyant-{sc.name}")
-    listing, waitlist, n = order_lists(ctx.tree, sc, 2, d)
-    direct = read_direct(ctx, d, listing, ctx.tree.root)
+    # two epochs read; with the random sampler, then the next epoch opened and closed only (its
+    # files are those of the first two, in the tiers by then; a distributed rank's next epochs
+    # read files its first two did not, which are copied only as the reader comes near them)
+    more = 1 if sc.name == "random" and ctx.s.epochs > 2 else 0
+    listing, waitlist, n, listed = order_lists(ctx.tree, sc, 2, d, more)
+    opens = [f"opens,{ctx.s.threads}"] if more else []
+    direct = read_direct(ctx, d, listing, ctx.tree.root, phases=[f"full,{ctx.s.threads},{n}", *opens])
     profile, parent = fits_profile(ctx, d)
     out = d / "reader.json"
-    # each paced phase reads at most a quarter of the list, so that the full-speed one has its share
+    # each paced phase reads at most a quarter of the two epochs, so that the full-speed one has its share
     pace = f"paced,{ctx.s.rate:g},{min(ctx.s.paced_seconds, n / 4 / ctx.s.rate):g}"
     cmd = reader_command(ctx, listing, out, ctx.tree.root,
-                         [pace, f"wait,{waitlist},{parent},{STALL:g}", pace, f"full,{ctx.s.threads}"])
+                         [pace, f"wait,{waitlist},{parent},{STALL:g}", pace, f"full,{ctx.s.threads},{n}", *opens])
     fin, stats, cached = tier_run(ctx, d, profile, ctx.tree.root, ctx.shared_cache,
                                   sc.tier_run_args(ctx.s.epochs), cmd)
     shutil.rmtree(parent, ignore_errors=True)
     res = _load(out) or {}
     facts = run_facts(fin, stats, cached, res.get("start"), res.get("exit"))
     phases = res.get("phases") or []
-    named = dict(zip(("prefetching", "wait", "fits", "full"), phases))
-    for key in ("prefetching", "fits", "full"):
+    named = dict(zip(("prefetching", "wait", "fits", "full", "opens"), phases))
+    for key in ("prefetching", "fits", "full", "opens"):
         ph = named.get(key)
         if ph:
-            span = ph["end"] - ph["start"]
-            ph["opens_per_s"] = ph["files"] / span if span > 0 else None
+            ph["opens_per_s"] = _per_s(ph)
             ph["daemon_core_share"] = fin.core_share(ph["start"], ph["end"])
     pre = named.get("prefetching")
     if pre and pre["end"] - pre["start"] > 2 * LEAD_BUILT_S:
@@ -305,7 +319,8 @@ def case_clairvoyant(ctx: Context, sc: SamplerCase) -> dict[str, Any]:
         pre["steady_core_share"] = fin.core_share(pre["start"] + LEAD_BUILT_S, pre["end"])
     with waitlist.open() as f:
         wait_files = sum(1 for _ in f)
-    return {"sampler": sc.__dict__, "listed": n, "wait_files": wait_files, "direct": direct, "reader": res,
+    return {"sampler": sc.__dict__, "listed": listed, "read_listed": n, "wait_files": wait_files, "direct": direct,
+            "reader": res,
             "phases": named,
             "checksum_equal": res.get("checksum") is not None and res.get("checksum") == direct["checksum"],
             **facts}

@@ -142,22 +142,38 @@ def plan_rows(res: dict[str, Any], epochs: int) -> list[Row]:
     return rows
 
 
+def _events_row(label: str, phase: dict[str, Any], direct: float | None, reference: str,
+                dropped: int | None, problem: str | None) -> Row:
+    """No events dropped at >= 200 k opens/s in a full-speed phase served
+    from the tiers (the job's drop count: a drop in any phase fails each)."""
+    rate = phase.get("opens_per_s")
+    tier_share = phase.get("tier", 0) / phase["files"] if phase.get("files") else None
+    if not problem and not phase.get("files"):
+        problem = "the phase did not run"
+    elif not problem and (rate is None or tier_share is None or tier_share < 0.99):
+        problem = f"the phase was not served from the tiers (share {tier_share})"
+    verdict = _verdict(dropped, lambda v: v == 0, problem)
+    if verdict == "pass" and rate is not None and rate < 200_000:
+        verdict = f"not measured (reached {_rate(rate, 'opens/s')} < 200 k/s; 0 dropped at that rate)"
+    return Row(label, "0 dropped at >= 200 k opens/s",
+               f"{dropped} dropped at {_rate(rate, 'opens/s')}" if dropped is not None else "-",
+               f"{reference} without tier-run {_rate(direct, 'opens/s')}", _ratio(rate, direct), verdict, dropped)
+
+
+def _drain_cost(phase: dict[str, Any]) -> str:
+    share, rate = phase.get("daemon_core_share"), phase.get("opens_per_s")
+    if share is None or not rate:
+        return "-"
+    return f"{_pct(share)} at {_rate(rate, 'opens/s')} ({share / rate * 1e6:.2f} us a file)"
+
+
 def clairvoyant_rows(res: dict[str, Any], name: str, epochs: int) -> list[Row]:
     problem = _run_problem(res)
     ph = res.get("phases") or {}
     full, fits, pre = ph.get("full") or {}, ph.get("fits") or {}, ph.get("prefetching") or {}
-    rate = full.get("opens_per_s")
-    direct = _get(res, "direct", "opens_per_s")
+    opens = ph.get("opens") or {}
     dropped = res.get("events_dropped")
     order = res.get("order") or {}
-    tier_share = full.get("tier", 0) / full["files"] if full.get("files") else None
-    ev_problem = problem
-    if not problem and (rate is None or tier_share is None or tier_share < 0.99):
-        ev_problem = f"full-speed phase not served from the tiers ({tier_share})"
-    events_note = f"{dropped} dropped at {_rate(rate, 'opens/s')}" if dropped is not None else "-"
-    ev_verdict = _verdict(dropped, lambda v: v == 0, ev_problem)
-    if ev_verdict == "pass" and rate is not None and rate < 200_000:
-        ev_verdict = f"not measured (reader reached {_rate(rate, 'opens/s')} < 200 k/s; 0 dropped at that rate)"
     following = order.get("following") is True and order.get("diverged") is False
     wait, wanted = ph.get("wait") or {}, res.get("wait_files")
     fits_problem = problem
@@ -169,8 +185,17 @@ def clairvoyant_rows(res: dict[str, Any], name: str, epochs: int) -> list[Row]:
             # a run killed after its peak passed the bound has failed it all the same
             _verdict(res.get("peak_rss"), lambda v: v <= 600 * MiB,
                      None if (res.get("peak_rss") or 0) > 600 * MiB else problem), res.get("peak_rss")),
-        Row(f"events, {name}: 8 reader threads from the tiers", "0 dropped at >= 200 k opens/s", events_note,
-            f"same reader without tier-run {_rate(direct, 'opens/s')}", _ratio(rate, direct), ev_verdict, dropped),
+        _events_row(f"events, {name}: 8 reader threads from the tiers", full, _get(res, "direct", "opens_per_s"),
+                    "same reader", dropped, problem),
+        # the same threads opening and closing files without reading them: an open and a close
+        # event each, at a rate these 2 cores cannot reach with reads (random sampler only)
+        *([_events_row(f"events, {name}: 8 threads opening and closing files from the tiers, no reads", opens,
+                       _get(res, "direct", "opens_only_per_s"), "same threads", dropped, problem)]
+          if opens else []),
+        # what draining those events cost the daemon (NOTE [event batches])
+        Row(f"daemon CPU, {name}: draining the events of the full-speed phases", "info",
+            f"reading: {_drain_cost(full)}" + (f"; opening only: {_drain_cost(opens)}" if opens else ""),
+            "-", None, "info", (opens or full).get("daemon_core_share")),
         Row(f"clairvoyant keeps following, {name}", "following, not diverged",
             f"following={order.get('following')} diverged={order.get('diverged')} (matched "
             f"{order.get('matched_opens')}, unmatched {order.get('unmatched_opens')}, skipped "

@@ -15,9 +15,16 @@
  *       phase, and writes OUT (JSON).  Each open is counted as "pfs" when the
  *       descriptor is the path's own inode on SRCDIR's file system, else "tier".  Phases:
  *         paced,RATE,SECONDS   one thread, RATE opens/s, for SECONDS (or to the end)
- *         full,THREADS         the rest of LIST as fast as THREADS threads go; each
- *                              takes the next 64 positions, so the reads follow
- *                              LIST as DataLoader workers do
+ *         full,THREADS[,END]   the rest of LIST (up to position END) as fast as
+ *                              THREADS threads go; each takes the next 64
+ *                              positions, so the reads follow LIST as DataLoader
+ *                              workers do
+ *         opens,THREADS[,END]  as full, but each file is opened
+ *                              and closed without reading it: the events of a
+ *                              reader faster than these cores let one that reads
+ *                              go; an open is counted as "tier" when the descriptor
+ *                              is on another file system than SRCDIR (fstat through
+ *                              the kernel: no path to resolve per file)
  *         wait,WAITLIST,TIERDIR,SECONDS  polls, without opening anything, until
  *                              every relative path of WAITLIST (below SRCDIR)
  *                              is served from a tier (the shim's tiering_where;
@@ -40,6 +47,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -220,6 +228,7 @@ struct phase {
     char kind[8];
     double rate, seconds;
     int threads;
+    size_t stop;             /* full, opens: the position they stop before (0: LIST's end) */
     const char *waitlist, *tierdir;
     /* results */
     double start, end;
@@ -230,6 +239,7 @@ struct phase {
 struct reader {
     char **paths;
     size_t n;
+    dev_t src_dev;           /* SRCDIR's file system (opens: where a descriptor is not a copy) */
     size_t pos;              /* next position (shared by the full threads) */
     uint64_t checksum;
     pthread_mutex_t lock;
@@ -330,7 +340,32 @@ static int run_paced(struct reader *r, struct phase *ph)
 struct full_arg {
     struct reader *r;
     struct phase *ph;
+    size_t end;              /* positions before this one */
 };
+
+/* opens: open and close without reading; where the descriptor is, from the
+ * kernel's fstat (the shim answers fstat from the index). */
+static int open_one(const struct reader *r, const char *p, struct tally *t)
+{
+    int fd = open(p, O_RDONLY);
+    if (fd < 0) {
+        perror(p);
+        return -1;
+    }
+    struct stat st;
+    if (syscall(SYS_fstat, fd, &st) < 0) {
+        perror(p);
+        close(fd);
+        return -1;
+    }
+    close(fd);
+    t->files++;
+    if (st.st_dev == r->src_dev)
+        t->pfs++;
+    else
+        t->tier++;
+    return 0;
+}
 
 static void *full_worker(void *arg)
 {
@@ -339,13 +374,14 @@ static void *full_worker(void *arg)
     size_t cap = 1 << 20;
     unsigned char *buf = malloc(cap);
     struct tally t = {0};
+    int opens = !strcmp(a->ph->kind, "opens");
     for (;;) {
         size_t first = __atomic_fetch_add(&r->pos, CHUNK, __ATOMIC_RELAXED);
-        if (first >= r->n || r->failed)
+        if (first >= a->end || r->failed)
             break;
-        size_t last = first + CHUNK < r->n ? first + CHUNK : r->n;
+        size_t last = first + CHUNK < a->end ? first + CHUNK : a->end;
         for (size_t k = first; k < last; k++)
-            if (read_one(r->paths[k], buf, cap, &t) < 0) {
+            if ((opens ? open_one(r, r->paths[k], &t) : read_one(r->paths[k], buf, cap, &t)) < 0) {
                 r->failed = 1;
                 break;
             }
@@ -359,14 +395,17 @@ static void *full_worker(void *arg)
 static int run_full(struct reader *r, struct phase *ph)
 {
     pthread_t th[64];
-    struct full_arg a = {r, ph};
+    size_t end = ph->stop && ph->stop < r->n ? ph->stop : r->n;
+    if (end < r->pos)
+        end = r->pos;         /* already past END: nothing to read (never back) */
+    struct full_arg a = {r, ph, end};
     int n = ph->threads < 1 ? 1 : ph->threads > 64 ? 64 : ph->threads;
     for (int k = 0; k < n; k++)
         pthread_create(&th[k], NULL, full_worker, &a);
     for (int k = 0; k < n; k++)
         pthread_join(th[k], NULL);
-    if (r->pos > r->n)
-        r->pos = r->n;
+    if (r->pos > end)
+        r->pos = end;
     return r->failed ? -1 : 0;
 }
 
@@ -473,9 +512,10 @@ static int parse_phase(char *spec, struct phase *ph)
         ph->seconds = atof(f[2]);
         return ph->rate > 0 ? 0 : -1;
     }
-    if (!strcmp(f[0], "full") && nf == 2) {
+    if ((!strcmp(f[0], "full") || !strcmp(f[0], "opens")) && (nf == 2 || nf == 3)) {
         ph->threads = atoi(f[1]);
-        return 0;
+        ph->stop = nf == 3 ? (size_t)strtoull(f[2], NULL, 10) : 0;
+        return nf == 2 || ph->stop > 0 ? 0 : -1;
     }
     if (!strcmp(f[0], "wait") && nf == 4) {
         ph->waitlist = f[1];
@@ -503,10 +543,11 @@ static int cmd_read(int argc, char **argv)
     struct reader r = {0};
     double start = wall();
     struct stat st;
-    if (stat(argv[4], &st) < 0) {
+    if (syscall(SYS_newfstatat, AT_FDCWD, argv[4], &st, 0) < 0) {   /* the kernel's, not the shim's */
         perror(argv[4]);
         return 2;
     }
+    r.src_dev = st.st_dev;
     pthread_mutex_init(&r.lock, NULL);
     r.paths = read_lines(argv[2], &r.n);
     if (!r.paths)
@@ -516,7 +557,7 @@ static int cmd_read(int argc, char **argv)
         ph[k].start = wall();
         if (!strcmp(ph[k].kind, "paced"))
             rc = run_paced(&r, &ph[k]);
-        else if (!strcmp(ph[k].kind, "full"))
+        else if (!strcmp(ph[k].kind, "full") || !strcmp(ph[k].kind, "opens"))
             rc = run_full(&r, &ph[k]);
         else
             rc = run_wait(&ph[k], argv[4]);

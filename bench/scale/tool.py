@@ -126,13 +126,16 @@ class SamplerCase:
         return out
 
 
-def order_lists(tree: Tree, case: SamplerCase, epochs: int, run: Path) -> tuple[Path, Path, int]:
-    """The reader's list (absolute paths of `epochs` epochs in order), the wait
-    list (every file of it once, relative, in order of first use) and its length."""
-    orders = case.orders(tree.files, epochs)
+def order_lists(tree: Tree, case: SamplerCase, epochs: int, run: Path,
+                more: int = 0) -> tuple[Path, Path, int, int]:
+    """The reader's list (absolute paths of `epochs` epochs in order, then of
+    `more` epochs), the wait list (every file of it once, relative, in order
+    of first use), the length of the first `epochs` epochs and of the list."""
+    orders = case.orders(tree.files, epochs + more)
     flat = [p for o in orders for p in tree.rel_paths(o)]
+    first = sum(len(o) for o in orders[:epochs])
     read_list = write_lines(run / "order.txt", (f"{tree.root}/{p}" for p in flat))
-    return read_list, write_lines(run / "wait.txt", dict.fromkeys(flat)), len(flat)
+    return read_list, write_lines(run / "wait.txt", dict.fromkeys(flat)), first, len(flat)
 
 
 def catalog_lists(tree: Tree, run: Path) -> tuple[Path, Path]:
