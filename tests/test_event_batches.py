@@ -162,6 +162,23 @@ def test_a_patient_policy_hears_of_its_landed_copies_at_its_next_turn_unwoken(tm
         index.close()
 
 
+def test_the_patient_turn_is_shorter_for_a_ring_that_holds_less(tmp_path: Path) -> None:
+    """NOTE [event batches]: a patient turn comes every PATIENT_TICK, or
+    sooner when a quarter of the ring holds less than that long of
+    PEAK_EVENTS a second (a small data set's ring), never sooner than
+    IDLE_TICK."""
+    from tiering.placement import daemon as dm
+    for nevents, tick in ((1 << 20, dm.PATIENT_TICK), (1 << 16, (1 << 16) / 4 / dm.PEAK_EVENTS),
+                          (1 << 10, dm.IDLE_TICK)):
+        index, slots = make_index(tmp_path / str(nevents), 8, ring_size=nevents)
+        cat = scan([str(tmp_path / str(nevents) / "pfs")])
+        d = Daemon(index, cat, slots, [TierState("ram", "memory", private_dir(tmp_path / str(nevents) / "tier"),
+                                                 1 << 20, 1)], 1, Patient)
+        assert int(index.header.nevents) == nevents and d._patient_tick == pytest.approx(tick)
+        index.close()
+    assert dm.IDLE_TICK < (1 << 16) / 4 / dm.PEAK_EVENTS < dm.PATIENT_TICK
+
+
 def test_simple_policies_get_each_open() -> None:
     seen: list[tuple[int, bool, int]] = []
 
@@ -387,6 +404,32 @@ def test_copies_are_issued_at_most_a_horizon_of_reading_ahead_of_a_reading_reade
     assert policy._rate() is not None                        # reading again
     policy._reset(0, [order])                               # a new plan: its reader's rate is not known yet
     assert policy._rate() is None
+
+
+def test_with_every_fetch_handed_out_and_a_long_lead_the_policy_is_patient() -> None:
+    """NOTE [event batches]: a plan whose fetches were all handed out and
+    landed, lead_min_floor positions or more ahead of the reader (a data set
+    in the tiers), needs no quick turn; a shorter lead, or fetches still to
+    hand out, does."""
+    for n, patient in ((20_000, True), (4_000, False)):
+        fake, policy, land = on_a_clock(np.arange(n), 30.0)
+        policy.lead_min_floor = 8192
+        policy.start()
+        policy.poll()
+        assert not policy.patient()                          # its copies have not landed: no lead yet
+        land()
+        policy.poll()
+        assert len(fake.placed) == n and policy.lead() == n
+        assert policy.patient() is patient
+        policy.on_opens(np.arange(100), np.ones(100, bool), np.full(100, 7))
+        assert policy.patient() is patient                    # still n - 100 ahead
+    fake, policy, land = on_a_clock(np.arange(20_000), 30.0)
+    policy.lead_min_floor, policy.in_flight = 8192, 100
+    policy.start()
+    for _ in range(100):                                     # 10,000 landed, 10,000 still to hand out
+        land()
+        policy.poll()
+    assert policy.lead() == 10_000 and policy._actions and not policy.patient()
 
 
 def test_once_the_lead_is_reached_it_grows_at_a_bounded_pace_up_to_the_horizon() -> None:

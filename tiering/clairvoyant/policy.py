@@ -102,6 +102,7 @@ class Clairvoyant(Policy):
         self._late: tuple[np.ndarray, np.ndarray] = (np.zeros(0, np.int64), np.zeros(0, np.int64))
         self._pace: deque[tuple[float, int]] = deque()   # (time, reader position) of the last rate_span s
         self._held_back = False             # the last turn's fetches were held by the horizon or the pace
+        self._long_lead = False             # ... or it had none to hand out, its lead long (patient())
         self.held = 0                       # turns that issued nothing because of the horizon
         self.paced = 0                      # turns that issued fewer fetches than had room: the pace
         self._tokens = 0.0                  # fetches the pace allows now
@@ -240,6 +241,7 @@ class Clairvoyant(Policy):
                     self._match_early()
         self._relay_step()
         self._issue()
+        self._note_lead()
 
     def _keep_early(self, files: np.ndarray, pids: np.ndarray) -> None:
         """The last opens made before the hook's first order came in: a fast
@@ -375,6 +377,7 @@ class Clairvoyant(Policy):
                 return
             got = self._follow(files[k:k + part], pids[k:k + part])
             self._observe(files[k:k + part], from_tier[k:k + part], got)
+            self._note_lead()
             if self._partial and self.epochs and self.epochs[self._reader_epoch()] in self._partial:
                 # opens outside an epoch planned from a partly learnt mapping are
                 # most likely of the indices not learnt then: copied on first touch
@@ -589,9 +592,19 @@ class Clairvoyant(Policy):
 
     def patient(self) -> bool:
         """While the horizon or the pace holds the fetches back, the lead is
-        at least lead_min of the reader's reading (NOTE [prefetch horizon]):
-        the next turn can wait (NOTE [event batches])."""
-        return self._held_back and self.following
+        at least lead_min of the reader's reading (NOTE [prefetch horizon]);
+        so it is when every planned fetch was handed out and the copies
+        lead the reader by as much (a data set in the tiers): the next turn
+        can wait (NOTE [event batches])."""
+        return (self._held_back or self._long_lead) and self.following
+
+    def _note_lead(self) -> None:
+        """After a turn's hand-out (event thread): nothing is left to hand
+        out and the lead is at least lead_min of reading (lead_min_floor
+        positions while the rate is not known)."""
+        lead = self.lead() if self.planner is not None and not self._actions else None
+        rate = self._rate() or 0.0
+        self._long_lead = lead is not None and lead >= max(self.lead_min_floor, rate * self.lead_min)
 
     def on_landed(self, files: np.ndarray, tier: int, published: np.ndarray) -> None:
         """on_placed and on_failed of a batch's copies, then one refill; a

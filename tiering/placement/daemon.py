@@ -58,7 +58,8 @@ log = logging.getLogger("tiering")
 STOP_TIMEOUT = 10.0   # seconds stop() waits for running copies (a hung PFS read cannot be interrupted)
 TICK = 0.005          # seconds between two turns of the event thread at least (NOTE [event batches])
 IDLE_TICK = 0.02      # ... at most; sooner only when copies land or a turn drained BUSY_EVENTS or more
-PATIENT_TICK = 0.05   # ... at most while the policy is patient (its lead is long): landings do not wake it
+PATIENT_TICK = 0.1    # ... at most while the policy is patient (its lead is long): landings do not wake it,
+PEAK_EVENTS = 400_000  # ... and at most what a quarter of the ring holds of this many events a second
 BUSY_EVENTS = 1024    # events drained in one turn that count as many
 MAX_ERRORS = 20       # error messages kept for the summary
 
@@ -132,6 +133,8 @@ class Daemon:
                  tiers: list[TierState], pfs_threads: int, policy_factory: Callable[[Daemon], Policy],
                  peers: PeerLinks | None = None):
         self.index = index
+        # a small ring (a small data set) is not left to fill for as long (NOTE [event batches])
+        self._patient_tick = max(IDLE_TICK, min(PATIENT_TICK, int(index.header.nevents) / 4 / PEAK_EVENTS))
         self.peers = peers                  # the other nodes of a multi-node job (None: one node)
         self._homes: object | None = None   # the homes the policy keeps (peers.plans, once known)
         self._relay: Relay | None = None    # this node's holds for the other nodes (NOTE [relay])
@@ -348,7 +351,7 @@ class Daemon:
             if self._stop.wait(TICK):
                 return
             if not busy:
-                self._wake.wait((PATIENT_TICK if self.policy.patient() else IDLE_TICK) - TICK)
+                self._wake.wait((self._patient_tick if self.policy.patient() else IDLE_TICK) - TICK)
                 if self._stop.is_set():
                     return
             self._wake.clear()
