@@ -421,8 +421,12 @@ def test_with_every_fetch_handed_out_and_a_long_lead_the_policy_is_patient() -> 
         policy.poll()
         assert len(fake.placed) == n and policy.lead() == n
         assert policy.patient() is patient
+        clock = policy.clock
         policy.on_opens(np.arange(100), np.ones(100, bool), np.full(100, 7))
-        assert policy.patient() is patient                    # still n - 100 ahead
+        assert not policy.patient()                          # begun, its rate not known: not yet
+        clock.now += 1.0                                     # type: ignore[attr-defined]
+        policy.poll()                                        # it stands still, n - 100 ahead
+        assert policy._rate() is None and policy.patient() is patient
     fake, policy, land = on_a_clock(np.arange(20_000), 30.0)
     policy.lead_min_floor, policy.in_flight = 8192, 100
     policy.start()
@@ -430,6 +434,40 @@ def test_with_every_fetch_handed_out_and_a_long_lead_the_policy_is_patient() -> 
         land()
         policy.poll()
     assert policy.lead() == 10_000 and policy._actions and not policy.patient()
+
+
+def test_a_reader_that_eats_into_the_lead_ends_the_patience_at_lead_min_of_its_reading() -> None:
+    """NOTE [event batches]: every fetch handed out and landed; a reader at
+    2,000 positions/s, lead_min 5 s: its lead must be 10,000 positions,
+    more than lead_min_floor (1,000).  Its opens alone (no turn between)
+    end the patience once the lead is shorter; a re-plan with fetches to
+    hand out ends it at once."""
+    n = 40_000
+    clock = Clock()
+    fake, policy, land = on_a_clock(np.arange(n), 30.0, clock)
+    policy.lead_min_floor, policy.lead_min = 1000, 5.0
+    policy.start()
+    land()
+    policy.poll()
+    assert policy.lead() == n and policy.patient()
+    seen = {}
+    for read in range(0, 34_000, 200):                      # 200 positions each 0.1 s
+        clock.now += 0.1
+        policy.on_opens(np.arange(read, read + 200), np.ones(200, bool), np.full(200, 7))
+        seen[read + 200] = policy.patient()
+    assert policy._rate() == pytest.approx(2000, rel=0.01)
+    assert seen[28_000] and policy.lead() == n - 34_000 < 10_000
+    assert not seen[32_000] and not seen[34_000]            # 8,000 and 6,000 ahead: > floor, < 5 s of reading
+    # patient from the 4th step (its rate known after rate_span / 2 of opens: 0.3 s) while
+    # more than 10,000 ahead (not at 10,000 itself: its measured rate is 2,000 and a hair)
+    assert [r for r, p in seen.items() if p] == [r for r in seen if 800 <= r < 30_000]
+    policy.poll()
+    clock.now += 5.0                                        # it stops: 6,000 ahead of a reader standing still
+    policy.poll()
+    assert policy.patient()
+    policy._reset(0, [np.arange(n)])                        # planned anew over a placement that lost its copies
+    policy._pump()
+    assert policy._actions and not policy.patient()
 
 
 def test_once_the_lead_is_reached_it_grows_at_a_bounded_pace_up_to_the_horizon() -> None:

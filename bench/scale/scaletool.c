@@ -23,8 +23,9 @@
  *                              and closed without reading it: the events of a
  *                              reader faster than these cores let one that reads
  *                              go; an open is counted as "tier" when the descriptor
- *                              is on another file system than SRCDIR (fstat through
- *                              the kernel: no path to resolve per file)
+ *                              is on another file system than SRCDIR (the kernel's
+ *                              fstat: no path to resolve per file), so a tier on
+ *                              SRCDIR's own file system counts as "pfs"
  *         wait,WAITLIST,TIERDIR,SECONDS  polls, without opening anything, until
  *                              every relative path of WAITLIST (below SRCDIR)
  *                              is served from a tier (the shim's tiering_where;
@@ -343,6 +344,13 @@ struct full_arg {
     size_t end;              /* positions before this one */
 };
 
+/* stat through the kernel, not the shim's answer from its index (newfstatat
+ * as shim/tiercopy.c calls it: 64-bit Linux) */
+static long kernel_stat(int dirfd, const char *path, struct stat *st, int flags)
+{
+    return syscall(SYS_newfstatat, dirfd, path, st, flags);
+}
+
 /* opens: open and close without reading; where the descriptor is, from the
  * kernel's fstat (the shim answers fstat from the index). */
 static int open_one(const struct reader *r, const char *p, struct tally *t)
@@ -353,7 +361,7 @@ static int open_one(const struct reader *r, const char *p, struct tally *t)
         return -1;
     }
     struct stat st;
-    if (syscall(SYS_fstat, fd, &st) < 0) {
+    if (kernel_stat(fd, "", &st, AT_EMPTY_PATH) < 0) {
         perror(p);
         close(fd);
         return -1;
@@ -543,7 +551,7 @@ static int cmd_read(int argc, char **argv)
     struct reader r = {0};
     double start = wall();
     struct stat st;
-    if (syscall(SYS_newfstatat, AT_FDCWD, argv[4], &st, 0) < 0) {   /* the kernel's, not the shim's */
+    if (kernel_stat(AT_FDCWD, argv[4], &st, 0) < 0) {
         perror(argv[4]);
         return 2;
     }

@@ -183,6 +183,7 @@ class Clairvoyant(Policy):
         self._view = (self.planner, self.epoch_starts, self.epochs)
         self._actions.clear()
         self._pace.clear()                  # positions of another plan: the rate is measured anew
+        self._held_back = self._long_lead = False   # of the plan before: the next turn says anew
 
     def _add(self, epoch: int, order: np.ndarray) -> None:
         if self.planner is None:
@@ -596,15 +597,21 @@ class Clairvoyant(Policy):
         so it is when every planned fetch was handed out and the copies
         lead the reader by as much (a data set in the tiers): the next turn
         can wait (NOTE [event batches])."""
-        return (self._held_back or self._long_lead) and self.following
+        # the actions are looked at now: a re-plan since the last turn has fetches to hand out
+        return self.following and (self._held_back or (self._long_lead and not self._actions))
 
     def _note_lead(self) -> None:
         """After a turn's hand-out (event thread): nothing is left to hand
         out and the lead is at least lead_min of reading (lead_min_floor
-        positions while the rate is not known)."""
-        lead = self.lead() if self.planner is not None and not self._actions else None
-        rate = self._rate() or 0.0
-        self._long_lead = lead is not None and lead >= max(self.lead_min_floor, rate * self.lead_min)
+        positions while the reader stands still).  Never while the reader
+        has begun and its rate is not known yet: a fast one could read
+        lead_min_floor positions within one patient turn."""
+        rate = self._rate()
+        if self.planner is None or self._actions or (rate is None and self._starting()):
+            self._long_lead = False
+            return
+        lead = self.lead()
+        self._long_lead = lead is not None and lead >= max(self.lead_min_floor, (rate or 0.0) * self.lead_min)
 
     def on_landed(self, files: np.ndarray, tier: int, published: np.ndarray) -> None:
         """on_placed and on_failed of a batch's copies, then one refill; a
