@@ -66,9 +66,12 @@ static ssize_t step(int in, int out, uint64_t at, size_t want, int *via, int fal
 }
 
 /* via_io: where the way to copy starts and is left for the next copy
- * between the same file systems (NULL: copy_file_range first). */
+ * between the same file systems (NULL: copy_file_range first).  size: a
+ * whole file's expected size, len being size + 1 (UINT64_MAX: a range): a
+ * short step that ends there is its end of file, not asked again (NOTE
+ * [copy in C]: copy_finish checks the size and mtime after the copy). */
 static int64_t copy_range(int in, int out, uint64_t off, uint64_t len, tiering_progress_fn progress,
-                          void *arg, int fallback, int *via_io)
+                          void *arg, int fallback, int *via_io, uint64_t size)
 {
     int via = via_io ? *via_io : VIA_RANGE;
     char *buf = NULL;
@@ -90,6 +93,8 @@ static int64_t copy_range(int in, int out, uint64_t off, uint64_t len, tiering_p
             r = -2;
             break;
         }
+        if ((size_t)n < want && done == size)
+            break;
     }
     int saved = errno;
     free(buf);
@@ -106,7 +111,7 @@ static int64_t copy_range(int in, int out, uint64_t off, uint64_t len, tiering_p
 EXPORT int64_t tiering_copy_range(int in, int out, uint64_t off, uint64_t len,
                                   tiering_progress_fn progress, void *arg)
 {
-    return copy_range(in, out, off, len, progress, arg, VIA_BUFFER, NULL);
+    return copy_range(in, out, off, len, progress, arg, VIA_BUFFER, NULL, UINT64_MAX);
 }
 
 /* The source is the regular file of the catalog: same size and mtime. */
@@ -142,15 +147,16 @@ EXPORT int tiering_staging_create(int staging_fd, const char *name)
 /* Opens src (O_NOFOLLOW unless c->follow, O_NONBLOCK so a fifo cannot
  * block), checks it against c->size and c->mtime_ns and creates the new
  * staging file name in staging_fd (O_EXCL; one left by an earlier copy is
- * replaced): c->fd_in and c->fd_out on TIERING_COPY_OK, nothing left open else. */
-static int copy_open(const char *src, int staging_fd, const char *name, struct tiering_copy *c)
+ * replaced): c->fd_in and c->fd_out on TIERING_COPY_OK, nothing left open else.
+ * src is relative to the directory fd at (AT_FDCWD: the current directory). */
+static int copy_open(int at, const char *src, int staging_fd, const char *name, struct tiering_copy *c)
 {
     c->error = 0;
     c->copied = 0;
     c->blocks = 0;
     c->fd_in = c->fd_out = -1;
     int flags = O_RDONLY | O_NONBLOCK | O_CLOEXEC | (c->follow ? 0 : O_NOFOLLOW);
-    int in = (int)syscall(SYS_openat, AT_FDCWD, src, flags);
+    int in = (int)syscall(SYS_openat, at, src, flags);
     if (in < 0) {
         c->error = errno;
         return errno == ELOOP || errno == ENXIO ? TIERING_COPY_NOT_REGULAR : TIERING_COPY_SOURCE_ERROR;
@@ -210,7 +216,7 @@ static int copy_finish(struct tiering_copy *c, int64_t copied, int staging_fd, c
 
 EXPORT int tiering_copy_open(const char *src, int staging_fd, const char *name, struct tiering_copy *c)
 {
-    return copy_open(src, staging_fd, name, c);
+    return copy_open(AT_FDCWD, src, staging_fd, name, c);
 }
 
 EXPORT int tiering_copy_finish(struct tiering_copy *c, int64_t copied, int staging_fd, const char *name,
@@ -227,10 +233,10 @@ EXPORT int tiering_copy_file(const char *src, int staging_fd, const char *name, 
                              const char *leaf, struct tiering_copy *c, tiering_progress_fn progress,
                              void *arg)
 {
-    int r = copy_open(src, staging_fd, name, c);
+    int r = copy_open(AT_FDCWD, src, staging_fd, name, c);
     if (r != TIERING_COPY_OK)
         return r;
-    int64_t n = copy_range(c->fd_in, c->fd_out, 0, c->size + 1, progress, arg, VIA_SENDFILE, NULL);
+    int64_t n = copy_range(c->fd_in, c->fd_out, 0, c->size + 1, progress, arg, VIA_SENDFILE, NULL, c->size);
     if (n == -1)
         c->error = errno;
     return copy_finish(c, n, staging_fd, name, dst_fd, leaf);
@@ -240,13 +246,16 @@ EXPORT int tiering_copy_file(const char *src, int staging_fd, const char *name, 
  * batch's file, made (0700, whatever the umask) and opened one component
  * at a time with O_NOFOLLOW, as TierDirs does: a symlink in the tier is
  * never followed.  The batch keeps the last one open (files of one
- * directory often follow each other); -1 with errno set on failure. */
+ * directory often follow each other); -1 with errno set on failure.  The
+ * sources are opened relative to their data root, which the batch opens
+ * once (O_PATH): the root's own path is not looked up again per file. */
 struct parent_cache {
     char key[PATH_MAX];
     size_t len;
     int fd;
     int root_fd[TIERING_MAX_ROOTS];   /* data/<root id> */
     int via[TIERING_MAX_ROOTS];       /* how the last copy from that root went (copy_range) */
+    int src_fd[TIERING_MAX_ROOTS];    /* the data root (-1: not opened yet; -2: could not be: paths in full) */
 };
 
 static int open_component(int at, const char *name)
@@ -345,11 +354,17 @@ static int copy_one(const struct tiering_batch *b, struct tiering_batch_file *f,
     memcpy(src + root_len, rel, rel_len);
     src[root_len + rel_len] = 0;
     const char *leaf = src + root_len + leaf_at;
-    int r = copy_open(src, b->staging_fd, b->name, &c);
+    if (pc->src_fd[root] == -1) {
+        int fd = (int)syscall(SYS_openat, AT_FDCWD, b->roots[root], O_PATH | O_DIRECTORY | O_CLOEXEC);
+        pc->src_fd[root] = fd < 0 ? -2 : fd;
+    }
+    int at = pc->src_fd[root] >= 0 && rel_len > 0 && rel[0] != '/' ? pc->src_fd[root] : -1;
+    int r = copy_open(at >= 0 ? at : AT_FDCWD, at >= 0 ? src + root_len : src, b->staging_fd, b->name, &c);
     if (r == TIERING_COPY_OK) {
         tiering_progress_fn progress = b->progress ? b->progress : stop_flag;
         void *arg = b->progress ? b->arg : (void *)b->stop;
-        int64_t n = copy_range(c.fd_in, c.fd_out, 0, c.size + 1, progress, arg, VIA_SENDFILE, &pc->via[root]);
+        int64_t n = copy_range(c.fd_in, c.fd_out, 0, c.size + 1, progress, arg, VIA_SENDFILE, &pc->via[root],
+                               c.size);
         if (n == -1)
             c.error = errno;
         int dst = n >= 0 ? parent_fd(b->data_fd, root, key, (size_t)key_len, pc) : -1;
@@ -379,7 +394,7 @@ EXPORT int64_t tiering_copy_batch(const struct tiering_batch *b, struct tiering_
 {
     struct parent_cache pc = {.len = 0, .fd = -1};
     for (int r = 0; r < TIERING_MAX_ROOTS; r++)
-        pc.root_fd[r] = -1, pc.via[r] = VIA_RANGE;
+        pc.root_fd[r] = -1, pc.via[r] = VIA_RANGE, pc.src_fd[r] = -1;
     int64_t end = b->budget_ns > 0 ? now_ns() + b->budget_ns : 0;
     int64_t k = 0;
     while (k < n) {
@@ -398,8 +413,11 @@ EXPORT int64_t tiering_copy_batch(const struct tiering_batch *b, struct tiering_
     }
     if (pc.fd >= 0)
         sys_close(pc.fd);
-    for (int r = 0; r < TIERING_MAX_ROOTS; r++)
+    for (int r = 0; r < TIERING_MAX_ROOTS; r++) {
         if (pc.root_fd[r] >= 0)
             sys_close(pc.root_fd[r]);
+        if (pc.src_fd[r] >= 0)
+            sys_close(pc.src_fd[r]);
+    }
     return k;
 }

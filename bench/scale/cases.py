@@ -313,6 +313,7 @@ def case_clairvoyant(ctx: Context, sc: SamplerCase) -> dict[str, Any]:
         if ph:
             ph["opens_per_s"] = _per_s(ph)
             ph["daemon_core_share"] = fin.core_share(ph["start"], ph["end"])
+            ph["peak_rss_at_end"] = fin.peak_rss_until(ph["end"])   # which phase the peak came in
     pre = named.get("prefetching")
     if pre and pre["end"] - pre["start"] > 2 * LEAD_BUILT_S:
         # the same after the lead was built at full speed (the rate of the reader not known yet)

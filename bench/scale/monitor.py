@@ -57,6 +57,12 @@ class Finished:
             return None
         return (inside[-1].cpu - inside[0].cpu) / (inside[-1].t - inside[0].t) * (t1 - t0)
 
+    def peak_rss_until(self, t: float) -> int | None:
+        """The process's peak RSS as of wall-clock time t (the last sample
+        at or before it); None before the first sample."""
+        before = [s.hwm for s in self.samples if s.t <= t]
+        return before[-1] if before else None
+
     def core_share(self, t0: float, t1: float) -> float | None:
         """Share of one core the process used between t0 and t1 (0.1 = 10%)."""
         cpu = self.cpu_between(t0, t1)

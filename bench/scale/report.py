@@ -160,6 +160,13 @@ def _events_row(label: str, phase: dict[str, Any], direct: float | None, referen
                f"{reference} without tier-run {_rate(direct, 'opens/s')}", _ratio(rate, direct), verdict, dropped)
 
 
+def _rss_by_phase(phases: dict[str, Any]) -> str:
+    """The peak RSS as of the end of each phase: where the peak came."""
+    at = [(k, (phases.get(k) or {}).get("peak_rss_at_end")) for k in ("prefetching", "fits", "full", "opens")]
+    said = [f"{k} {_mib(v)}" for k, v in at if v]
+    return "by the end of: " + ", ".join(said) if said else "-"
+
+
 def _drain_cost(phase: dict[str, Any]) -> str:
     share, rate = phase.get("daemon_core_share"), phase.get("opens_per_s")
     if share is None or not rate:
@@ -181,7 +188,8 @@ def clairvoyant_rows(res: dict[str, Any], name: str, epochs: int) -> list[Row]:
         fits_problem = (f"only {wait.get('waited')} of {wanted} files were placed; the reader stopped waiting "
                         f"after a minute without a new copy")
     return [
-        Row(f"tier-run peak RSS, {name}, {epochs} epochs", "<= 600 MiB", _mib(res.get("peak_rss")), "-", None,
+        Row(f"tier-run peak RSS, {name}, {epochs} epochs", "<= 600 MiB", _mib(res.get("peak_rss")),
+            _rss_by_phase(ph), None,
             # a run killed after its peak passed the bound has failed it all the same
             _verdict(res.get("peak_rss"), lambda v: v <= 600 * MiB,
                      None if (res.get("peak_rss") or 0) > 600 * MiB else problem), res.get("peak_rss")),
