@@ -16,10 +16,13 @@ from tiering.catalog import scan
 from tiering.clairvoyant.feeds import ListFeed
 from tiering.clairvoyant.planner import EVICT, FETCH, Actions
 from tiering.clairvoyant.policy import Clairvoyant
+from tiering.placement import index as index_mod
 from tiering.placement.api import NOT_PLACED, Policy
 from tiering.placement.daemon import Daemon
 from tiering.placement.index import (
+    BATCH_EVENTS,
     DRAIN,
+    EVENT_DTYPE,
     RING_MAX,
     RING_MIN,
     Event,
@@ -86,6 +89,14 @@ def test_index_rings_by_catalog_and_drains_in_batches(tmp_path: Path) -> None:
     got = index.drain_batch()
     assert len(got) == 1 << 17 and index.counters()["events_dropped"] == 500
     assert got["entry"].tolist() == [r[1] for r in records[500:(1 << 17) + 500]]
+    # a batch holds at most `limit` events (BATCH_EVENTS by default): the rest at the next drain
+    post(index, records[:DRAIN + 3000])
+    first = index.drain_batch(limit=DRAIN + 1000)
+    assert len(first) == DRAIN + 1000 and index.pending_events() == 2000
+    rest = index.drain_batch(limit=DRAIN + 1000)
+    assert np.array_equal(np.r_[first["entry"], rest["entry"]], [r[1] for r in records[:DRAIN + 3000]])
+    assert index.pending_events() == 0 and index.counters()["events_dropped"] == 500
+    assert BATCH_EVENTS * EVENT_DTYPE.itemsize <= 8 << 20
     index.close()
     with pytest.raises(ValueError, match="power of two"):
         make_index(tmp_path / "other", 3, ring_size=1000)
@@ -160,6 +171,32 @@ def test_a_patient_policy_hears_of_its_landed_copies_at_its_next_turn_unwoken(tm
     finally:
         d.stop()
         index.close()
+
+
+def test_a_backlog_reaches_the_policy_in_bounded_batches_and_all_of_it_by_the_stop(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOTE [event batches]: a turn drains at most BATCH_EVENTS events (here
+    1,000): a backlog of 4,500 is handed over in turns of at most that many,
+    in order, and what is left when the daemon stops is drained then."""
+    monkeypatch.setattr(index_mod, "BATCH_EVENTS", 1000)
+    for started in (True, False):     # not started: all of it drained by the stop
+        index, slots = make_index(tmp_path / str(started), 8, ring_size=1 << 13)
+        cat = scan([str(tmp_path / str(started) / "pfs")])
+        d = Daemon(index, cat, slots, [TierState("ram", "memory", private_dir(tmp_path / f"tier{started}"),
+                                                 1 << 20, 1)], 1, Recorder)
+        rec = d.policy
+        assert isinstance(rec, Recorder)
+        post(index, [(lib.TIERING_EV_OPEN_PFS, slots[k % 8], 100 + k, 0) for k in range(4500)])
+        if started:
+            d.start()
+        try:
+            if started:
+                wait_for(lambda: sum(len(c[0]) for c in rec.calls) == 4500, "the backlog handed over")
+        finally:
+            d.stop()
+            index.close()
+        assert [p for c in rec.calls for p in c[2]] == list(range(100, 4600))
+        assert max(len(c[0]) for c in rec.calls) <= 1000 and len(rec.calls) >= 5 and d.stats.events == 4500
 
 
 def test_the_patient_turn_is_shorter_for_a_ring_that_holds_less(tmp_path: Path) -> None:

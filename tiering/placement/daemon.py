@@ -33,6 +33,7 @@ import numpy as np
 
 from ..catalog import Catalog
 from ..catalog.model import IntColumn
+from . import index as index_mod
 from .api import NOT_PLACED, Policy, allocation
 from .index import Event, SharedIndex, events_array, ffi, lib
 from .tiers import (
@@ -319,7 +320,11 @@ class Daemon:
             self._quiet.wait_for(lambda: not self._running, max(0.0, deadline - time.monotonic()))
             stuck = self._running
         self._reads.close(wait=not stuck)
-        self._guarded(self._handle, self.index.drain_batch(force=True))
+        while True:   # the rest, in bounded batches
+            events = self.index.drain_batch(force=True)
+            self._guarded(self._handle, events)
+            if len(events) < index_mod.BATCH_EVENTS:
+                break
         self.stats.peer = self.peer_report()
         if stuck:
             self.stuck = stuck

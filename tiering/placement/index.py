@@ -31,6 +31,7 @@ RING_MAX = 1 << 20        # ... and at most (32 MiB: 2.6 s of events at 200 k op
 # of the index file at most, a sparse file: only the entries logged take pages)
 WRITE_LOG = 1 << 20
 DRAIN = 1 << 16           # events copied out of the ring per call of the C helper
+BATCH_EVENTS = 1 << 18    # events in one drained batch at most (8 MiB; NOTE [event batches])
 
 
 def _first_existing(*candidates: Path) -> Path:
@@ -499,17 +500,22 @@ class SharedIndex:
             "closed_at_zero_bytes": int(c.closed_at_zero_bytes),
         }
 
-    def drain_batch(self, force: bool = False) -> np.ndarray:
-        """Events posted since the last drain (one consumer only), as an
+    def drain_batch(self, force: bool = False, limit: int | None = None) -> np.ndarray:
+        """Events posted since the last drain (one consumer only), at most
+        `limit` (the rest at the next call: a reader that posts as fast as
+        they are drained does not make one batch of them all), as an
         EVENT_DTYPE array: the C helper copies complete records out of the
         ring (its seqlock check) into a buffer numpy then reads in place."""
         parts: list[np.ndarray] = []
-        while True:
-            n = int(lib.tiering_ring_drain(self.base, self._tail, self._out, DRAIN, 1 if force else 0,
+        got, limit = 0, BATCH_EVENTS if limit is None else limit
+        while got < limit:
+            want = min(DRAIN, limit - got)
+            n = int(lib.tiering_ring_drain(self.base, self._tail, self._out, want, 1 if force else 0,
                                            self._dropped))
             if n:
                 parts.append(np.frombuffer(ffi.buffer(self._out, n * EVENT_DTYPE.itemsize), EVENT_DTYPE).copy())
-            if n < DRAIN:
+                got += n
+            if n < want:
                 break
         self.header.counters.events_dropped = self._dropped[0]
         if len(parts) == 1:
