@@ -191,7 +191,7 @@ def test_a_backlog_reaches_the_policy_in_bounded_batches_and_all_of_it_by_the_st
             d.start()
         try:
             if started:
-                wait_for(lambda: sum(len(c[0]) for c in rec.calls) == 4500, "the backlog handed over")
+                wait_for(lambda r=rec: sum(len(c[0]) for c in r.calls) == 4500, "the backlog handed over")
         finally:
             d.stop()
             index.close()
