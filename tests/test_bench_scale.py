@@ -67,7 +67,7 @@ def check_clairvoyant(res: dict, per_epoch: int) -> None:
 
 
 def check_copies(res: dict, files: int, data_bytes: int) -> None:
-    for ref in ("cp", "tar"):
+    for ref in ("cp", "tar", "cp_after"):
         assert res[ref]["ok"] and res[ref]["files"] == files and res[ref]["bytes_apparent"] >= data_bytes
     stage = res["stage"]
     check_tier_run(stage, files)

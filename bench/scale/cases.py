@@ -347,7 +347,9 @@ def _copies(ctx: Context, d: Path, src: Path, files: int, data_bytes: int, listi
     in /dev/shm and a memory tier there), the page cache warm with src for all
     three.  Staging is timed from COMMAND's start until every file's copy is
     served (COMMAND asks the shim, in catalog order, the order stage copies
-    in); then COMMAND reads every file through the shim."""
+    in); then COMMAND reads every file through the shim.  cp -r runs again
+    after the staging: a disk that is faster or slower from one minute to
+    the next shows as two rates of cp, which bracket the staging's."""
     if dst is None:
         dst = Path(tempfile.mkdtemp(prefix="tiering-scale-copies-", dir="/dev/shm")) if ram else ctx.s.work / "copies"
     direct = read_direct(ctx, d, listing, src)
@@ -372,6 +374,8 @@ def _copies(ctx: Context, d: Path, src: Path, files: int, data_bytes: int, listi
     stage = {**run_facts(fin, stats, cached, res.get("start"), res.get("exit")),
              "copy_seconds": seconds, "waited": wait.get("waited"), "verify": verify,
              "checksum_equal": res.get("checksum") is not None and res.get("checksum") == direct["checksum"]}
+    shutil.rmtree(dst, ignore_errors=True)
+    refs["cp_after"] = _copy_reference(f"cp -r {src} {dst}/tree", d, dst, "cp-after", ctx.s.limit)
     shutil.rmtree(dst, ignore_errors=True)
     for r, key in [*((r, "seconds") for r in refs.values()), (stage, "copy_seconds")]:
         ok = r[key] is not None and r[key] > 0
