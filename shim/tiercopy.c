@@ -66,12 +66,12 @@ static ssize_t step(int in, int out, uint64_t at, size_t want, int *via, int fal
 }
 
 /* via_io: where the way to copy starts and is left for the next copy
- * between the same file systems (NULL: copy_file_range first).  size: a
- * whole file's expected size, len being size + 1 (UINT64_MAX: a range): a
- * short step that ends there is its end of file, not asked again (NOTE
- * [copy in C]: copy_finish checks the size and mtime after the copy). */
+ * between the same file systems (NULL: copy_file_range first).  A whole
+ * file is asked for size + 1 bytes and read until a step returns 0: the
+ * extra read sees bytes beyond a size the fstat may not show yet (cached
+ * attributes of a network or FUSE file system). */
 static int64_t copy_range(int in, int out, uint64_t off, uint64_t len, tiering_progress_fn progress,
-                          void *arg, int fallback, int *via_io, uint64_t size)
+                          void *arg, int fallback, int *via_io)
 {
     int via = via_io ? *via_io : VIA_RANGE;
     char *buf = NULL;
@@ -93,8 +93,6 @@ static int64_t copy_range(int in, int out, uint64_t off, uint64_t len, tiering_p
             r = -2;
             break;
         }
-        if ((size_t)n < want && done == size)
-            break;
     }
     int saved = errno;
     free(buf);
@@ -111,7 +109,7 @@ static int64_t copy_range(int in, int out, uint64_t off, uint64_t len, tiering_p
 EXPORT int64_t tiering_copy_range(int in, int out, uint64_t off, uint64_t len,
                                   tiering_progress_fn progress, void *arg)
 {
-    return copy_range(in, out, off, len, progress, arg, VIA_BUFFER, NULL, UINT64_MAX);
+    return copy_range(in, out, off, len, progress, arg, VIA_BUFFER, NULL);
 }
 
 /* The source is the regular file of the catalog: same size and mtime. */
@@ -236,7 +234,7 @@ EXPORT int tiering_copy_file(const char *src, int staging_fd, const char *name, 
     int r = copy_open(AT_FDCWD, src, staging_fd, name, c);
     if (r != TIERING_COPY_OK)
         return r;
-    int64_t n = copy_range(c->fd_in, c->fd_out, 0, c->size + 1, progress, arg, VIA_SENDFILE, NULL, c->size);
+    int64_t n = copy_range(c->fd_in, c->fd_out, 0, c->size + 1, progress, arg, VIA_SENDFILE, NULL);
     if (n == -1)
         c->error = errno;
     return copy_finish(c, n, staging_fd, name, dst_fd, leaf);
@@ -363,8 +361,7 @@ static int copy_one(const struct tiering_batch *b, struct tiering_batch_file *f,
     if (r == TIERING_COPY_OK) {
         tiering_progress_fn progress = b->progress ? b->progress : stop_flag;
         void *arg = b->progress ? b->arg : (void *)b->stop;
-        int64_t n = copy_range(c.fd_in, c.fd_out, 0, c.size + 1, progress, arg, VIA_SENDFILE, &pc->via[root],
-                               c.size);
+        int64_t n = copy_range(c.fd_in, c.fd_out, 0, c.size + 1, progress, arg, VIA_SENDFILE, &pc->via[root]);
         if (n == -1)
             c.error = errno;
         int dst = n >= 0 ? parent_fd(b->data_fd, root, key, (size_t)key_len, pc) : -1;

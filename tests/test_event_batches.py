@@ -503,8 +503,11 @@ def test_a_reader_that_eats_into_the_lead_ends_the_patience_at_lead_min_of_its_r
     policy.poll()
     assert policy.patient()
     policy._reset(0, [np.arange(n)])                        # planned anew over a placement that lost its copies
+    assert not policy._long_lead and not policy._held_back   # the last plan's patience is gone with it
     policy._pump()
     assert policy._actions and not policy.patient()
+    policy._long_lead = True                                # as a copy worker may find it before the next turn:
+    assert not policy.patient()                              # fetches are left to hand out
 
 
 def test_once_the_lead_is_reached_it_grows_at_a_bounded_pace_up_to_the_horizon() -> None:

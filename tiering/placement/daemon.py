@@ -320,11 +320,13 @@ class Daemon:
             self._quiet.wait_for(lambda: not self._running, max(0.0, deadline - time.monotonic()))
             stuck = self._running
         self._reads.close(wait=not stuck)
-        while True:   # the rest, in bounded batches
-            events = self.index.drain_batch(force=True)
-            self._guarded(self._handle, events)
-            if len(events) < index_mod.BATCH_EVENTS:
-                break
+        if self._thread is None or not self._thread.is_alive():   # the ring has one reader at a time
+            # the rest, in bounded batches: at most a ring's worth (what writers post meanwhile is left)
+            for _ in range(int(self.index.header.nevents) // index_mod.BATCH_EVENTS + 1):
+                events = self.index.drain_batch(force=True)
+                self._guarded(self._handle, events)
+                if len(events) < index_mod.BATCH_EVENTS:
+                    break
         self.stats.peer = self.peer_report()
         if stuck:
             self.stuck = stuck

@@ -394,8 +394,7 @@ def copy_file(src: str, f: CopySource, tier: TierState, stop: threading.Event,
               on_read: Callable[[int], None], reads: PfsReads) -> int | None:
     """Copies one file into the tier under its final name; returns the bytes
     it takes there, or None when `stop` was set halfway.  Reads at most the
-    catalogued size + 1 byte (the extra byte, or the fstat after the copy,
-    detects growth: NOTE [publish after rename]).  Raises
+    catalogued size + 1 byte (the extra byte detects growth).  Raises
     SourceChanged when the source is not the catalog's regular file (a
     symlink, fifo or directory in its place, another size or mtime, growth
     while it was read), and OSError when the copy fails; nothing is left
