@@ -356,8 +356,9 @@ static int copy_one(const struct tiering_batch *b, struct tiering_batch_file *f,
         int fd = (int)syscall(SYS_openat, AT_FDCWD, b->roots[root], O_PATH | O_DIRECTORY | O_CLOEXEC);
         pc->src_fd[root] = fd < 0 ? -2 : fd;
     }
-    int at = pc->src_fd[root] >= 0 && rel_len > 0 && rel[0] != '/' ? pc->src_fd[root] : -1;
-    int r = copy_open(at >= 0 ? at : AT_FDCWD, at >= 0 ? src + root_len : src, b->staging_fd, b->name, &c);
+    int relative = pc->src_fd[root] >= 0 && rel[0] != '/';   /* rel_len > 0: checked above */
+    int r = copy_open(relative ? pc->src_fd[root] : AT_FDCWD, relative ? src + root_len : src, b->staging_fd,
+                      b->name, &c);
     if (r == TIERING_COPY_OK) {
         tiering_progress_fn progress = b->progress ? b->progress : stop_flag;
         void *arg = b->progress ? b->arg : (void *)b->stop;

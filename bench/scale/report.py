@@ -239,11 +239,9 @@ def copies_rows(res: dict[str, Any], label: str, unit: str) -> list[Row]:
     elif not problem and not stage.get("checksum_equal"):
         problem = "the staged copies were not all read back with the same bytes"
     ours = stage.get(key)
-    # cp -r before and after the staging (older results: before only): their mean
-    # a cp -r that failed has no rate
+    # the mean of cp -r before and after the staging (older results: before only); a failed one has no rate
     cps: list[float | None] = [r.get(key) if r.get("ok") else None for r in (cp, res.get("cp_after") or {}) if r]
-    known = [float(c) for c in cps if c is not None]
-    cp_rate = sum(known) / len(known) if known and len(known) == len(cps) else None
+    cp_rate = None if not cps or None in cps else sum(c or 0.0 for c in cps) / len(cps)
     cp_text = (f"cp -r {fmt(cp_rate)} (before {fmt(cps[0])}, after {fmt(cps[1])})" if len(cps) == 2
                else f"cp -r {fmt(cp_rate)}")
     return [
