@@ -220,6 +220,30 @@ def test_plan_prints_predicted_epochs(tmp_path: Path) -> None:
     assert "predicted seconds per epoch" in r.stdout and "reading the PFS directly" in r.stdout
 
 
+def test_plan_predicts_from_the_files_read_as_from_the_whole_catalog(tmp_path: Path) -> None:
+    """`tiering plan` gives the model only the files its epochs read (a
+    distributed sampler's share): the same seconds as the whole catalog."""
+    from tiering.cli import _predict
+    from tiering.profile import load_profile
+    from tiering.simulate.fromprofile import plan_prediction
+    rng = np.random.default_rng(3)
+    sizes = rng.integers(1_000, 60_000, 400).astype(np.int64)
+    prof = tmp_path / "p.yaml"
+    (tmp_path / "ram").mkdir()
+    prof.write_text(f"name: t\ntiers:\n  - {{name: ram, kind: memory, path: {tmp_path / 'ram'}, capacity: 2MB}}\n"
+                    "pfs: {read_threads: 4, bandwidth: {1: 50}, latency_ms: 2}\n")
+    profile = load_profile(str(prof))
+    # two epochs of a quarter of the files each, overlapping, ids spread over the catalog
+    first = [rng.permutation(400)[:100], rng.permutation(400)[:100]]
+    assert len(np.unique(np.concatenate(first))) < 200
+    whole = plan_prediction(profile, sizes.tolist(), [e.tolist() for e in first], 8)
+    ours = _predict(profile, sizes, first, 8, 2)
+    assert ours is not None and ours["modelled_epochs"] == 2
+    assert ours["clairvoyant_epochs"] == whole["clairvoyant_epochs"]
+    assert ours["pfs_epochs"] == whole["pfs_epochs"]
+    assert whole["clairvoyant_seconds"] < whole["pfs_seconds"]   # the tier changed something
+
+
 @pytest.mark.slow
 def test_scenario2_reproduces_the_published_totals() -> None:
     rep = simulate(config_from_dict(SCENARIO2), PUBLISHED)

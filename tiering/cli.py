@@ -240,7 +240,13 @@ def _predict(prof: Any, sizes: Any, first: list[Any], batch_size: int | None,
              epochs: int) -> dict[str, Any] | None:
     """The performance model's seconds per epoch over the first epochs, later
     epochs repeating the last; None when even one epoch is too long to model
-    quickly (the model simulates every access in Python)."""
+    quickly (the model simulates every access in Python).  The model is given
+    only the files these epochs read, renumbered in catalog order: a file
+    never read is never copied nor evicted, so the prediction is the same,
+    and a distributed sampler's share of a large catalog costs a quarter of
+    the memory (docs/design.md, NOTE [plan prediction])."""
+    import numpy as np
+
     from .simulate.fromprofile import plan_prediction
     total = 0
     modelled: list[Any] = []
@@ -248,10 +254,12 @@ def _predict(prof: Any, sizes: Any, first: list[Any], batch_size: int | None,
         if modelled and total + len(e) > PREDICTED_ACCESSES:
             break
         total += len(e)
-        modelled.append(e.tolist())
+        modelled.append(e)
     if not modelled or total > PREDICTED_ACCESSES:
         return None
-    p: dict[str, Any] = plan_prediction(prof, sizes.tolist(), modelled, batch_size)
+    read = np.unique(np.concatenate(modelled))
+    orders = [np.searchsorted(read, e).tolist() for e in modelled]
+    p: dict[str, Any] = plan_prediction(prof, sizes[read].tolist(), orders, batch_size)
     p["modelled_epochs"] = len(modelled)
     for key, sum_key in (("clairvoyant_epochs", "clairvoyant_seconds"), ("pfs_epochs", "pfs_seconds")):
         per = list(p[key])
