@@ -62,6 +62,9 @@ def check_clairvoyant(res: dict, per_epoch: int) -> None:
         assert phases["opens"]["bytes"] == 0 and res["direct"]["opens_only_per_s"] > 0
     assert sum(p["files"] for p in reader["phases"]) == res["listed"]
     assert res["events_dropped"] >= 0 and res["events"] > 0
+    # each full-speed phase's own drops, from the time series: part of the job's
+    for key in ["full"] + ["opens"] * bool(opened):
+        assert 0 <= phases[key]["events_dropped"] <= res["events_dropped"]
     # every file of the list was copied (the daemon may have fetched further ahead)
     assert res["placement"]["copies"] >= res["wait_files"] and res["placement"]["copy_failures"] == 0
 
@@ -79,6 +82,16 @@ def check_copies(res: dict, files: int, data_bytes: int) -> None:
     # staging is timed from COMMAND's start to the last copy: inside tier-run's own run
     assert 0 < stage["copy_seconds"] < stage["seconds"] - stage["startup_s"]
     assert stage["files_per_s"] == files / stage["copy_seconds"]
+
+
+def test_a_phases_drops_are_read_off_the_series_around_it():
+    from bench.scale.cases import dropped_during
+    series = {"t": [1.0, 2.0, 3.0, 4.0, 5.0], "events_dropped": [0, 0, 10, 10, 30]}
+    assert dropped_during(series, 1.5, 3.5) == 10        # the sample after 3.5 less the one before 1.5
+    assert dropped_during(series, 3.5, 4.5) == 20        # the second around 3.5 counts on both sides
+    assert dropped_during(series, 0.5, 2.0) == 0
+    assert dropped_during(series, 4.0, 5.5) is None      # no sample after the phase
+    assert dropped_during({"t": [1.0]}, 0.0, 0.5) is None   # a series without the column
 
 
 def test_scale_bench_runs_every_case_on_the_data_set(tmp_path: Path):

@@ -214,6 +214,8 @@ def test_the_series_pfs_bytes_are_the_totals_of_the_report_with_events_dropped(t
         w.tick()
     js = w.finish()["series"]
     assert js["pfs_bytes"][-1] == 30 * MIB + 21 * MIB
+    # when they were lost: the ring's drop count as it stood at each tick
+    assert js["events_dropped"][-3:] == [5, 10, 15]
     record = JobRecord("clairvoyant", 0, ["x"], "test", ["/pfs/ds"], 100, 100 * MIB, counters=probe.counters(),
                        daemon=DaemonStats(pfs_opens=30, pfs_bytes=30 * MIB, copies=30))
     assert to_json(record)["pfs"]["bytes"] == js["pfs_bytes"][-1]

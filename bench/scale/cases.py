@@ -282,6 +282,23 @@ def case_plan(ctx: Context) -> dict[str, Any]:
 LEAD_BUILT_S = 5.0   # seconds of the prefetching phase left out of its steady figure
 
 
+def dropped_during(series: dict[str, Any], t0: float, t1: float) -> int | None:
+    """Events the ring lost between t0 and t1 (seconds since COMMAND
+    started), from tier-run's time series (a sample a second): the count at
+    the first sample at or after t1 less the count at the last sample at or
+    before t0.  The second around each end counts for both sides: a drop is
+    never put in the phase next to it.  None without the column (a tier-run
+    before it) or without a sample after t1."""
+    t, col = series.get("t") or [], series.get("events_dropped")
+    if not col or len(col) != len(t):
+        return None
+    after = [c for x, c in zip(t, col) if x >= t1]
+    if not after:
+        return None
+    before = [c for x, c in zip(t, col) if x <= t0]
+    return int(after[0] - (before[-1] if before else 0))
+
+
 def case_clairvoyant(ctx: Context, sc: SamplerCase) -> dict[str, Any]:
     """tier-run --sampler for all epochs on a tier that holds the data set;
     COMMAND reads the first two epochs in the sampler's order: paced while the
@@ -314,6 +331,11 @@ def case_clairvoyant(ctx: Context, sc: SamplerCase) -> dict[str, Any]:
             ph["opens_per_s"] = _per_s(ph)
             ph["daemon_core_share"] = fin.core_share(ph["start"], ph["end"])
             ph["peak_rss_at_end"] = fin.peak_rss_until(ph["end"])   # which phase the peak came in
+    for key in ("full", "opens"):
+        ph = named.get(key)
+        if ph and stats and res.get("start"):
+            ph["events_dropped"] = dropped_during(stats.get("series") or {}, ph["start"] - res["start"],
+                                                  ph["end"] - res["start"])
     pre = named.get("prefetching")
     if pre and pre["end"] - pre["start"] > 2 * LEAD_BUILT_S:
         # the same after the lead was built at full speed (the rate of the reader not known yet)

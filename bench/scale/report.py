@@ -145,7 +145,9 @@ def plan_rows(res: dict[str, Any], epochs: int) -> list[Row]:
 def _events_row(label: str, phase: dict[str, Any], direct: float | None, reference: str,
                 dropped: int | None, problem: str | None) -> Row:
     """No events dropped at >= 200 k opens/s in a full-speed phase served
-    from the tiers (the job's drop count: a drop in any phase fails each)."""
+    from the tiers: the phase's own drop count, from tier-run's time series
+    (results before it: the job's, a drop in any phase failing each)."""
+    dropped = phase.get("events_dropped", dropped)
     rate = phase.get("opens_per_s")
     tier_share = phase.get("tier", 0) / phase["files"] if phase.get("files") else None
     if not problem and not phase.get("files"):

@@ -372,7 +372,8 @@ class JobWatch:
                    pfs_opens=c.get("opens_pfs", 0) + (snap.pfs_opens if snap else 0),
                    # COMMAND's by the shim's counter, as the report's (NOTE [read counters]): exact with events dropped
                    pfs_bytes=c.get("read_pfs", 0) + (snap.pfs_bytes if snap else 0),
-                   copies=snap.copies if snap else 0, copy_bytes=snap.pfs_bytes if snap else 0)
+                   copies=snap.copies if snap else 0, copy_bytes=snap.pfs_bytes if snap else 0,
+                   events_dropped=c.get("events_dropped", 0))
         return s, snap, rep, c
 
     def _tick(self, final: bool) -> dict[str, Any] | None:

@@ -30,6 +30,7 @@ class Sample:
     pfs_bytes: int             # PFS bytes read by the daemon and by COMMAND (NOTE [read counters])
     copies: int                # copies published, cumulative
     copy_bytes: int            # bytes the daemon read from the PFS, cumulative
+    events_dropped: int = 0    # events the ring lost before the daemon drained them, cumulative
 
 
 @dataclass
@@ -116,4 +117,5 @@ def series_json(samples: list[Sample], tier_names: list[str], stride: int) -> di
         "pfs_bytes": [s.pfs_bytes for s in samples],
         "pfs_opens": [s.pfs_opens for s in samples],
         "copy_bytes": [s.copy_bytes for s in samples],
+        "events_dropped": [s.events_dropped for s in samples],
     }
