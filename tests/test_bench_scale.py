@@ -73,6 +73,8 @@ def check_copies(res: dict, files: int, data_bytes: int) -> None:
     for ref in ("cp", "tar", "cp_after"):
         assert res[ref]["ok"] and res[ref]["files"] == files and res[ref]["bytes_apparent"] >= data_bytes
     stage = res["stage"]
+    # each copy started from the same caches (or, where they cannot be dropped, none did)
+    assert len({res[ref]["caches_dropped"] for ref in ("cp", "tar", "cp_after")} | {stage["caches_dropped"]}) == 1
     check_tier_run(stage, files)
     assert stage["placement"]["copies"] == files
     # the read-back after staging: every file from its copy (the reader's own view and the shim's counters)
