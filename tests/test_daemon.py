@@ -622,3 +622,45 @@ def test_a_small_copy_takes_the_daemon_lock_five_times_in_its_worker(setup_facto
         s.wait()
     assert s.d.stats.copies == len(files) and s.d.stats.pfs_bytes == sum(files.values())
     assert lock.holds <= 5 * len(files), f"{lock.holds / len(files):.1f} holds per copy"
+
+
+
+def _nice_of_thread(tid: int | None) -> int | None:
+    """The nice of this process's thread tid, from /proc (field 19 of its stat)."""
+    try:
+        return int(Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()[16])
+    except (OSError, TypeError):
+        return None
+
+
+def test_the_event_thread_runs_at_a_higher_priority_where_allowed_and_as_before_where_not(
+        tmp_path, setup_factory, monkeypatch):
+    """Readers that keep every core busy must not starve the thread that
+    drains their events: it lowers its nice by EVENT_NICE where the system
+    lets it (root here); where it does not, the daemon runs all the same."""
+    from tiering.placement import daemon as daemon_mod
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    allowed = os.geteuid() == 0 and base - daemon_mod.EVENT_NICE >= -20
+    s = setup_factory(files={"a.bin": 10})
+    deadline = time.monotonic() + 30
+    while s.d.event_nice == 0 and allowed and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert s.d.event_nice == (daemon_mod.EVENT_NICE if allowed else 0)
+    assert _nice_of_thread(s.d._thread.native_id) == base - s.d.event_nice
+    assert os.getpriority(os.PRIO_PROCESS, 0) == base   # the other threads keep theirs
+    assert s.d.place(s.i["a.bin"], 0)
+    s.wait()
+    assert s.state("a.bin") == 1
+
+    def refused(*_: object) -> None:
+        raise PermissionError(1, "Operation not permitted")
+    monkeypatch.setattr(daemon_mod.os, "setpriority", refused)
+    (tmp_path / "refused").mkdir()
+    t = Setup(tmp_path / "refused", files={"b.bin": 20})
+    try:
+        assert t.d.place(t.i["b.bin"], 0)
+        t.wait()
+        assert t.state("b.bin") == 1 and t.d.event_nice == 0
+        assert _nice_of_thread(t.d._thread.native_id) == base
+    finally:
+        t.close()

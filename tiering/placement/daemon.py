@@ -19,6 +19,7 @@ copy or falls back to the PFS.
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
@@ -63,6 +64,23 @@ PATIENT_TICK = 0.1    # ... at most while the policy is patient (its lead is lon
 PEAK_EVENTS = 400_000  # ... and at most what a quarter of the ring holds of this many events a second
 BUSY_EVENTS = 1024    # events drained in one turn that count as many
 MAX_ERRORS = 20       # error messages kept for the summary
+EVENT_NICE = 5        # the event thread's nice below the process's, where the system allows it
+
+
+def raise_priority(by: int) -> int:
+    """The calling thread's nice lowered by `by` below the process's (a
+    higher priority) where the system allows it (root, or RLIMIT_NICE);
+    returns by how much it was lowered, 0 where it was not.  For the event
+    thread: readers that keep every core busy must not starve the thread
+    that drains their events before the ring wraps (NOTE [event thread
+    priority] in docs/design.md).  Never raises."""
+    tid = threading.get_native_id()
+    try:
+        base = os.getpriority(os.PRIO_PROCESS, tid)
+        os.setpriority(os.PRIO_PROCESS, tid, max(-20, base - by))
+        return base - os.getpriority(os.PRIO_PROCESS, tid)
+    except OSError:   # EPERM/EACCES for an ordinary user: the thread keeps its nice
+        return 0
 
 
 @dataclass
@@ -137,6 +155,7 @@ class Daemon:
         # a small ring (a small data set) is not left to fill for as long (NOTE [event batches])
         self._patient_tick = max(IDLE_TICK, min(PATIENT_TICK, int(index.header.nevents) / 4 / PEAK_EVENTS))
         self.peers = peers                  # the other nodes of a multi-node job (None: one node)
+        self.event_nice = 0                 # how far the event thread's nice was lowered (raise_priority)
         self._homes: object | None = None   # the homes the policy keeps (peers.plans, once known)
         self._relay: Relay | None = None    # this node's holds for the other nodes (NOTE [relay])
         self.catalog = catalog
@@ -347,6 +366,8 @@ class Daemon:
 
     # -- the event thread -------------------------------------------------------
     def _event_loop(self) -> None:
+        self.event_nice = raise_priority(EVENT_NICE)
+        log.debug("event thread: nice %+d from the process's", -self.event_nice)
         self._guarded(self.policy.start)
         last_tail_move = time.monotonic()
         last_pending = -1
