@@ -332,11 +332,9 @@ def case_clairvoyant(ctx: Context, sc: SamplerCase) -> dict[str, Any]:
             ph["opens_per_s"] = _per_s(ph)
             ph["daemon_core_share"] = fin.core_share(ph["start"], ph["end"])
             ph["peak_rss_at_end"] = fin.peak_rss_until(ph["end"])   # which phase the peak came in
-    for key in ("full", "opens"):
-        ph = named.get(key)
-        if ph and stats and res.get("start"):
-            ph["events_dropped"] = dropped_during(stats.get("series") or {}, ph["start"] - res["start"],
-                                                  ph["end"] - res["start"])
+            if key in ("full", "opens") and stats and res.get("start"):
+                ph["events_dropped"] = dropped_during(stats.get("series") or {}, ph["start"] - res["start"],
+                                                      ph["end"] - res["start"])
     pre = named.get("prefetching")
     if pre and pre["end"] - pre["start"] > 2 * LEAD_BUILT_S:
         # the same after the lead was built at full speed (the rate of the reader not known yet)
@@ -399,8 +397,8 @@ def _copies(ctx: Context, d: Path, src: Path, files: int, data_bytes: int, listi
     direct = read_direct(ctx, d, listing, src)
 
     def warm() -> None:   # the source read again after the caches were dropped (settle)
-        monitor.run([str(ctx.tool), "read", str(listing), str(d / "warm.json"), str(src), "-p",
-                     f"full,{ctx.s.threads}"], d / "warm.log", ctx.s.limit)
+        monitor.run(reader_command(ctx, listing, d / "warm.json", src, [f"full,{ctx.s.threads}"]),
+                    d / "warm.log", ctx.s.limit)
 
     refs = {
         "cp": _copy_reference(f"cp -r {src} {dst}/tree", d, dst, "cp", ctx.s.limit, warm),

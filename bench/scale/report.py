@@ -147,7 +147,8 @@ def _events_row(label: str, phase: dict[str, Any], direct: float | None, referen
     """No events dropped at >= 200 k opens/s in a full-speed phase served
     from the tiers: the phase's own drop count, from tier-run's time series
     (results before it: the job's, a drop in any phase failing each)."""
-    dropped = phase.get("events_dropped", dropped)
+    if phase.get("events_dropped") is not None:
+        dropped = phase["events_dropped"]
     rate = phase.get("opens_per_s")
     tier_share = phase.get("tier", 0) / phase["files"] if phase.get("files") else None
     if not problem and not phase.get("files"):
