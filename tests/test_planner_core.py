@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 import tiering.clairvoyant.planner as planner
 from tiering.clairvoyant.planner import Planner, simulate
+from tiering.placement.api import BLOCK
 
 SETTINGS = settings(max_examples=300, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
@@ -160,3 +161,43 @@ def test_a_node_share_over_many_epochs_with_several_tiers(monkeypatch: pytest.Mo
     assert sum(1 for a in want_s if a.kind == "evict") > 100   # the case evicts
     for engine in ("c", "python"):
         assert run(engine, monkeypatch, epochs, sizes, caps, window=16, known_ahead=1) == want, engine
+
+
+@pytest.mark.parametrize("core", ["c", "python"])
+@pytest.mark.parametrize("case", ["one tier", "two tiers", "a file no tier holds", "a share per epoch"])
+def test_simulate_once_all_is_placed_counts_as_the_planner_walks(monkeypatch: pytest.MonkeyPatch, core: str,
+                                                                  case: str) -> None:
+    """Once every file a tier can hold is placed, simulate() counts the
+    epochs left from the orders (NOTE [plan fast-forward]); the same reports
+    and actions as the planner's walk over each position, which a file that
+    fits and is never read keeps going."""
+    if core == "python":
+        monkeypatch.setenv("TIERING_PLANNER", "python")
+    rng = np.random.default_rng(len(case))
+    n = 300
+    sizes = rng.integers(1, 5 * BLOCK, n)
+    caps = {"one tier": [int(sizes.sum()) * 2], "two tiers": [int(sizes.sum()) // 3, int(sizes.sum()) * 2],
+            "a file no tier holds": [int(sizes.sum()) * 2], "a share per epoch": [int(sizes.sum()) * 2]}[case]
+    if case == "a file no tier holds":
+        sizes[7] = caps[0] * 4
+    if case == "a share per epoch":   # each epoch a random half: files keep coming for several epochs
+        epochs = [rng.permutation(n)[: n // 2] for _ in range(12)]
+    else:
+        epochs = [rng.permutation(n) for _ in range(6)]
+    walked_sizes = np.r_[sizes, 1]          # file n: fits, never read
+    counted: list[int] = []
+    real = planner._all_placed
+
+    def spy(p, reports, known, source):  # type: ignore[no-untyped-def]
+        counted.append(len(reports))
+        real(p, reports, known, source)
+    monkeypatch.setattr(planner, "_all_placed", spy)
+    fast, fast_acts = simulate(iter(epochs), sizes, caps, window=16)
+    assert len(counted) == 1 and 1 <= counted[0] < len(epochs) - 1   # the epochs after it counted
+    walked, walked_acts = simulate(iter(epochs), walked_sizes, caps, window=16)
+    assert len(counted) == 1
+    assert [r.as_dict() for r in fast] == [r.as_dict() for r in walked]
+    assert as_tuples(fast_acts) == as_tuples(walked_acts)
+    assert len(fast) == len(epochs) and sum(r.accesses for r in fast) == sum(len(e) for e in epochs)
+    assert fast[-1].fetches == 0 and sum(fast[-1].hits) == len(epochs[-1]) - int(np.sum(epochs[-1] == 7) *
+                                                                                (case == "a file no tier holds"))
