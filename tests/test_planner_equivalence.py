@@ -58,19 +58,21 @@ def as_tuples(actions) -> list[tuple]:  # type: ignore[no-untyped-def]
     return [(a.kind, a.file, a.tier, a.position, a.need) for a in actions]
 
 
-@pytest.fixture(params=[4096, 1], ids=["victims-kept", "victims-rebuilt"])
+@pytest.fixture(params=[(4096, 0.5), (1, 0.0), (1, 0.5)], ids=["victims-kept", "victims-rebuilt", "victims-by-share"])
 def bulk(request: pytest.FixtureRequest) -> object:
-    """Changes beyond BULK make the planner rebuild its victim sets when next
-    needed: with BULK 1 nearly every change goes that way."""
-    saved = new.BULK
-    new.BULK = request.param
+    """Changes beyond BULK and beyond REBUILD_SHARE of the placed files make
+    the planner rebuild its victim sets when next needed: with BULK 1 and
+    share 0 nearly every change goes that way; with share 0.5 those that move
+    more than half the placed files."""
+    saved = new.BULK, new.REBUILD_SHARE
+    new.BULK, new.REBUILD_SHARE = request.param
     yield request.param
-    new.BULK = saved
+    new.BULK, new.REBUILD_SHARE = saved
 
 
 @SETTINGS
 @given(c=cases())
-def test_simulate_is_the_reference(bulk: int, c: dict) -> None:
+def test_simulate_is_the_reference(bulk: object, c: dict) -> None:
     if c["alloc"] != "blocks":
         return  # simulate() uses the block allocation; other rules are driven below
     want, want_sched = ref.simulate(c["epochs"], c["sizes"], c["caps"], window=c["window"],
@@ -101,7 +103,7 @@ OPS = st.lists(st.tuples(st.sampled_from(["advance", "consume", "consume", "cons
 
 @SETTINGS
 @given(c=cases(), ops=OPS)
-def test_driven_like_the_daemon_it_acts_as_the_reference(bulk: int, c: dict, ops: list[tuple[str, int]]) -> None:
+def test_driven_like_the_daemon_it_acts_as_the_reference(bulk: object, c: dict, ops: list[tuple[str, int]]) -> None:
     alloc = ALLOCS[c["alloc"]]
     files = len(c["sizes"])
     a = ref.Planner(c["sizes"], c["caps"], window=c["window"], alloc=alloc)
@@ -144,7 +146,7 @@ def test_driven_like_the_daemon_it_acts_as_the_reference(bulk: int, c: dict, ops
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_trimming_keeps_the_decisions(monkeypatch: pytest.MonkeyPatch, bulk: int, seed: int) -> None:
+def test_trimming_keeps_the_decisions(monkeypatch: pytest.MonkeyPatch, bulk: object, seed: int) -> None:
     """Longer runs with the stream's head trimmed often: the same plan as the
     reference, with the reference never trimming."""
     monkeypatch.setattr(new, "TRIM_MIN", 7)

@@ -65,7 +65,9 @@ TRIM_MIN = 1 << 16   # consumed positions kept before the stream's head is trimm
 FETCH, EVICT = 0, 1
 KINDS = ("fetch", "evict")
 SCAN = 64            # positions looked at one by one before a scan switches to numpy
-BULK = 4096          # changes to the victim sets beyond which they are rebuilt when next needed
+BULK = 4096          # changes to the victim sets beyond which they are rebuilt when next needed ...
+REBUILD_SHARE = 0.5  # ... when they are also more than this share of the placed files (a rebuild
+                     # walks all of them: an epoch of a node's share moves an eighth of the data set)
 CORE_LOG = 1 << 18   # actions the C core logs before simulate() takes them
 LOG_KEEP = 1 << 16   # log entries whose buffers the C core keeps after a take; larger ones are let go
 
@@ -772,7 +774,7 @@ class Planner:
               rebuild: bool = False) -> None:
         if self._stale:
             return
-        if not rebuild and len(files) > max(BULK, len(self._tier) >> 6):
+        if not rebuild and len(files) > max(BULK, REBUILD_SHARE * self.n_resident):
             self._stale = True   # rebuilt when a victim is next needed
             return
         if self._pin is not None:   # never victims
