@@ -101,6 +101,12 @@ def render(out: Path) -> str:
     return text
 
 
+def _measured_by(case: dict[str, Any], run: dict[str, Any]) -> str:
+    """The command and commit a case kept from an earlier run was measured by."""
+    by = str(case.get("measured_by", " ".join(run["command"])))
+    return by if " (at " in by else f"{by} (at {str(run['machine'].get('commit') or '?')[:7]})"
+
+
 def write_results(a: argparse.Namespace, argv: list[str] | None, settings: cases.Settings, tree: Tree,
                   gen_seconds: float, results: dict[str, Any], total: float) -> str:
     """scale.json and scale.md in --out (after every case, so that a run cut
@@ -108,7 +114,7 @@ def write_results(a: argparse.Namespace, argv: list[str] | None, settings: cases
     command = ["python", "-m", "bench.scale", *(argv if argv is not None else sys.argv[1:])]
     earlier = previous(a) if a.merge else None
     if earlier:
-        kept = {name: {"measured_by": " ".join(earlier["command"]), **res}
+        kept = {name: {**res, "measured_by": _measured_by(res, earlier)}
                 for name, res in earlier["cases"].items() if name not in results}
         results = {name: ({**kept, **results})[name] for name in cases.CASES if name in kept or name in results}
     table = report.rows(results, a.epochs)
@@ -155,8 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for name in a.only or list(cases.CASES):
             print(f"bench.scale: {name} ...", flush=True)
-            results[name] = {"measured_by": " ".join(["python", "-m", "bench.scale", *(argv or sys.argv[1:])]),
-                             **cases.run_case(ctx, name)}
+            results[name] = {"measured_by": " ".join(["python", "-m", "bench.scale", *(argv or sys.argv[1:])])
+                             + f" (at {str(machine().get('commit') or '?')[:7]})", **cases.run_case(ctx, name)}
             print(f"bench.scale: {name} done in {results[name]['case_seconds']:.0f} s"
                   + (f" ({results[name]['error']})" if "error" in results[name] else ""), flush=True)
             write_results(a, argv, settings, tree, gen_seconds, results, time.monotonic() - t0)
