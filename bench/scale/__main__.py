@@ -126,7 +126,7 @@ def write_results(a: argparse.Namespace, argv: list[str] | None, settings: cases
            "cases": results, "targets": report.as_json(table), "seconds": total}
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "scale.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
-    commands = sorted({r["measured_by"] for r in results.values() if "measured_by" in r} | {" ".join(command)})
+    commands = sorted({r["measured_by"] for r in results.values() if "measured_by" in r}) or [" ".join(command)]
     headline = (f"Measured with `{'` and `'.join(commands)}`: {tree.files:,} files of {tree.size} B in "
                 f"{tree.classes} class directories, {a.epochs} epochs, {os.cpu_count()} cores; page cache warm "
                 f"for ours and the references.")
