@@ -188,8 +188,29 @@ def test_a_mapping_learnt_by_a_pass_before_training_is_followed_from_the_first_t
     # every training epoch's opens were followed, the first one's too
     assert order["matched_opens"] >= 0.9 * 3 * N, json.dumps([order, stats["epochs"]])
     assert order["unmatched_opens"] <= 0.05 * N, order
-    assert sum(e["opens"] for e in stats["epochs"]) == 4 * N     # the pass's opens count in the first epoch
+    # the pass is a row of its own before the three training epochs (NOTE [epoch rows])
+    assert [e["opens"] for e in stats["epochs"]] == [N] * 4, stats["epochs"]
     assert f"  mapping  indices to files: learnt in epoch 1 ({N} of {N} indices)" in err
+
+
+def test_a_dataloader_made_for_each_epoch_is_followed_and_reported_epoch_by_epoch(tmp_path):
+    """A training script that makes a new DataLoader for each epoch: each
+    one starts at its epoch 0.  The first teaches the mapping, the others
+    are followed from their first open, and the report has one row per
+    epoch (not one row of every open, as when their numbers were taken as
+    they are, NOTE [epoch rows])."""
+    data = tmp_path / "pfs"
+    make_images(data)
+    got, stats, err = train(tmp_path, data, "from-id", extra=("--loader-per-epoch",), copies=N)
+    order = stats["order"]
+    assert order["mapping"]["source"] == "learnt in epoch 1" and order["mapping"]["mapped"] == N, err
+    assert stats["policy"] == "clairvoyant" and order["following"] and not order["diverged"], err
+    assert [e["epoch"] for e in stats["epochs"]] == [1, 2, 3], stats["epochs"]
+    assert [e["opens"] for e in stats["epochs"]] == [N] * 3, stats["epochs"]
+    assert stats["epochs"][0]["from_tiers"] <= 0.1 * N, stats["epochs"]      # the learning epoch: first touch
+    assert all(e["from_tiers"] >= 0.95 * N for e in stats["epochs"][1:]), stats["epochs"]
+    assert_served_from_epoch_2(got, N)
+    assert "      3 " in err and "... more epochs" not in err, err   # the summary's table has the three rows
 
 
 def test_an_index_reading_an_image_and_a_mask_maps_to_both(tmp_path):

@@ -2,6 +2,7 @@
 tiering knows: the order hook must find or learn which files each index reads.
 
     kinds.py --kind KIND --data DIR --out FILE.json [--epochs 3] [--workers 2] [--epoch-pause S] [--stats-pass]
+         [--loader-per-epoch]
 
 KIND:
   dicts      a list of dicts {"image": path, "label": k} (attribute `items`)
@@ -21,6 +22,7 @@ RNG state, "arrow_local": whether the big file's descriptor is a tier copy}.
 --stats-pass: before training, one pass of a sequential DataLoader over the same
 data set (as for its mean and standard deviation).
 --replacement: the training's sampler draws with replacement (indices read twice in an epoch).
+--loader-per-epoch: each epoch from a DataLoader of its own (each starts at its epoch 0).
 --val DIR: after each epoch, a sequential pass over the same kind of data set in DIR (a
 validation set: the same class and length, other files).
 --epoch-copies K: after each epoch, wait until the tier-run's RAM tier holds K copies;
@@ -191,6 +193,8 @@ def main() -> None:
     p.add_argument("--epoch-pause", type=float, default=0.0, help="seconds after each epoch (a validation)")
     p.add_argument("--stats-pass", action="store_true", help="a sequential pass over the data set first")
     p.add_argument("--replacement", action="store_true", help="a RandomSampler with replacement (seeded)")
+    p.add_argument("--loader-per-epoch", action="store_true",
+                   help="a new DataLoader for each epoch (one generator for all: each epoch its own order)")
     p.add_argument("--val", help="after each epoch, a pass over a data set of the same kind in this directory")
     p.add_argument("--step-pause", type=float, default=0.0, help="seconds per batch (the model's compute)")
     p.add_argument("--epoch-copies", type=int, default=0,
@@ -205,18 +209,23 @@ def main() -> None:
         xs = [x for _, x in DataLoader(ds, batch_size=8, num_workers=a.workers, collate_fn=collate)]
         stats = torch.cat(xs).mean(0).tolist()
         time.sleep(a.epoch_pause)
-    if a.replacement:
-        sampler = RandomSampler(ds, replacement=True, generator=torch.Generator().manual_seed(11))
-        loader = DataLoader(ds, batch_size=8, sampler=sampler, num_workers=a.workers, collate_fn=collate)
-    else:
-        loader = DataLoader(ds, batch_size=8, shuffle=True, num_workers=a.workers, collate_fn=collate,
-                            generator=torch.Generator().manual_seed(11))
+    generator = torch.Generator().manual_seed(11)
+
+    def new_loader() -> DataLoader:
+        if a.replacement:
+            sampler = RandomSampler(ds, replacement=True, generator=generator)
+            return DataLoader(ds, batch_size=8, sampler=sampler, num_workers=a.workers, collate_fn=collate)
+        return DataLoader(ds, batch_size=8, shuffle=True, num_workers=a.workers, collate_fn=collate,
+                          generator=generator)
+    loader = new_loader()
     model = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     seen: dict[int, str] = {}
     epochs = []
     for _ in range(a.epochs):
         opens = local = 0
+        if a.loader_per_epoch and epochs:
+            loader = new_loader()
         for meta, x in loader:
             for i, h, n_local in meta:
                 assert seen.setdefault(i, h) == h, f"index {i} read different bytes"

@@ -180,6 +180,14 @@ class HookFeed:
         log.info("order hook: %s; prefetching follows first touch (give each data set a root attribute "
                  "of its own, or the order with --order-file)", why)
 
+    def taught_by_another(self, key: int) -> bool:
+        """Whether the mapping loader `key` reads by was learnt from another
+        DataLoader's opens (a pass before training, the loader of an earlier
+        epoch when a script makes one per epoch)."""
+        loader = self.loaders.get(key)
+        learner = self._learner(loader) if loader is not None else None
+        return learner is not None and learner.loader is not None and learner.loader != key
+
     def refused(self) -> bool:
         """Whether the main loader's tag space was found shared by two data sets."""
         loader = self.loaders.get(self.main) if self.main is not None else None
@@ -210,6 +218,7 @@ class HookFeed:
             learner = self._learner(loader)
             if learner is not None and learner.epoch is None:
                 learner.epoch = epoch   # the epoch that learns: what is learnt before it starts is planned
+                learner.loader = key
 
     def _dataset(self, loader: _Loader, rank: int, msg: dict) -> None:
         """The mapping read from an attribute if it checks out, else the

@@ -95,6 +95,7 @@ class Learner:
         self.learnt = 0                 # indices with at least one file
         self.opens = 0                  # tagged catalogued opens seen
         self.epoch: int | None = None   # the epoch (hook numbering) learning started in
+        self.loader: int | None = None  # ... and the key of the DataLoader that read it
         self.fetches = 0                # fetches seen (runs of one process's opens under one index)
         self.strays = 0                 # ... that opened none of the index's first file's directory
         self.stray: tuple[int, int, int] | None = None   # (index, its first file, a file of such a fetch)

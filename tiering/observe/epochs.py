@@ -5,7 +5,8 @@ position says the epoch (`EpochLog.opened`).  An open that matches no
 position counts in the epoch the reader is in; opens made before the first
 epoch's order was known (the hook's order and the first opens race) count
 in the first epoch (in the one before it when the first order known is of a
-later epoch: a learnt mapping); after the reads stopped following the order, nothing is
+later epoch: a learnt mapping; the policy numbers each main DataLoader's epochs
+after those counted, docs/design.md NOTE [epoch rows]); after the reads stopped following the order, nothing is
 attributed (the totals of the summary still count them).  The bytes read
 through a descriptor, known when it is closed (NOTE [read counters]), count
 in the epoch its file's last open counted in.
@@ -155,6 +156,14 @@ class EpochLog:
             self._pending = EpochCount(-1)
             self._pending_into = into.epoch
         return rec
+
+    def next_epoch(self) -> int:
+        """The number after every epoch counted (after the opens before the
+        first order too, while they wait for it)."""
+        with self._lock:
+            if self._epochs:
+                return max(self._epochs) + 1
+            return 1 if self._pending.opens else 0
 
     def records(self) -> list[dict[str, Any]]:
         """One dict per epoch with an open, in epoch order (times are
