@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +15,15 @@ import pytest
 
 from helpers import C_DIR, ShimEnv, build_index, dead_job_dir, leftovers, make_data, private_dir, wait_for
 from tiering.placement.index import Root, library_path
+
+# The tests start tier-run as a user's terminal does.  A run of the suite
+# started under nohup, or in the background by a shell without job control,
+# ignores SIGHUP (or SIGINT, SIGQUIT), and an ignored signal is inherited by
+# every child: tier-run then keeps it ignored, as nohup asks, and the tests
+# that send it or check the default dispositions would measure the shell.
+for _sig in (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT):
+    if signal.getsignal(_sig) == signal.SIG_IGN:
+        signal.signal(_sig, signal.default_int_handler if _sig == signal.SIGINT else signal.SIG_DFL)
 
 
 @pytest.fixture
