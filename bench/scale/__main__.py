@@ -101,10 +101,9 @@ def render(out: Path) -> str:
     return text
 
 
-def _measured_by(case: dict[str, Any], run: dict[str, Any]) -> str:
-    """The command and commit a case kept from an earlier run was measured by."""
-    by = str(case.get("measured_by", " ".join(run["command"])))
-    return by if " (at " in by else f"{by} (at {str(run['machine'].get('commit') or '?')[:7]})"
+def _measured_by(case: dict[str, Any]) -> str:
+    """The command and the commit a case was measured by, for the headline."""
+    return f"{case['measured_by']} (at {str(case.get('commit') or '?')[:7]})"
 
 
 def write_results(a: argparse.Namespace, argv: list[str] | None, settings: cases.Settings, tree: Tree,
@@ -114,7 +113,7 @@ def write_results(a: argparse.Namespace, argv: list[str] | None, settings: cases
     command = ["python", "-m", "bench.scale", *(argv if argv is not None else sys.argv[1:])]
     earlier = previous(a) if a.merge else None
     if earlier:
-        kept = {name: {**res, "measured_by": _measured_by(res, earlier)}
+        kept = {name: {"measured_by": " ".join(earlier["command"]), "commit": earlier["machine"].get("commit"), **res}
                 for name, res in earlier["cases"].items() if name not in results}
         results = {name: ({**kept, **results})[name] for name in cases.CASES if name in kept or name in results}
     table = report.rows(results, a.epochs)
@@ -126,7 +125,7 @@ def write_results(a: argparse.Namespace, argv: list[str] | None, settings: cases
            "cases": results, "targets": report.as_json(table), "seconds": total}
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "scale.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
-    commands = sorted({r["measured_by"] for r in results.values() if "measured_by" in r}) or [" ".join(command)]
+    commands = sorted({_measured_by(r) for r in results.values() if "measured_by" in r}) or [" ".join(command)]
     headline = (f"Measured with `{'` and `'.join(commands)}`: {tree.files:,} files of {tree.size} B in "
                 f"{tree.classes} class directories, {a.epochs} epochs, {os.cpu_count()} cores; page cache warm "
                 f"for ours and the references.")
@@ -161,8 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for name in a.only or list(cases.CASES):
             print(f"bench.scale: {name} ...", flush=True)
-            results[name] = {"measured_by": " ".join(["python", "-m", "bench.scale", *(argv or sys.argv[1:])])
-                             + f" (at {str(machine().get('commit') or '?')[:7]})", **cases.run_case(ctx, name)}
+            results[name] = {"measured_by": " ".join(["python", "-m", "bench.scale", *(argv or sys.argv[1:])]),
+                             "commit": machine().get("commit"), **cases.run_case(ctx, name)}
             print(f"bench.scale: {name} done in {results[name]['case_seconds']:.0f} s"
                   + (f" ({results[name]['error']})" if "error" in results[name] else ""), flush=True)
             write_results(a, argv, settings, tree, gen_seconds, results, time.monotonic() - t0)
