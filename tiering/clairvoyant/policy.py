@@ -94,7 +94,6 @@ class Clairvoyant(Policy):
         self._loader: int | None = None
         self._actions: deque[Actions] = deque()   # planned, not yet handed to the daemon
         self.epoch_log = EpochLog()         # opens per epoch, for the report
-        self._log_base = 0                  # its epoch = the plan's + this (NOTE [epoch rows])
         self._sizes = np.asarray(placement.sizes, dtype=np.int64)
         self._early: deque[tuple[np.ndarray, np.ndarray]] = deque()   # (files, pids) before the first order
         self._early_n = 0
@@ -310,9 +309,9 @@ class Clairvoyant(Policy):
         each at epoch 0); the first loader's, when another loader's opens
         taught the mapping, after the opens that taught it."""
         if self._loader is not None:
-            self._log_base = self.epoch_log.next_epoch() - epoch
+            self.epoch_log.number_from(epoch)
         elif isinstance(self.feed, HookFeed) and self.feed.taught_by_another(key):
-            self._log_base = 1 - epoch
+            self.epoch_log.number_from(epoch, after_pending=True)
 
     # -- events ------------------------------------------------------------------
     def on_tagged(self, files: np.ndarray, tags: np.ndarray, pids: np.ndarray | None = None) -> None:
@@ -360,8 +359,8 @@ class Clairvoyant(Policy):
         uniq, first, count = np.unique(late, return_index=True, return_counts=True)
         at = np.minimum(np.searchsorted(uniq, files), len(uniq) - 1)
         skip = (uniq[at] == files) & (occurrences(files) < count[at])
-        self.epoch_log.opened_many(epochs[first][at[skip]] + self._log_base, from_tier[skip],
-                                   self._sizes[files[skip]], None, files[skip])   # their closes count there too
+        self.epoch_log.opened_many(epochs[first][at[skip]], from_tier[skip], self._sizes[files[skip]], None,
+                                   files[skip])   # their closes count there too
         return ~skip
 
     def _drop_early(self) -> None:
@@ -429,8 +428,7 @@ class Clairvoyant(Policy):
         position, else the reader's; none while no order is followed."""
         sizes = self._sizes[files]
         epochs = self._epochs_at(matched) if matched is not None else None
-        self.epoch_log.opened_many(None if epochs is None else epochs + self._log_base, from_tier, sizes,
-                                   self.lead(), files)
+        self.epoch_log.opened_many(epochs, from_tier, sizes, self.lead(), files)
 
     def _epochs_at(self, positions: np.ndarray) -> np.ndarray | None:
         """The epoch number of each stream position (-1: the reader's), None

@@ -5,9 +5,11 @@ position says the epoch (`EpochLog.opened`).  An open that matches no
 position counts in the epoch the reader is in; opens made before the first
 epoch's order was known (the hook's order and the first opens race) count
 in the first epoch (in the one before it when the first order known is of a
-later epoch: a learnt mapping; the policy numbers each main DataLoader's epochs
-after those counted, docs/design.md NOTE [epoch rows]); after the reads stopped following the order, nothing is
-attributed (the totals of the summary still count them).  The bytes read
+later epoch: a learnt mapping); after the reads stopped following the order,
+nothing is attributed (the totals of the summary still count them).  The
+epochs the policy gives are its plan's, numbered as their DataLoader numbers
+them; `number_from` shifts them so that each new DataLoader's epochs come
+after those counted (docs/design.md, NOTE [epoch rows]).  The bytes read
 through a descriptor, known when it is closed (NOTE [read counters]), count
 in the epoch its file's last open counted in.
 
@@ -52,6 +54,7 @@ class EpochLog:
         self._last = np.zeros(0, np.int32)  # by catalog id: where its last open counted
         self.unattributed = 0               # opens after the reads stopped following
         self.unattributed_read = 0          # bytes read through them
+        self._base = 0                      # an epoch given is counted as epoch + _base (number_from)
         self._clock = clock
 
     def opened(self, epoch: int | None, from_tier: bool, size: int, lead: int | None = None,
@@ -77,6 +80,7 @@ class EpochLog:
                     self._count(rec, now, len(from_tier), int(from_tier.sum()), int(sizes[~from_tier].sum()), lead)
                 self._remember(files, None, NOWHERE if rec is None else PENDING)
                 return
+            epochs = epochs + self._base
             for e in np.unique(epochs).tolist():
                 sel = epochs == e
                 tier = from_tier[sel]
@@ -157,13 +161,17 @@ class EpochLog:
             self._pending_into = into.epoch
         return rec
 
-    def next_epoch(self) -> int:
-        """The number after every epoch counted (after the opens before the
-        first order too, while they wait for it)."""
+    def number_from(self, epoch: int, after_pending: bool = False) -> None:
+        """The policy's epoch `epoch` (of a new DataLoader) and those after
+        it are counted after every epoch counted so far; after_pending: after
+        the opens made before the first order too (another DataLoader's,
+        which taught the mapping: they get the row before it)."""
         with self._lock:
             if self._epochs:
-                return max(self._epochs) + 1
-            return 1 if self._pending.opens else 0
+                row = max(self._epochs) + 1
+            else:
+                row = 1 if after_pending or self._pending.opens else 0
+            self._base = row - epoch
 
     def records(self) -> list[dict[str, Any]]:
         """One dict per epoch with an open, in epoch order (times are
