@@ -58,15 +58,31 @@ void tr_skip(tr_mt *g, int64_t words)
 
 /* torch.randperm(n) for n < 2**32 / 20 (randperm_cpu): identity, then for
  * i < n - 1 swap r[i] with r[i + random() % (n - i)] */
+#define TR_AHEAD 16   /* swaps whose random entry is asked for ahead (a power of 2) */
+
 void tr_randperm(tr_mt *g, int64_t n, int64_t *out)
 {
     for (int64_t i = 0; i < n; i++)
         out[i] = i;
-    for (int64_t i = 0; i < n - 1; i++) {
-        int64_t z = (int64_t)(next32(g) % (uint64_t)(n - i));
+    /* the draws do not depend on the entries: those TR_AHEAD swaps on are
+     * drawn first and their entries (cache misses on a large n) asked for,
+     * so that the misses overlap; n - i < 2**32, a 32-bit division */
+    int64_t z[TR_AHEAD];
+    int64_t last = n - 1, drawn = 0;
+    for (; drawn < last && drawn < TR_AHEAD; drawn++) {
+        z[drawn] = drawn + (int64_t)(next32(g) % (uint32_t)(n - drawn));
+        __builtin_prefetch(&out[z[drawn]], 1);
+    }
+    for (int64_t i = 0; i < last; i++) {
+        int64_t j = z[i & (TR_AHEAD - 1)];
+        if (drawn < last) {
+            z[drawn & (TR_AHEAD - 1)] = drawn + (int64_t)(next32(g) % (uint32_t)(n - drawn));
+            __builtin_prefetch(&out[z[drawn & (TR_AHEAD - 1)]], 1);
+            drawn++;
+        }
         int64_t sav = out[i];
-        out[i] = out[z + i];
-        out[z + i] = sav;
+        out[i] = out[j];
+        out[j] = sav;
     }
 }
 
