@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -360,3 +361,33 @@ def test_local_ranks() -> None:
         local_ranks(4, 4, 2)
     with pytest.raises(OrderError):
         local_ranks(4, 0, 5)
+
+
+@pytest.mark.parametrize("extra", (False, True))
+@pytest.mark.parametrize("sampler", ("random", "distributed"))
+def test_epochs_from_options_are_the_files_the_samples_read(tmp_path: Path, extra: bool, sampler: str) -> None:
+    """Each epoch's catalog ids are those of the files its indices name in the
+    ImageFolder layout: the orders themselves when index i is file i of the
+    catalog, gathered through the layout when it is not (a file ImageFolder
+    skips, sorted between the images)."""
+    from tiering.catalog import scan
+    from tiering.catalog.layout import dataset_ids
+    from tiering.clairvoyant.options import OrderOptions, epoch_arrays_from_options, layout_of, rank_specs
+    for c in range(3):
+        (tmp_path / f"c{c}").mkdir()
+        for k in range(7):
+            (tmp_path / f"c{c}" / f"{k}.jpg").write_bytes(b"x")
+    if extra:
+        (tmp_path / "c1" / "3.txt").write_bytes(b"not an image")
+    cat = scan([str(tmp_path)])
+    opts = OrderOptions(sampler=sampler, seed=5, epochs=3, world_size=2 if sampler == "distributed" else None,
+                        rank=1 if sampler == "distributed" else None,
+                        local_world_size=1 if sampler == "distributed" else None)
+    mapping = dataset_ids(cat, layout_of(opts))
+    assert np.array_equal(mapping, np.arange(len(cat.files))) is not extra
+    (spec,) = rank_specs(opts, {})
+    got = [e.tolist() for e in epoch_arrays_from_options(opts, cat, {})]
+    want = [[int(mapping[i]) for i in epoch_order(spec, len(mapping), e)] for e in range(3)]
+    assert got == want and len(got[0]) == (11 if sampler == "distributed" else 21)
+    names = {cat.files.rel(int(f)) for f in got[0]}
+    assert not any(n.endswith(".txt") for n in names)

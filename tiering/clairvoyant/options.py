@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -130,12 +130,23 @@ def epoch_arrays_from_options(opts: OrderOptions, catalog: Catalog,
     mapping = dataset_ids(catalog, layout_of(opts))
     specs = rank_specs(opts, env)
     n = len(mapping)
+    # most often index i reads file i (an ImageFolder tree the catalog lists in
+    # its order): the orders are the ids, without a gather of a million
+    # random entries per epoch
+    ids = _ids_of(mapping)
     if len(specs) == 1:
         for order in epoch_arrays(specs[0], n, opts.epochs):
-            yield mapping[order]
+            yield ids(order)
     else:
         for e in range(opts.epochs):
-            yield mapping[node_stream_array(specs, n, e)]
+            yield ids(node_stream_array(specs, n, e))
+
+
+def _ids_of(mapping: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+    """Data-set indices -> catalog ids through mapping (the identity when it is one)."""
+    if np.array_equal(mapping, np.arange(len(mapping))):
+        return lambda order: order
+    return lambda order: mapping[order]
 
 
 class _PathEntry(Exception):
