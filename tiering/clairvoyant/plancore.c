@@ -11,7 +11,6 @@
 #define TP_INF ((int64_t)1 << 62)
 #define TP_SCAN 64
 #define TP_AHEAD 16   /* positions ahead whose file's entries the loops ask the caches for */
-#define TP_LINE 16    /* stream positions in a cache line (int32) */
 #define TP_FETCH 0
 #define TP_EVICT 1
 
@@ -153,19 +152,19 @@ static void unhold(tp_plan *p, int64_t f, int tier, int64_t need)
 static void enter(tp_plan *p, int64_t f, int tier)
 {
     p->tier[f] = (int8_t)tier;
-    p->used[tier] += p->alloc[f];
+    p->used[tier] += p->file[f].alloc;
     p->n_resident++;
-    hold(p, f, tier, p->need[f]);
+    hold(p, f, tier, p->file[f].need);
 }
 
-static int leave(tp_plan *p, int64_t f)
+/* f leaves the tier it is in, whose need is `need` (the victim's, known
+ * from the victim set: its entries are not read again) */
+static void leave(tp_plan *p, int64_t f, int tier, int64_t need)
 {
-    int tier = p->tier[f];
-    unhold(p, f, tier, p->need[f]);
+    unhold(p, f, tier, need);
     p->tier[f] = -1;
-    p->used[tier] -= p->alloc[f];
+    p->used[tier] -= p->file[f].alloc;
     p->n_resident--;
-    return tier;
 }
 
 /* The file to evict first among these tiers: no known next use (fewest
@@ -208,14 +207,19 @@ static int victim(tp_plan *p, const int32_t *cand, int ncand, int64_t *file, int
         return 0;
     *need = far + p->pos0;
     int64_t r = *need - p->base, f = p->stream[r];
-    /* the victim's entries are cold (it is the file needed last): their
-     * misses overlap instead of following each other through leave(); the
-     * next victims are needed just before it, a cache line of positions back */
-    if (r >= TP_LINE)
-        __builtin_prefetch(&p->stream[r - TP_LINE]);
-    __builtin_prefetch(&p->alloc[f]);
-    __builtin_prefetch(&p->tier[f]);
-    __builtin_prefetch(&p->need[f]);
+    /* the victim's entries are cold (it is the file needed last): the two
+     * leave() reads overlap instead of following each other.  The next
+     * victim is most often the file needed just before it, the next bit of
+     * its word of the set: that file's entries are asked for a make_room()
+     * ahead.  Its need is not read: it is the position found here. */
+    __builtin_prefetch(&p->file[f], 1);
+    __builtin_prefetch(&p->tier[f], 1);
+    uint64_t below = p->by_need[*tier].lv[0][far >> 6] & ((UINT64_C(1) << (far & 63)) - 1);
+    if (below) {
+        int64_t g = p->stream[(far & ~(int64_t)63) + 63 - __builtin_clzll(below) + p->pos0 - p->base];
+        __builtin_prefetch(&p->file[g], 1);
+        __builtin_prefetch(&p->tier[g], 1);
+    }
     *file = f;
     return 1;
 }
@@ -226,7 +230,7 @@ static int victim(tp_plan *p, const int32_t *cand, int ncand, int64_t *file, int
  * resident file is needed sooner than `need`, -2 when out of memory. */
 static int make_room(tp_plan *p, int64_t f, int64_t need)
 {
-    int64_t size = p->alloc[f];
+    int64_t size = p->file[f].alloc;
     int32_t cand[128];
     int ncand = 0;
     for (int k = 0; k < p->tiers && ncand < 128; k++)
@@ -264,24 +268,43 @@ static int make_room(tp_plan *p, int64_t f, int64_t need)
             p->victims_cap = cap;
         }
         p->victims[2 * nv] = v;
-        p->victims[2 * nv + 1] = leave(p, v);
+        p->victims[2 * nv + 1] = vt;
+        leave(p, v, vt, vneed);
         nv++;
     }
 }
 
+/* The largest capacity: a file fits some tier when its allocation is no
+ * larger (Planner._fits), checked on alloc[], which the fetch reads anyway,
+ * instead of a line of one more array per position scanned. */
+static int64_t largest_cap(const tp_plan *p)
+{
+    int64_t m = -1;
+    for (int k = 0; k < p->tiers; k++)
+        if (p->cap[k] > m)
+            m = p->cap[k];
+    return m;
+}
+
 static int64_t next_wanted(const tp_plan *p, int64_t pos)
 {
-    int64_t end = p->base + p->n;
+    int64_t end = p->base + p->n, fits = largest_cap(p);
     for (; pos < end; pos++) {
         int64_t r = pos - p->base, f = p->stream[r];
-        if (pos + TP_AHEAD < end) {   /* the entries of the files fetched next: cold */
-            int64_t g = p->stream[r + TP_AHEAD];
-            __builtin_prefetch(&p->tier[g]);
-            __builtin_prefetch(&p->alloc[g]);
-            __builtin_prefetch(&p->size[g]);
-            __builtin_prefetch(&p->need[g]);
+        /* the entries of the files fetched next are cold: tier[] of the
+         * file TP_AHEAD positions on, and once that is in, the entries a
+         * fetch reads of the one TP_AHEAD / 2 on, if it is not placed (asking
+         * for those of every file kept the loads waiting for room to ask) */
+        if (pos + TP_AHEAD < end)
+            __builtin_prefetch(&p->tier[p->stream[r + TP_AHEAD]]);
+        if (pos + TP_AHEAD / 2 < end) {
+            int64_t g = p->stream[r + TP_AHEAD / 2];
+            if (p->tier[g] < 0) {
+                __builtin_prefetch(&p->file[g]);
+                __builtin_prefetch(&p->size[g]);
+            }
         }
-        if (p->tier[f] < 0 && !p->cons[r] && p->fits[f])
+        if (p->tier[f] < 0 && !p->cons[r] && p->file[f].alloc <= fits)
             return pos;
     }
     return end;
@@ -305,7 +328,7 @@ static int64_t fill_free(tp_plan *p, int64_t pos)
         if (pos >= end)
             return end;
         int64_t f = p->stream[pos - p->base];
-        int tier = room_for(p, p->alloc[f]);
+        int tier = room_for(p, p->file[f].alloc);
         if (tier < 0)
             return pos;
         enter(p, f, tier);
@@ -344,34 +367,33 @@ int tp_advance(tp_plan *p)
 
 /* ---- extend: the links of the positions appended ---- */
 
-/* The loop reads last[f] and need[f] and writes next[last[f]] at random for
- * each position: three cache misses on a catalog of a million files.  It asks
- * for them ahead (the stream is read in order): last[] and need[] of the file
- * TP_AHEAD positions on, next[] of the one TP_AHEAD / 2 on (its last[] asked
- * for before); hints only.  A third of the time of extend() at 1.28 M files. */
+/* The loop reads a file's last use and need (one record) and writes
+ * next[] of its last use at random for each position: two cache misses on
+ * a catalog of a million files.  It asks for them ahead (the stream is read
+ * in order): the record of the file TP_AHEAD positions on, next[] of the one
+ * TP_AHEAD / 2 on (its record asked for before); hints only. */
 
-int64_t tp_link(tp_plan *p, int64_t *last, int64_t start, int64_t k, int64_t *fresh_file, int64_t *fresh_pos)
+int64_t tp_link(tp_plan *p, int64_t start, int64_t k, int64_t *fresh_file, int64_t *fresh_pos)
 {
     int64_t fresh = 0;
     const int32_t *s = p->stream + (start - p->base);
     for (int64_t i = 0; i < k; i++) {
         if (i + TP_AHEAD < k) {
-            __builtin_prefetch(&last[s[i + TP_AHEAD]], 0);
-            __builtin_prefetch(&p->need[s[i + TP_AHEAD]], 0);
+            __builtin_prefetch(&p->file[s[i + TP_AHEAD]], 1);
         }
         if (i + TP_AHEAD / 2 < k) {
-            int64_t q = last[s[i + TP_AHEAD / 2]];
+            int64_t q = p->file[s[i + TP_AHEAD / 2]].last;
             if (q >= p->base)
                 __builtin_prefetch(&p->next[q - p->base], 1);
         }
-        int64_t pos = start + i, f = s[i], prev = last[f];
+        int64_t pos = start + i, f = s[i], prev = p->file[f].last;
         if (prev >= p->base)
             p->next[prev - p->base] = pos;
-        if (prev < start && p->need[f] == TP_INF) {   /* its first use in these k, none known before */
+        if (prev < start && p->file[f].need == TP_INF) {   /* its first use in these k, none known before */
             fresh_file[fresh] = f;
             fresh_pos[fresh++] = pos;
         }
-        last[f] = pos;
+        p->file[f].last = pos;
     }
     return fresh;
 }
@@ -407,9 +429,9 @@ static void consume(tp_plan *p, int64_t pos)
         return;
     p->cons[pos - base] = 1;
     int64_t f = p->stream[pos - base];
-    if (p->done[f] < pos)
-        p->done[f] = pos;
-    if (p->need[f] == pos) {
+    if (p->file[f].done < pos)
+        p->file[f].done = pos;
+    if (p->file[f].need == pos) {
         int64_t q = p->next[pos - base];
         while (q != TP_INF && p->cons[q - base])
             q = p->next[q - base];
@@ -418,7 +440,7 @@ static void consume(tp_plan *p, int64_t pos)
             unhold(p, f, t, pos);
             hold(p, f, t, q);
         }
-        p->need[f] = q;
+        p->file[f].need = q;
     }
     if (pos == p->reader) {
         int64_t r = pos + 1;
@@ -458,8 +480,18 @@ static void read_range(tp_plan *p, int64_t start, int64_t stop)
         if (pos + TP_AHEAD < end) {
             int64_t g = p->stream[pos + TP_AHEAD - p->base];
             __builtin_prefetch(&p->tier[g]);
-            __builtin_prefetch(&p->need[g]);
-            __builtin_prefetch(&p->done[g]);
+            __builtin_prefetch(&p->file[g], 1);
+            /* consume() then checks the file's next use (at random in the
+             * next epoch), and moves its bit in the victim set there */
+            int64_t q = p->next[pos + TP_AHEAD - p->base];
+            if (q != TP_INF)
+                __builtin_prefetch(&p->cons[q - p->base]);
+        }
+        if (pos + TP_AHEAD / 2 < end) {
+            int64_t r = pos + TP_AHEAD / 2 - p->base, q = p->next[r];
+            int t = p->tier[p->stream[r]];
+            if (q != TP_INF && t >= 0 && q >= p->pos0)
+                __builtin_prefetch(&p->by_need[t].lv[0][(q - p->pos0) >> 6], 1);
         }
         int64_t f = p->stream[pos - p->base];
         int t = p->tier[f];

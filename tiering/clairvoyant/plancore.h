@@ -14,15 +14,23 @@ typedef struct {
     uint64_t *lv[8];           /* the bit words of each level */
 } tp_bits;
 
+/* What the loops read of a file, one record: a position's reading, a fetch,
+ * an eviction and a link each touch one cache line of it rather than one
+ * per array (NOTE [planner records] in docs/design.md).  Planner._need,
+ * _done, _last and _alloc are its columns (32-byte aligned). */
+typedef struct {
+    int64_t need;              /* next unconsumed use, TP_INF: none known */
+    int64_t done;              /* latest position consumed or skipped */
+    int64_t last;              /* latest position known (extend) */
+    int64_t alloc;             /* bytes a copy takes in a tier */
+} tp_file;
+
 typedef struct {
     /* per file */
     int8_t *tier;              /* tier holding it, -1: none */
-    int64_t *need;             /* next unconsumed use, TP_INF: none known */
+    tp_file *file;
     const int32_t *uses;       /* known uses */
-    int64_t *done;             /* latest position consumed or skipped */
-    const int64_t *alloc;      /* bytes a copy takes in a tier */
     const int64_t *size;       /* bytes read from the PFS */
-    const uint8_t *fits;       /* some tier can hold it */
     const uint8_t *pin;        /* kept once held: never a victim (NULL: none is) */
     /* per stream position held (base .. base + n) */
     int32_t *stream;
@@ -60,9 +68,10 @@ int64_t tp_run(tp_plan *p, int64_t pos, int64_t stop, int64_t log_limit);
 void tp_free(tp_plan *p);
 size_t tp_plan_size(void);   /* what Python checks its view of tp_plan against */
 /* extend: for the k positions from start (already in stream): each one's
- * link from the file's previous position (last[], updated); the files whose
- * first known use it is, with that position, into fresh_*; returns how many */
-int64_t tp_link(tp_plan *p, int64_t *last, int64_t start, int64_t k, int64_t *fresh_file, int64_t *fresh_pos);
+ * link from the file's previous position (its record's last, updated); the
+ * files whose first known use it is, with that position, into fresh_*;
+ * returns how many */
+int64_t tp_link(tp_plan *p, int64_t start, int64_t k, int64_t *fresh_file, int64_t *fresh_pos);
 /* uses[f] += 1 for each of the k files of stream */
 void tp_count(int32_t *uses, const int32_t *stream, int64_t k);
 /* END CDEF */

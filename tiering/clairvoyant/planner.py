@@ -80,7 +80,7 @@ _ffi.cdef((_HERE / "plancore.h").read_text().split("/* BEGIN CDEF */", 1)[1].spl
 _lib: Any = None
 _P, _I64 = ctypes.c_void_p, ctypes.c_int64
 _SIGNATURES = {"tp_advance": (ctypes.c_int, [_P]), "tp_run": (_I64, [_P, _I64, _I64, _I64]),
-               "tp_free": (None, [_P]), "tp_link": (_I64, [_P, _P, _I64, _I64, _P, _P]),
+               "tp_free": (None, [_P]), "tp_link": (_I64, [_P, _I64, _I64, _P, _P]),
                "tp_count": (None, [_P, _P, _I64]), "tp_plan_size": (ctypes.c_size_t, [])}
 
 
@@ -113,6 +113,14 @@ def core_available() -> bool:
 
 def _ptr(ctype: str, a: np.ndarray) -> Any:
     return _ffi.cast(ctype, a.ctypes.data)
+
+
+def _records(n: int) -> np.ndarray:
+    """n records of 4 int64 (tp_file), each within one 64-byte cache line:
+    the array starts at a multiple of 32 bytes (numpy only promises 16)."""
+    raw = np.empty(4 * n + 4, np.int64)
+    skip = (-raw.ctypes.data % 32) // 8
+    return raw[skip:skip + 4 * n].reshape(n, 4)
 
 
 class _Core:
@@ -164,9 +172,8 @@ class _Core:
     def arrays(self, p: Planner) -> Any:
         """The C struct with the Planner's arrays and stream (not its victim sets)."""
         c = self.c
-        c.tier, c.need, c.uses = _ptr("int8_t *", p._tier), _ptr("int64_t *", p._need), _ptr("int32_t *", p._uses)
-        c.done, c.alloc, c.size = _ptr("int64_t *", p._done), _ptr("int64_t *", p._alloc), _ptr("int64_t *", p._size)
-        c.fits = _ptr("uint8_t *", p._fits)
+        c.tier, c.file, c.uses = _ptr("int8_t *", p._tier), _ptr("tp_file *", p._files), _ptr("int32_t *", p._uses)
+        c.size = _ptr("int64_t *", p._size)
         c.pin = _ffi.NULL if p._pin is None else _ptr("uint8_t *", p._pin)
         c.stream, c.next, c.cons = _ptr("int32_t *", p._stream), _ptr("int64_t *", p._next), _ptr("uint8_t *", p._cons)
         c.base, c.n, c.cursor, c.reader, c.pos0 = p.base, p._n, p.cursor, p.reader, p._pos0
@@ -415,18 +422,21 @@ class Planner:
         self.alloc = alloc
         self._size = np.ascontiguousarray(sizes, dtype=np.int64)
         n = len(self._size)
+        # need, done (the latest position of each file consumed or skipped),
+        # last (its latest position known) and allocation: one record per file
+        # (tp_file of plancore.h, NOTE [planner records]), a column each
+        self._files = _records(n)
+        self._need, self._done, self._last, self._alloc = (self._files[:, k] for k in range(4))
+        self._need[:], self._done[:], self._last[:] = INF, -1, -1
         if alloc is allocation:
-            self._alloc = allocations(self._size)
+            self._alloc[:] = allocations(self._size)
         else:
-            self._alloc = np.fromiter((alloc(int(s)) for s in self._size), np.int64, n)
+            self._alloc[:] = np.fromiter((alloc(int(s)) for s in self._size), np.int64, n)
         self._fits = self._alloc <= max(self.capacities, default=-1)   # some tier can hold it
         self._pin: np.ndarray | None = None
         self._set_pin(pinned)
         self._tier = np.full(n, -1, np.int8)
-        self._need = np.full(n, INF, np.int64)
         self._uses = np.zeros(n, np.int32)
-        self._last = np.full(n, -1, np.int64)
-        self._done = np.full(n, -1, np.int64)    # the latest position of each file consumed or skipped
         self._tier_mv = self._tier.data
         self._need_mv = self._need.data
         self._done_mv = self._done.data
@@ -597,8 +607,7 @@ class Planner:
             self._core = _Core(self)
         self._n += k
         self._core.arrays(self)
-        m = _lib.tp_link(self._core.addr, self._last.ctypes.data, start, k, fresh_file.ctypes.data,
-                         fresh_pos.ctypes.data)
+        m = _lib.tp_link(self._core.addr, start, k, fresh_file.ctypes.data, fresh_pos.ctypes.data)
         self._set_needs(fresh_file[:m], np.full(m, INF, np.int64), fresh_pos[:m])
         _lib.tp_count(self._uses.ctypes.data, self._stream[start - self.base:].ctypes.data, k)
         self._sets_changed = True   # (new numbers of uses)
