@@ -97,7 +97,7 @@ def state(p: Planner) -> tuple:
 
 
 OPS = st.lists(st.tuples(st.sampled_from(["advance", "advance", "consume", "consume", "consume_range",
-                                          "skip", "drop", "adopt", "extend"]),
+                                          "skip", "drop", "adopt", "extend", "read"]),
                          st.integers(0, 1 << 30)), max_size=80)
 
 
@@ -127,6 +127,20 @@ def test_driven_step_by_step_the_core_keeps_the_python_state(monkeypatch: pytest
                 b.extend(order)
         elif op == "advance":
             assert advance(a, "c") == advance(b, "python")
+        elif op == "read":
+            # simulate()'s loop from the reader, also with positions after it
+            # consumed (its reader reads them in order: up to the first one)
+            ahead = np.flatnonzero(a._cons[r - a.base:a._n])
+            stop = min(a.end, r + x % 20, r + int(ahead[0]) if ahead.size else a.end)
+            ra, rb = (planner.EpochReport(hits=[0] * len(c["caps"])) for _ in "ab")
+            kept_a: list[planner.Actions] = []
+            kept_b: list[planner.Actions] = []
+            planner._run_core(a, ra, r, stop, kept_a)
+            with monkeypatch.context() as m:
+                m.setenv("TIERING_PLANNER", "python")
+                planner._run_python(b, rb, r, stop, kept_b, planner._Log())
+            assert ra.as_dict() == rb.as_dict()
+            assert as_tuples(planner.Actions.concat(kept_a)) == as_tuples(planner.Actions.concat(kept_b))
         elif op == "consume":
             for p in (a, b):
                 p.consume(r + x % 6 - 1)

@@ -422,7 +422,10 @@ static void trim(tp_plan *p)
     p->base += k;
 }
 
-static void consume(tp_plan *p, int64_t pos)
+/* walk: some position after pos may be consumed already (read out of
+ * order), so the next use is the first unconsumed one of the file's links;
+ * 0 when none is, and the next link is the next use (no load of its flag) */
+static void consume(tp_plan *p, int64_t pos, int walk)
 {
     int64_t base = p->base, end = base + p->n;
     if (pos < p->reader || pos >= end || p->cons[pos - base])
@@ -433,7 +436,7 @@ static void consume(tp_plan *p, int64_t pos)
         p->file[f].done = pos;
     if (p->file[f].need == pos) {
         int64_t q = p->next[pos - base];
-        while (q != TP_INF && p->cons[q - base])
+        while (walk && q != TP_INF && p->cons[q - base])
             q = p->next[q - base];
         int t = p->tier[f];
         if (t >= 0) {
@@ -469,7 +472,7 @@ static int64_t quiet_until(const tp_plan *p, int64_t stop)
     return hi > r + 1 ? hi : r + 1;
 }
 
-static void read_range(tp_plan *p, int64_t start, int64_t stop)
+static void read_range(tp_plan *p, int64_t start, int64_t stop, int walk)
 {
     int64_t end = p->base + p->n;
     for (int64_t pos = start; pos < stop; pos++) {
@@ -484,7 +487,7 @@ static void read_range(tp_plan *p, int64_t start, int64_t stop)
             /* consume() then checks the file's next use (at random in the
              * next epoch), and moves its bit in the victim set there */
             int64_t q = p->next[pos + TP_AHEAD - p->base];
-            if (q != TP_INF)
+            if (walk && q != TP_INF)
                 __builtin_prefetch(&p->cons[q - p->base]);
         }
         if (pos + TP_AHEAD / 2 < end) {
@@ -501,7 +504,7 @@ static void read_range(tp_plan *p, int64_t start, int64_t stop)
         } else {
             p->hits[t]++;
         }
-        consume(p, pos);
+        consume(p, pos, walk);
     }
     p->accesses += stop - start;
 }
@@ -511,11 +514,16 @@ static void read_range(tp_plan *p, int64_t start, int64_t stop)
  * earlier once log_limit actions are logged), -1 when out of memory. */
 int64_t tp_run(tp_plan *p, int64_t pos, int64_t stop, int64_t log_limit)
 {
+    /* positions after pos consumed already (by the Python code: simulate()
+     * reads in order, so never there): the reader's loop walks past them;
+     * none, and no load of a flag at each next use is needed */
+    int64_t end = p->base + p->n;
+    int walk = pos < end && memchr(p->cons + (pos - p->base), 1, (size_t)(end - pos)) != NULL;
     while (pos < stop) {
         if (tp_advance(p))
             return -1;
         int64_t quiet = quiet_until(p, stop);
-        read_range(p, pos, quiet);
+        read_range(p, pos, quiet, walk);
         pos = quiet;
         if (p->log_n >= log_limit)
             break;

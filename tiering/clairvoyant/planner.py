@@ -1115,6 +1115,19 @@ def _count_reads(p: Planner, r: EpochReport, files: np.ndarray) -> None:
         r.hits[t] += h
 
 
+def _run_python(p: Planner, r: EpochReport, pos: int, stop: int, kept: list[Actions] | None, log: _Log) -> None:
+    """The loop of simulate() over positions pos..stop in Python: advance,
+    read until advance may act again, and so on."""
+    while pos < stop:
+        p._advance(log)
+        quiet = p._quiet_until(stop)
+        _read(p, r, pos, quiet)
+        pos = quiet
+        if len(log.kind) >= 1 << 16:
+            _account(p, r, log.take(), kept)
+    _account(p, r, log.take(), kept)
+
+
 def _run_core(p: Planner, r: EpochReport, pos: int, stop: int, kept: list[Actions] | None) -> None:
     """The loop of simulate() over positions pos..stop in the C core; the
     actions are counted there, and kept only when kept is a list."""
@@ -1180,15 +1193,8 @@ def simulate(epochs: Iterable[Sequence[int] | np.ndarray], sizes: Sequence[int] 
         stop = pos + known.popleft()
         if core_available():
             _run_core(p, r, pos, stop, kept if schedule else None)
-            continue
-        while pos < stop:
-            p._advance(log)
-            quiet = p._quiet_until(stop)
-            _read(p, r, pos, quiet)
-            pos = quiet
-            if len(log.kind) >= 1 << 16:
-                _account(p, r, log.take(), kept if schedule else None)
-        _account(p, r, log.take(), kept if schedule else None)
+        else:
+            _run_python(p, r, pos, stop, kept if schedule else None, log)
     return reports, Actions.concat(kept)
 
 
