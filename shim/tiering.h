@@ -216,6 +216,10 @@ int64_t tiering_index_complete(void *base, const uint64_t *slots, const struct t
                                const uint64_t *sizes, uint64_t n);
 int64_t tiering_index_filled(void *base, uint64_t wait_ns);
 int tiering_state_cas(void *base, uint64_t slot, uint32_t expected, uint32_t desired);
+/* tiering_state_cas of each of n slots; swapped[i]: whether slots[i] was
+ * swapped; returns how many were (the daemon's publication of a batch) */
+uint64_t tiering_state_cas_many(void *base, const uint64_t *slots, uint64_t n, uint32_t expected,
+                                uint32_t desired, uint8_t *swapped);
 uint64_t tiering_ring_drain(void *base, uint64_t *tail, struct tiering_event *out,
                             uint64_t max, int force, uint64_t *dropped);
 uint64_t tiering_groups_hash(const uint32_t *groups, uint64_t n);

@@ -431,6 +431,17 @@ EXPORT int tiering_state_cas(void *base, uint64_t slot, uint32_t expected, uint3
                                        __ATOMIC_ACQUIRE);
 }
 
+EXPORT uint64_t tiering_state_cas_many(void *base, const uint64_t *slots, uint64_t n, uint32_t expected,
+                                       uint32_t desired, uint8_t *swapped)
+{
+    uint64_t k = 0;
+    for (uint64_t i = 0; i < n; i++) {
+        swapped[i] = (uint8_t)tiering_state_cas(base, slots[i], expected, desired);
+        k += swapped[i];
+    }
+    return k;
+}
+
 /* Copies complete events from *tail on into out (at most max).  Stops at a
  * record still being written unless force is set, in which case it is skipped
  * and counted as dropped (its writer died or is very slow). */

@@ -69,6 +69,23 @@ def post(index: SharedIndex, records: list[tuple[int, int, int, int]]) -> None:
         h.ring_head = pos + 1
 
 
+def test_state_words_swapped_many_at_once_as_one_by_one(tmp_path: Path) -> None:
+    """SharedIndex.cas_states (a batch's publication): each slot swapped
+    only from the expected state, a flag per slot, the others untouched."""
+    index, slots = make_index(tmp_path, 12)
+    try:
+        assert index.cas_state(slots[3], lib.TIERING_STATE_NONE, lib.TIERING_STATE_INVALID)
+        assert index.cas_state(slots[5], lib.TIERING_STATE_NONE, 2)
+        picked = np.array([slots[k] for k in (0, 3, 5, 7, 9)], np.int64)
+        got = index.cas_states(picked, lib.TIERING_STATE_NONE, 1)
+        assert got.dtype == bool and got.tolist() == [True, False, False, True, True]
+        assert [index.state(s) for s in slots] == [1, 0, 0, lib.TIERING_STATE_INVALID, 0, 2, 0, 1, 0, 1, 0, 0]
+        assert index.cas_states(np.array(picked[:2]), 1, 0).tolist() == [True, False]
+        assert index.state(slots[0]) == 0 and index.cas_states(np.zeros(0, np.int64), 0, 1).tolist() == []
+    finally:
+        index.close()
+
+
 def test_index_rings_by_catalog_and_drains_in_batches(tmp_path: Path) -> None:
     index, slots = make_index(tmp_path / "default", 40)
     assert int(index.header.nevents) == RING_MIN

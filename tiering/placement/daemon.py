@@ -161,6 +161,7 @@ class Daemon:
         self.catalog = catalog
         self.files = catalog.files
         self.slots = slots
+        self._slots_array = np.asarray(slots, np.uint64)
         self.tiers = tiers
         self.stats = DaemonStats()
         self._sizes_array = np.asarray(catalog.files.size, dtype=np.int64)
@@ -634,13 +635,14 @@ class Daemon:
         published: list[bool] = []
         files = [i for i, _ in part]
         stopped = lib.TIERING_COPY_STOPPED
-        statuses = out["status"].tolist() if out is not None else [stopped] * len(part)
+        status = out["status"] if out is not None else np.full(len(part), stopped)
+        statuses = status.tolist()
         with self._lock:
             try:
                 if out is not None:
-                    self.stats.pfs_opens += sum(1 for st in statuses if st != stopped)
+                    self.stats.pfs_opens += int(np.count_nonzero(status != stopped))
                     self.stats.pfs_bytes += int(out["copied"].sum())
-                if out is not None and all(st == lib.TIERING_COPY_OK for st in statuses) and not self._stop.is_set():
+                if out is not None and bool((status == lib.TIERING_COPY_OK).all()) and not self._stop.is_set():
                     published = self._publish(part, tier, out["blocks"].astype(np.int64) * 512)
                 else:
                     for k, (i, reserved) in enumerate(part):
@@ -752,13 +754,13 @@ class Daemon:
         t = self.tiers[tier]
         ids = np.fromiter((i for i, _ in part), np.int64, len(part))
         reserved = np.fromiter((r for _, r in part), np.int64, len(part))
-        invalid, pending, slots = self._invalid, self._pending, self.slots
-        cas, none = self.index.cas_state, lib.TIERING_STATE_NONE
-        published: list[bool] = []
-        for i in ids.tolist():
-            published.append(i not in invalid and cas(slots[i], none, tier + 1))
+        invalid, pending = self._invalid, self._pending
+        keys = ids.tolist()
+        for i in keys:
             pending.pop(i, None)
-        ok = np.array(published, bool)
+        ok = np.zeros(len(ids), bool)
+        valid = np.array([i not in invalid for i in keys], bool) if invalid else np.ones(len(ids), bool)
+        ok[valid] = self.index.cas_states(self._slots_array[ids[valid]], lib.TIERING_STATE_NONE, tier + 1)
         done = ids[ok]
         np.frombuffer(self._where, np.int8)[done] = tier
         t.files += len(done)
@@ -768,7 +770,7 @@ class Daemon:
         self.stats.copies += len(done)
         for i, r in zip(ids[~ok].tolist(), reserved[~ok].tolist()):   # written meanwhile: its copy goes
             self._discard(i, t, r, copied=True)
-        return published
+        return ok.tolist()
 
     def _discard(self, i: int, t: TierState, reserved: int, copied: bool) -> None:
         """Under the lock: a copy that is not published gives its reservation

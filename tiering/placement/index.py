@@ -459,6 +459,15 @@ class SharedIndex:
     def cas_state(self, slot: int, expected: int, desired: int) -> bool:
         return bool(lib.tiering_state_cas(self.base, slot, expected, desired))
 
+    def cas_states(self, slots: np.ndarray, expected: int, desired: int) -> np.ndarray:
+        """cas_state of each slot, in one call: a bool per slot, swapped or not."""
+        s = np.ascontiguousarray(slots, dtype=np.uint64)
+        swapped = np.zeros(len(s), np.uint8)
+        if len(s):
+            lib.tiering_state_cas_many(self.base, ffi.cast("const uint64_t *", s.ctypes.data), len(s), expected,
+                                       desired, ffi.cast("uint8_t *", swapped.ctypes.data))
+        return swapped.view(bool)
+
     def entry(self, slot: int) -> Any:
         return self.entries[slot]
 
