@@ -44,7 +44,7 @@ CHUNKED_BYTES = 64 << 20   # files of this size or more are copied in parallel c
 CHUNK_THREADS = 4          # ... by this many threads
 BATCH_BYTES = 1 << 20      # files smaller than this are copied many to a C call (NOTE [batch copy])
 BATCH_FILES = 64           # ... at most this many
-BATCH_BUDGET_NS = 2_000_000   # a batch's copies are published at least this often
+BATCH_BUDGET_NS = 10_000_000  # a batch's copies are published at least this often (NOTE [batch copy])
 # struct tiering_batch_file as numpy sees it (checked against cffi's layout on first use)
 BATCH_DTYPE = np.dtype([("id", "<i8"), ("status", "<i4"), ("error", "<i4"), ("copied", "<i8"), ("blocks", "<i8")])
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
