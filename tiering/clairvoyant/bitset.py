@@ -14,6 +14,16 @@ import numpy as np
 _BIT = np.left_shift(np.uint64(1), np.arange(64, dtype=np.uint64))
 
 
+def distinct_small(values: np.ndarray, bound: int) -> np.ndarray:
+    """np.unique of values known to lie in 0..bound-1, through a mask of
+    that size instead of a hash table or a sort (the words of a level, the
+    tiers or numbers of uses of a set of files)."""
+    seen = np.zeros(bound, bool)
+    seen[values] = True
+    return np.flatnonzero(seen)
+
+
+
 class BitSet:
     def __init__(self, size: int) -> None:
         self.size = max(size, 1)
@@ -96,7 +106,7 @@ class BitSet:
             np.bitwise_or.at(self._levels[0], words, _BIT[idx & 63])
         else:
             np.bitwise_and.at(self._levels[0], words, ~_BIT[idx & 63])
-        self._refresh(np.unique(words))
+        self._refresh(distinct_small(words, len(self._levels[0])))
 
     def _refresh(self, changed: np.ndarray | None) -> None:
         """Recomputes the upper levels over the changed words (all when None)."""
@@ -105,7 +115,7 @@ class BitSet:
             if changed is None:
                 parents = np.arange(len(blocks))
             else:
-                parents = np.unique(changed >> 6)
+                parents = distinct_small(changed >> 6, len(blocks))
             words = np.packbits(blocks[parents] != 0, axis=1, bitorder="little").view(np.uint64).ravel()
             self._levels[k][parents] = words
             if changed is not None:

@@ -485,16 +485,22 @@ static void read_range(tp_plan *p, int64_t start, int64_t stop, int walk)
             __builtin_prefetch(&p->tier[g]);
             __builtin_prefetch(&p->file[g], 1);
             /* consume() then checks the file's next use (at random in the
-             * next epoch), and moves its bit in the victim set there */
+             * next epoch), and moves its bit in the victim set there, or,
+             * with none known (a node's share: most files), into the idle
+             * set of its number of uses */
             int64_t q = p->next[pos + TP_AHEAD - p->base];
             if (walk && q != TP_INF)
                 __builtin_prefetch(&p->cons[q - p->base]);
+            if (q == TP_INF)
+                __builtin_prefetch(&p->uses[g]);
         }
         if (pos + TP_AHEAD / 2 < end) {
-            int64_t r = pos + TP_AHEAD / 2 - p->base, q = p->next[r];
-            int t = p->tier[p->stream[r]];
+            int64_t r = pos + TP_AHEAD / 2 - p->base, q = p->next[r], g = p->stream[r];
+            int t = p->tier[g];
             if (q != TP_INF && t >= 0 && q >= p->pos0)
                 __builtin_prefetch(&p->by_need[t].lv[0][(q - p->pos0) >> 6], 1);
+            else if (q == TP_INF && t >= 0)
+                __builtin_prefetch(&idle_set(p, g, t)->lv[0][g >> 6], 1);
         }
         int64_t f = p->stream[pos - p->base];
         int t = p->tier[f];

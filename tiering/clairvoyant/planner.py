@@ -58,7 +58,7 @@ import cffi
 import numpy as np
 
 from ..placement.api import BLOCK, allocation
-from .bitset import BitSet
+from .bitset import BitSet, distinct_small
 
 INF = 1 << 62
 TRIM_MIN = 1 << 16   # consumed positions kept before the stream's head is trimmed
@@ -790,7 +790,7 @@ class Planner:
             free = ~self._pin[files]
             files, tiers, needs = files[free], tiers[free], needs[free]
         known = needs != INF
-        for t in np.unique(tiers).tolist():
+        for t in distinct_small(tiers, len(self.capacities)).tolist():
             mine = tiers == t
             at = needs[mine & known] - self._pos0
             bs = self._by_need[t]
@@ -798,7 +798,7 @@ class Planner:
             idle = files[mine & ~known]
             if idle.size:
                 uses = self._uses[idle]
-                for u in np.unique(uses).tolist():
+                for u in distinct_small(uses, int(uses.max()) + 1).tolist():
                     s = self._idle_set(t, u)
                     group = idle[uses == u]
                     s.add_many(group) if add else s.discard_many(group)
