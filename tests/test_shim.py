@@ -925,7 +925,7 @@ CREDENTIALS = {"setuid", "setgid", "seteuid", "setegid", "setreuid", "setregid",
                "setgroups", "initgroups", "setfsuid", "setfsgid"}
 INTERPOSED = set(ENTRIES) | METADATA | CREDENTIALS | {
     "creat", "creat64", "close", "fclose", "closedir", "close_range", "dup", "dup2", "dup3", "fcntl", "fcntl64"}
-HELPERS = {"tiering_fingerprint", "tiering_index_fill", "tiering_index_complete", "tiering_index_filled", "tiering_state_cas", "tiering_ring_drain",
+HELPERS = {"tiering_fingerprint", "tiering_index_fill", "tiering_index_complete", "tiering_index_filled", "tiering_state_cas", "tiering_state_cas_many", "tiering_ring_drain",
            "tiering_groups_hash", "tiering_set_tag", "tiering_get_tag", "tiering_where", "tiering_copy_file", "tiering_copy_batch",
            "tiering_copy_range", "tiering_copy_open", "tiering_copy_finish", "tiering_staging_create", "tiering_scan_list", "tiering_scan_list_free", "tiering_scan_stat"}
 
