@@ -23,7 +23,6 @@ def distinct_small(values: np.ndarray, bound: int) -> np.ndarray:
     return np.flatnonzero(seen)
 
 
-
 class BitSet:
     def __init__(self, size: int) -> None:
         self.size = max(size, 1)
