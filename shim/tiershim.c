@@ -308,7 +308,14 @@ static void link_identity(void *base, uint64_t s)
  * data-root ids and sizes; path i gets file record i, which the caller has
  * written already (its identity links the entries of one file).  slots[i]
  * is where path i went.  Returns n, -1 when the table is too small or the
- * blob too short, -2 - i when path i is there twice. */
+ * blob too short, -2 - i when path i is there twice.
+ *
+ * Each path's fingerprint is computed FILL_AHEAD paths before its insertion
+ * and its slots in both tables are asked for then: at 1.28 M paths the
+ * tables are ~90 MB, and a probe's first load would otherwise wait for
+ * memory twice per path (NOTE [index fill] in docs/design.md). */
+#define FILL_AHEAD 16
+
 EXPORT int64_t tiering_index_fill(void *base, const char *blob, uint64_t blob_len,
                                   const uint32_t *roots, const uint64_t *sizes, uint64_t n,
                                   uint64_t *slots)
@@ -316,17 +323,39 @@ EXPORT int64_t tiering_index_fill(void *base, const char *blob, uint64_t blob_le
     struct tiering_header *h = base;
     struct tiering_entry *tab = tiering_entries(base);
     struct tiering_file *recs = tiering_files(base);
-    uint64_t mask = h->nslots - 1, off = 0;
+    uint32_t *ids = tiering_idents(base);
+    uint64_t mask = h->nslots - 1, off = 0, ahead = 0, short_at = n;
+    uint64_t fps[FILL_AHEAD][2], idk[FILL_AHEAD]; /* fingerprints, identity probes' starts */
     if (n >= h->nslots || n > h->nfiles)
         return -1; /* the tables need an empty slot, and a record per path */
     for (uint64_t i = 0; i < n; i++) {
-        const char *rel = blob + off;
-        size_t len = strnlen(rel, blob_len - off);
-        if (off + len >= blob_len)
-            return -1; /* blob shorter than n strings */
-        off += len + 1;
-        uint64_t fp[2];
-        tiering_fingerprint(roots[i], rel, len, fp);
+        for (; ahead < n && ahead < i + FILL_AHEAD && ahead < short_at; ahead++) {
+            const char *rel = blob + off;
+            size_t len = strnlen(rel, blob_len - off);
+            if (off + len >= blob_len) {
+                short_at = ahead; /* blob shorter than n strings */
+                break;
+            }
+            off += len + 1;
+            uint64_t *fp = fps[ahead % FILL_AHEAD];
+            tiering_fingerprint(roots[ahead], rel, len, fp);
+            __builtin_prefetch(&tab[fp[0] & mask], 1);
+            idk[ahead % FILL_AHEAD] = recs[ahead].ino ? tiering_identity_hash(recs[ahead].dev, recs[ahead].ino) & mask
+                                                      : UINT64_MAX;
+            if (idk[ahead % FILL_AHEAD] != UINT64_MAX)
+                __builtin_prefetch(&ids[idk[ahead % FILL_AHEAD]], 1);
+        }
+        if (i == short_at)
+            return -1;
+        /* most identity probes meet another file's entry first: its entry,
+         * then its record, are asked for on the way */
+        uint64_t j = i + FILL_AHEAD / 2, k;
+        if (j < ahead && (k = idk[j % FILL_AHEAD]) != UINT64_MAX && ids[k])
+            __builtin_prefetch(&tab[ids[k] - 1]);
+        j = i + FILL_AHEAD / 4;
+        if (j < ahead && (k = idk[j % FILL_AHEAD]) != UINT64_MAX && ids[k])
+            __builtin_prefetch(&recs[tab[ids[k] - 1].file]);
+        const uint64_t *fp = fps[i % FILL_AHEAD];
         uint64_t s = fp[0] & mask;
         for (;; s = (s + 1) & mask) {
             struct tiering_entry *e = &tab[s];

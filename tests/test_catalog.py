@@ -822,11 +822,11 @@ def test_path_index_finds_every_catalogued_path(tmp_path: Path) -> None:
 
 
 NAMES = ["a.jpg", "b.JPG", "c.Jpeg", "d.png.txt", ".jpg", "jpg", "e.pNg", "K.kpg", "\u212a.KPG", "\u0130.PNG",
-         "ü.jpg", "x", "y.webp", "\udcff.jpg", "z.TIFF"]
+         "ü.jpg", "x", "y.webp", "\udcff.jpg", "z.TIFF", "f.TAR.gzipped", "g.tar.gzipped.x", "tar.gzipped"]
 
 
 @pytest.mark.parametrize("exts", [IMG_EXTENSIONS, (".kpg",), ("",), (".JPG",), ("a/b", ".png"), ("ü.jpg",),
-                                  (".jpeg", ".jpg")])
+                                  (".jpeg", ".jpg"), (".tar.gzipped", ".png.txt"), ("ar.gzipped", "g")])
 def test_extension_match_on_the_arrays_is_pythons(exts: tuple[str, ...]) -> None:
     files = [CatalogFile(0, f"c{k % 3}/{name}", 1, 1) for k, name in enumerate(NAMES)]
     t = Catalog(["/r"], files, [False]).files

@@ -251,24 +251,27 @@ def _folder_parts(catalog: Catalog, layout: Layout) -> list[tuple[str, np.ndarra
     if not classes:
         raise CatalogError(f"Couldn't find any class folder in {where}: --layout {layout.kind} "
                            "expects root/<class>/.../<file>")
-    parts: list[tuple[str, np.ndarray]] = []
-    empty: list[str] = []
     prefix = where.rstrip("/") + "/"
-    matches = _NameMatch(catalog.files, exts)
+    listed: list[tuple[str, str, str, np.ndarray | None]] = []   # class, its directory, rel, files
     for cls in classes:
-        count = 0
         crel = tree.subdir(base, cls)
         assert crel is not None
         for vrel, drel in sorted(tree.walk(cls, crel, where)):
-            if drel in tree.skipped:
-                ids = _listed_samples(tree, drel, prefix + vrel, exts)
-            else:
-                ids = tree.ids.get(drel, _NONE)
-                ids = ids[matches(ids)]
-            parts.append((prefix + vrel, ids))
-            count += len(ids)
-        if not count:
-            empty.append(cls)
+            listed.append((cls, prefix + vrel, drel, None if drel in tree.skipped else tree.ids.get(drel, _NONE)))
+    # the names of every directory the catalog saw whole are matched at once
+    whole = [ids for *_, ids in listed if ids is not None]
+    ok = _NameMatch(catalog.files, exts)(np.concatenate(whole)) if whole else np.zeros(0, bool)
+    parts: list[tuple[str, np.ndarray]] = []
+    counts: dict[str, int] = dict.fromkeys(classes, 0)
+    at = 0
+    for cls, dpath, drel, ids in listed:
+        if ids is None:
+            ids = _listed_samples(tree, drel, dpath, exts)
+        else:
+            ids, at = ids[ok[at:at + len(ids)]], at + len(ids)
+        parts.append((dpath, ids))
+        counts[cls] += len(ids)
+    empty = [cls for cls in classes if not counts[cls]]
     if empty and not layout.allow_empty:
         raise CatalogError(
             f"Found no valid file for the classes {some_of(empty)} in {where}. Supported "
@@ -320,13 +323,24 @@ class _NameMatch:
             return np.fromiter((t.rel(k).rpartition("/")[2].lower().endswith(self.exts) for k in ids.tolist()),
                                bool, len(ids))
         ends = t.offsets[ids + 1]
-        names = ends - t.offsets[ids]
+        lengths = ends - t.offsets[ids]
+        exts = [e.encode("ascii") for e in self.exts if "/" not in e]   # no name ends with a "/"
+        # the last (up to) 8 bytes of each path, lower-cased, in one word:
+        # byte j from the end at bits 8j; 0 before the path's start (no
+        # extension byte is 0)
+        width = min(8, max((len(e) for e in exts), default=0))
+        tail = np.zeros(len(ids), np.uint64)
+        for j in range(width):
+            there = lengths > j
+            byte = _LOWER[t.paths[np.where(there, ends - 1 - j, 0)]]
+            tail |= np.where(there, byte, 0).astype(np.uint64) << np.uint64(8 * j)
         out = np.zeros(len(ids), bool)
-        for e in self.exts:
-            if "/" in e:
-                continue                       # no name ends with it
-            eb = e.encode("ascii")
-            ok = names >= len(eb)
+        for eb in exts:
+            if len(eb) <= width:
+                word = sum(c << (8 * j) for j, c in enumerate(reversed(eb)))
+                out |= (tail & np.uint64((1 << (8 * len(eb))) - 1)) == np.uint64(word)
+                continue
+            ok = lengths >= len(eb)            # longer than a word: byte by byte
             for j, c in enumerate(eb):
                 ok &= _LOWER[t.paths[np.where(ok, ends - len(eb) + j, 0)]] == c
             out |= ok
