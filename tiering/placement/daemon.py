@@ -636,7 +636,6 @@ class Daemon:
         files = [i for i, _ in part]
         stopped = lib.TIERING_COPY_STOPPED
         status = out["status"] if out is not None else np.full(len(part), stopped)
-        statuses = status.tolist()
         with self._lock:
             try:
                 if out is not None:
@@ -645,6 +644,7 @@ class Daemon:
                 if out is not None and bool((status == lib.TIERING_COPY_OK).all()) and not self._stop.is_set():
                     published = self._publish(part, tier, out["blocks"].astype(np.int64) * 512)
                 else:
+                    statuses = status.tolist()
                     for k, (i, reserved) in enumerate(part):
                         allocated, error, src = None, failure, ""
                         if statuses[k] == lib.TIERING_COPY_OK and out is not None:
