@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from helpers import make_data, private_dir, wait_for
+from helpers import PYTHON, make_data, private_dir, wait_for
 from tiering.catalog import scan
 from tiering.clairvoyant.feeds import ListFeed
 from tiering.clairvoyant.planner import EVICT, FETCH, Actions
@@ -30,6 +30,7 @@ from tiering.placement.index import (
     SharedIndex,
     ffi,
     lib,
+    open_counts,
     ring_events,
 )
 from tiering.placement.tiers import TierState
@@ -679,3 +680,47 @@ def test_the_lead_does_not_compare_the_whole_held_plan() -> None:
     policy._actions.clear()
     policy._actions.append(only)
     assert policy._handed_to() == policy.planner.cursor          # no fetch held: the plan's cursor
+
+
+def test_opens_counted_from_the_events_are_what_the_entries_count(shimenv) -> None:
+    """NOTE [open counters]: the shim posts one event for each open it
+    counts, so the opens of the drained events (open_counts) give the same
+    counters as the sum over the entries and the tiers' counters."""
+    rels = sorted(shimenv.contents)
+    placed = rels[:len(rels) // 2]
+    for rel in placed:
+        shimenv.place(rel)
+    script = "import sys\nfor p in sys.argv[1:]:\n    for _ in range(3):\n        open(p, 'rb').read()\n"
+    r = shimenv.run([PYTHON, "-c", script, *(str(shimenv.root / rel) for rel in rels)])
+    assert r.returncode == 0, r.stderr
+    seen = np.zeros(2, np.int64)
+    while len(events := shimenv.index.drain_batch(force=True)):
+        seen += open_counts(events, 1)
+    exact = shimenv.index.counters()
+    assert exact["events_dropped"] == 0
+    assert exact["opens_tier"] == [3 * len(placed)] and exact["opens_pfs"] == 3 * (len(rels) - len(placed))
+    assert shimenv.index.counters(seen) == exact
+
+
+def test_the_daemon_counts_opens_from_its_events_while_none_is_lost(tmp_path: Path) -> None:
+    """Daemon.opens_seen: [from the PFS, per tier] of the opens drained,
+    only while the event thread runs and no event was lost."""
+    index, slots = make_index(tmp_path, 8)
+    cat = scan([str(tmp_path / "pfs")])
+    d = Daemon(index, cat, slots, [TierState("ram", "memory", private_dir(tmp_path / "tier"), 1 << 20, 1)], 1,
+               Recorder)
+    k = lib
+    assert d.opens_seen() is None                     # not started
+    d.start()
+    try:
+        post(index, [(k.TIERING_EV_OPEN_PFS, slots[0], 11, 0), (k.TIERING_EV_CLOSE, slots[0], 11, 0),
+                     (k.TIERING_EV_OPEN_TIER, slots[1], 12, 0), (k.TIERING_EV_OPEN_TIER, slots[2], 12, 0),
+                     (k.TIERING_EV_WRITE, slots[3], 13, 0), (k.TIERING_EV_OPEN_PFS, slots[4], 11, 0)])
+        wait_for(lambda: d.stats.events == 6, "the events drained")
+        assert (seen := d.opens_seen()) is not None and seen.tolist() == [2, 2]
+        index.header.counters.events_dropped = 1       # one lost: only the entries' counters are right
+        assert d.opens_seen() is None
+    finally:
+        d.stop()
+        index.close()
+    assert d.opens_seen() is None                     # stopped

@@ -334,7 +334,14 @@ class _Probe:
         self.job = job
 
     def counters(self) -> dict[str, Any]:
-        return self.job.index.counters() if self.job.index is not None else {}
+        """Each second: the opens from the events while none was lost (the
+        sum of the entries' counters reads the whole entry table: ~5 ms at
+        1.28 M files on an idle machine, tens beside a fast reader), NOTE
+        [open counters]."""
+        job = self.job
+        if job.index is None:
+            return {}
+        return job.index.counters(job.daemon.opens_seen() if job.daemon is not None else None)
 
     def snapshot(self) -> DaemonSnapshot | None:
         return self.job.daemon.snapshot() if self.job.daemon is not None else None

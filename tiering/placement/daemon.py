@@ -36,7 +36,7 @@ from ..catalog import Catalog
 from ..catalog.model import IntColumn
 from . import index as index_mod
 from .api import NOT_PLACED, Policy, allocation
-from .index import Event, SharedIndex, events_array, ffi, lib
+from .index import Event, SharedIndex, events_array, ffi, lib, open_counts
 from .tiers import (
     BATCH_BYTES,
     BATCH_FILES,
@@ -197,6 +197,8 @@ class Daemon:
         self._wake = threading.Event()      # set when copies land or the daemon stops: the event thread turns
         self._thread: threading.Thread | None = None
         self._error_kinds: set[str] = set()
+        # opens drained, [from the PFS, tier 0, ...] (opens_seen, NOTE [open counters])
+        self._opens_seen = np.zeros(1 + int(index.header.ntiers), np.int64)
         self.stuck = 0                      # copies stop() gave up waiting for
         self._reading = 0                   # copies reading the PFS now (inside the semaphore)
         self.policy = policy_factory(self)
@@ -438,6 +440,7 @@ class Daemon:
         self.stats.events += n
         if not n:
             return
+        self._opens_seen += open_counts(events, len(self._opens_seen) - 1)   # one writer: this thread
         slots = events["entry"].astype(np.int64)
         files = np.full(n, -1, np.int64)
         known = slots < len(self.file_of_slot)
@@ -799,6 +802,16 @@ class Daemon:
         return False
 
     # -- observation (NOTE [status file]) -------------------------------------------
+    def opens_seen(self) -> np.ndarray | None:
+        """The opens counted from the events drained so far, [from the PFS,
+        from tier 0, ...], while the event thread runs and no event was
+        lost: what the entries' counters sum to, but for the events still in
+        the ring (NOTE [open counters]); None otherwise."""
+        thread = self._thread
+        if thread is None or not thread.is_alive() or self.index.header.counters.events_dropped:
+            return None
+        return self._opens_seen.copy()
+
     def snapshot(self) -> DaemonSnapshot:
         """A consistent copy of the counters and the tiers' fill, for the
         progress display, the status file and the time series (any thread)."""

@@ -173,6 +173,20 @@ def events_array(events: Sequence[Event]) -> np.ndarray:
     return out
 
 
+def open_counts(events: np.ndarray, ntiers: int) -> np.ndarray:
+    """The open events of a drained batch, counted: [from the PFS, from
+    tier 0, tier 1, ...] (NOTE [open counters]: the shim posts one event for
+    each open it counts)."""
+    kinds = events["kind"]
+    pfs = kinds == lib.TIERING_EV_OPEN_PFS
+    tier = kinds == lib.TIERING_EV_OPEN_TIER
+    out = np.zeros(1 + ntiers, np.int64)
+    out[0] = np.count_nonzero(pfs)
+    if tier.any():
+        out[1:] = np.bincount(events["tier"][tier].astype(np.int64), minlength=ntiers)[:ntiers]
+    return out
+
+
 def fingerprint(root: int, rel: str) -> tuple[int, int]:
     out = ffi.new("uint64_t[2]")
     data = rel.encode("utf-8", "surrogateescape")
@@ -489,10 +503,18 @@ class SharedIndex:
         self.header.disabled = 1 if disabled else 0
 
     # -- counters and ring ------------------------------------------------
-    def counters(self) -> dict[str, Any]:
+    def counters(self, seen: Sequence[int] | np.ndarray | None = None) -> dict[str, Any]:
+        """The job's counters.  seen: the opens counted from the events
+        (`open_counts`: from the PFS, then per tier) when none was lost,
+        instead of the sum of the entries' counters, which reads the whole
+        entry table (NOTE [open counters])."""
         c = self.header.counters
-        tiers = [int(c.opens_tier[i]) for i in range(self.header.ntiers)]
-        opens = int(self.opens.sum(dtype=np.uint64))   # NOTE [open counters]
+        if seen is not None:
+            tiers = [int(x) for x in seen[1:1 + self.header.ntiers]]
+            opens = int(seen[0]) + sum(tiers)
+        else:
+            tiers = [int(c.opens_tier[i]) for i in range(self.header.ntiers)]
+            opens = int(self.opens.sum(dtype=np.uint64))   # NOTE [open counters]
         return {
             "opens": opens,
             "opens_pfs": max(0, opens - sum(tiers)),  # read after the tiers: never behind them
