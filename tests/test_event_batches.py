@@ -166,13 +166,18 @@ class Patient(Policy):
         self.landed.append(files.tolist())
 
 
+def ram_daemon(tmp_path: Path, policy: Callable[[Any], Policy]) -> tuple[Daemon, SharedIndex, list[int]]:
+    """A daemon over make_index's 8 files with one memory tier."""
+    index, slots = make_index(tmp_path, 8)
+    cat = scan([str(tmp_path / "pfs")])
+    tier = TierState("ram", "memory", private_dir(tmp_path / "tier"), 1 << 20, 1)
+    return Daemon(index, cat, slots, [tier], 1, policy), index, slots
+
+
 def test_a_patient_policy_hears_of_its_landed_copies_at_its_next_turn_unwoken(tmp_path: Path) -> None:
     """A landing wakes the event thread unless the policy is patient; a
     patient policy is told at the turn that comes by itself."""
-    index, slots = make_index(tmp_path, 8)
-    cat = scan([str(tmp_path / "pfs")])
-    d = Daemon(index, cat, slots, [TierState("ram", "memory", private_dir(tmp_path / "tier"), 1 << 20, 1)], 1,
-               Patient)
+    d, index, slots = ram_daemon(tmp_path, Patient)
     policy = d.policy
     assert isinstance(policy, Patient)
     d._land([1], 0, [True])
@@ -705,10 +710,7 @@ def test_opens_counted_from_the_events_are_what_the_entries_count(shimenv) -> No
 def test_the_daemon_counts_opens_from_its_events_while_none_is_lost(tmp_path: Path) -> None:
     """Daemon.opens_seen: [from the PFS, per tier] of the opens drained,
     only while the event thread runs and no event was lost."""
-    index, slots = make_index(tmp_path, 8)
-    cat = scan([str(tmp_path / "pfs")])
-    d = Daemon(index, cat, slots, [TierState("ram", "memory", private_dir(tmp_path / "tier"), 1 << 20, 1)], 1,
-               Recorder)
+    d, index, slots = ram_daemon(tmp_path, Recorder)
     k = lib
     assert d.opens_seen() is None                     # not started
     d.start()
