@@ -336,7 +336,7 @@ class _Probe:
     def counters(self) -> dict[str, Any]:
         """Each second: the opens from the events while none was lost (the
         sum of the entries' counters reads the whole entry table: ~5 ms at
-        1.28 M files on an idle machine, tens beside a fast reader), NOTE
+        1.28 M files on an idle machine, more beside a fast reader), NOTE
         [open counters]."""
         job = self.job
         if job.index is None:
