@@ -337,13 +337,12 @@ EXPORT int64_t tiering_index_fill(void *base, const char *blob, uint64_t blob_le
                 break;
             }
             off += len + 1;
-            uint64_t *fp = fps[ahead % FILL_AHEAD];
+            uint64_t *fp = fps[ahead % FILL_AHEAD], *start = &idk[ahead % FILL_AHEAD];
             tiering_fingerprint(roots[ahead], rel, len, fp);
             __builtin_prefetch(&tab[fp[0] & mask], 1);
-            idk[ahead % FILL_AHEAD] = recs[ahead].ino ? tiering_identity_hash(recs[ahead].dev, recs[ahead].ino) & mask
-                                                      : UINT64_MAX;
-            if (idk[ahead % FILL_AHEAD] != UINT64_MAX)
-                __builtin_prefetch(&ids[idk[ahead % FILL_AHEAD]], 1);
+            *start = recs[ahead].ino ? tiering_identity_hash(recs[ahead].dev, recs[ahead].ino) & mask : UINT64_MAX;
+            if (*start != UINT64_MAX)
+                __builtin_prefetch(&ids[*start], 1);
         }
         if (i == short_at)
             return -1;

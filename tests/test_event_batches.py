@@ -30,7 +30,6 @@ from tiering.placement.index import (
     SharedIndex,
     ffi,
     lib,
-    open_counts,
     ring_events,
 )
 from tiering.placement.tiers import TierState
@@ -689,7 +688,7 @@ def test_the_lead_does_not_compare_the_whole_held_plan() -> None:
 
 def test_opens_counted_from_the_events_are_what_the_entries_count(shimenv) -> None:
     """NOTE [open counters]: the shim posts one event for each open it
-    counts, so the opens of the drained events (open_counts) give the same
+    counts, so the daemon's count of the opens it drained gives the same
     counters as the sum over the entries and the tiers' counters."""
     rels = sorted(shimenv.contents)
     placed = rels[:len(rels) // 2]
@@ -698,13 +697,19 @@ def test_opens_counted_from_the_events_are_what_the_entries_count(shimenv) -> No
     script = "import sys\nfor p in sys.argv[1:]:\n    for _ in range(3):\n        open(p, 'rb').read()\n"
     r = shimenv.run([PYTHON, "-c", script, *(str(shimenv.root / rel) for rel in rels)])
     assert r.returncode == 0, r.stderr
-    seen = np.zeros(2, np.int64)
-    while len(events := shimenv.index.drain_batch(force=True)):
-        seen += open_counts(events, 1)
+    cat = scan([str(shimenv.root)])
+    slots = np.array([shimenv.slots[f.rel] for f in cat.files], np.int64)
+    d = Daemon(shimenv.index, cat, slots, [TierState("ram", "memory", shimenv.tier, 1 << 20, 1)], 1, Recorder)
+    d.start()
+    try:
+        wait_for(lambda: (s := d.opens_seen()) is not None and int(s.sum()) == 3 * len(rels), "the opens drained")
+        seen = d.opens_seen()
+    finally:
+        d.stop()
     exact = shimenv.index.counters()
     assert exact["events_dropped"] == 0
     assert exact["opens_tier"] == [3 * len(placed)] and exact["opens_pfs"] == 3 * (len(rels) - len(placed))
-    assert shimenv.index.counters(seen) == exact
+    assert seen is not None and shimenv.index.counters(seen) == exact
 
 
 def test_the_daemon_counts_opens_from_its_events_while_none_is_lost(tmp_path: Path) -> None:

@@ -67,9 +67,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-COMPILED: bool | None = None     # compile_package() succeeded (None: not tried)
-
-
 def machine() -> dict[str, Any]:
     def out(cmd: list[str]) -> str:
         try:
@@ -80,7 +77,7 @@ def machine() -> dict[str, Any]:
     return {"cpus": os.cpu_count(), "memory": psutil.virtual_memory().total, "kernel": platform.release(),
             "python": platform.python_version(), "torch": torch.__version__,
             "commit": out(["git", "rev-parse", "HEAD"]), "dirty": bool(out(["git", "status", "--porcelain"])),
-            "load_at_start": os.getloadavg(), "bytecode_compiled": COMPILED}
+            "load_at_start": os.getloadavg()}
 
 
 def compile_package() -> bool:
@@ -121,7 +118,7 @@ def _measured_by(case: dict[str, Any]) -> str:
 
 
 def write_results(a: argparse.Namespace, argv: list[str] | None, settings: cases.Settings, tree: Tree,
-                  gen_seconds: float, results: dict[str, Any], total: float) -> str:
+                  gen_seconds: float, results: dict[str, Any], total: float, compiled: bool) -> str:
     """scale.json and scale.md in --out (after every case, so that a run cut
     short keeps what it measured); returns the table."""
     command = ["python", "-m", "bench.scale", *(argv if argv is not None else sys.argv[1:])]
@@ -133,7 +130,8 @@ def write_results(a: argparse.Namespace, argv: list[str] | None, settings: cases
     table = report.rows(results, a.epochs)
     doc = {"command": command,
            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-           "machine": machine(), "settings": {**asdict(settings), "work": str(settings.work)},
+           "machine": {**machine(), "bytecode_compiled": compiled},
+           "settings": {**asdict(settings), "work": str(settings.work)},
            "tree": {"files": tree.files, "classes": tree.classes, "size": tree.size, "bytes": tree.bytes,
                     "root": str(tree.root), "generate_seconds": gen_seconds},
            "cases": results, "targets": report.as_json(table), "seconds": total}
@@ -158,8 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = cases.Settings(a.files, a.epochs, a.size, a.rate, a.paced_seconds, a.threads, count, mib * MiB,
                               a.limit, a.plan_limit, a.work.resolve())
     t0 = time.monotonic()
-    global COMPILED
-    COMPILED = compile_package()
+    compiled = compile_package()
     tool = build_tool(settings.work)
     tree, gen_seconds = make_tree(tool, settings.work, a.files, a.size, seed=0)
     print(f"bench.scale: tree of {tree.files} files at {tree.root}"
@@ -180,10 +177,10 @@ def main(argv: list[str] | None = None) -> int:
                              "commit": machine().get("commit"), **cases.run_case(ctx, name)}
             print(f"bench.scale: {name} done in {results[name]['case_seconds']:.0f} s"
                   + (f" ({results[name]['error']})" if "error" in results[name] else ""), flush=True)
-            write_results(a, argv, settings, tree, gen_seconds, results, time.monotonic() - t0)
+            write_results(a, argv, settings, tree, gen_seconds, results, time.monotonic() - t0, compiled)
     finally:
         shutil.rmtree(shm, ignore_errors=True)
-    print(write_results(a, argv, settings, tree, gen_seconds, results, time.monotonic() - t0))
+    print(write_results(a, argv, settings, tree, gen_seconds, results, time.monotonic() - t0, compiled))
     return 0
 
 

@@ -36,7 +36,7 @@ from ..catalog import Catalog
 from ..catalog.model import IntColumn
 from . import index as index_mod
 from .api import NOT_PLACED, Policy, allocation
-from .index import Event, SharedIndex, events_array, ffi, lib, open_counts
+from .index import Event, SharedIndex, events_array, ffi, lib
 from .tiers import (
     BATCH_BYTES,
     BATCH_FILES,
@@ -440,7 +440,6 @@ class Daemon:
         self.stats.events += n
         if not n:
             return
-        self._opens_seen += open_counts(events, len(self._opens_seen) - 1)   # one writer: this thread
         slots = events["entry"].astype(np.int64)
         files = np.full(n, -1, np.int64)
         known = slots < len(self.file_of_slot)
@@ -449,9 +448,16 @@ class Daemon:
         catalogued = files >= 0
         opens = catalogued & ((kinds == lib.TIERING_EV_OPEN_PFS) | (kinds == lib.TIERING_EV_OPEN_TIER))
         writes = np.flatnonzero(catalogued & (kinds == lib.TIERING_EV_WRITE)).tolist()
-        from_pfs = files[opens & (kinds == lib.TIERING_EV_OPEN_PFS)]
+        on_pfs = opens & (kinds == lib.TIERING_EV_OPEN_PFS)
+        from_pfs = files[on_pfs]
         if from_pfs.size:   # observation (snapshot): sizes of the files COMMAND opened on the PFS
             self.stats.job_pfs_bytes += int(self._sizes_array[from_pfs].sum())
+        # the opens counted, for opens_seen (one writer: this thread)
+        seen, ntiers = self._opens_seen, len(self._opens_seen) - 1
+        seen[0] += from_pfs.size
+        on_tier = opens & ~on_pfs
+        if on_tier.any():
+            seen[1:] += np.bincount(events["tier"][on_tier].astype(np.int64), minlength=ntiers)[:ntiers]
         closes = catalogued & (kinds == lib.TIERING_EV_CLOSE)
         tagged = opens & (events["tag"] != 0)
         if tagged.any():

@@ -173,20 +173,6 @@ def events_array(events: Sequence[Event]) -> np.ndarray:
     return out
 
 
-def open_counts(events: np.ndarray, ntiers: int) -> np.ndarray:
-    """The open events of a drained batch, counted: [from the PFS, from
-    tier 0, tier 1, ...] (NOTE [open counters]: the shim posts one event for
-    each open it counts)."""
-    kinds = events["kind"]
-    pfs = kinds == lib.TIERING_EV_OPEN_PFS
-    tier = kinds == lib.TIERING_EV_OPEN_TIER
-    out = np.zeros(1 + ntiers, np.int64)
-    out[0] = np.count_nonzero(pfs)
-    if tier.any():
-        out[1:] = np.bincount(events["tier"][tier].astype(np.int64), minlength=ntiers)[:ntiers]
-    return out
-
-
 def fingerprint(root: int, rel: str) -> tuple[int, int]:
     out = ffi.new("uint64_t[2]")
     data = rel.encode("utf-8", "surrogateescape")
@@ -505,7 +491,7 @@ class SharedIndex:
     # -- counters and ring ------------------------------------------------
     def counters(self, seen: Sequence[int] | np.ndarray | None = None) -> dict[str, Any]:
         """The job's counters.  seen: the opens counted from the events
-        (`open_counts`: from the PFS, then per tier) when none was lost,
+        (`Daemon.opens_seen`: from the PFS, then per tier) when none was lost,
         instead of the sum of the entries' counters, which reads the whole
         entry table (NOTE [open counters])."""
         c = self.header.counters
