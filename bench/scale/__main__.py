@@ -43,6 +43,13 @@ REPO = Path(__file__).resolve().parents[2]
 MiB = 1 << 20
 
 
+def _at_least_one(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n} rounds: give 1 or more")
+    return n
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench.scale", description=__doc__.split("\n\n")[1],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -53,7 +60,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--paced-seconds", type=float, default=20, help="length of each paced reading phase")
     ap.add_argument("--threads", type=int, default=8, help="threads of the full-speed reader")
     ap.add_argument("--large", default="8x256", help="large files: COUNTxMIB (real data)")
-    ap.add_argument("--copy-rounds", type=int, default=3,
+    ap.add_argument("--copy-rounds", type=_at_least_one, default=cases.Settings.copy_rounds,
                     help="stagings onto the disk, each between two cp -r (case copies-small)")
     ap.add_argument("--limit", type=float, default=1200, help="wall-clock limit of one run, seconds")
     ap.add_argument("--plan-limit", type=float, default=600, help="wall-clock limit of one `tiering plan`, seconds")
@@ -156,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     count, mib = (int(x) for x in a.large.lower().split("x"))
     a.work.mkdir(parents=True, exist_ok=True)
     settings = cases.Settings(a.files, a.epochs, a.size, a.rate, a.paced_seconds, a.threads, count, mib * MiB,
-                              a.limit, a.plan_limit, a.work.resolve(), max(1, a.copy_rounds))
+                              a.limit, a.plan_limit, a.work.resolve(), a.copy_rounds)
     t0 = time.monotonic()
     compiled = compile_package()
     tool = build_tool(settings.work)
