@@ -16,6 +16,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from tiering.placement.index import FileStats, Root, SharedIndex, lib, library_path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -374,3 +376,10 @@ class Entered(threading.Event):
     def wait(self, timeout: float | None = None) -> bool:
         self.waiting.set()
         return super().wait(timeout)
+
+
+class PlaceEach:
+    """place_many of a test's fake Placement: its place() of each file, in order."""
+
+    def place_many(self, files: np.ndarray, tier: int) -> np.ndarray:
+        return np.array([self.place(int(f), tier) for f in files], bool)  # type: ignore[attr-defined]

@@ -9,6 +9,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from helpers import make_data, private_dir, staged, sweep_with_boot_time_off
@@ -167,6 +168,54 @@ def test_a_write_event_drops_the_copies_of_every_path_of_the_file(setup_factory)
         assert not s.d.place(s.i[rel], 0), rel
     assert (s.tier.data / "0" / "other.bin").read_bytes() == s.contents["other.bin"]
     assert s.d.stats.invalidated == 3 and s.tier.files == 1
+
+
+RUNS = {"a/1.bin": 5000, "a/2.bin": 100, "a/3.bin": 200_000, "b/4.bin": 1, "b/5.bin": 0, "c/6.bin": 9000}
+
+
+def test_place_many_decides_as_place_does_file_by_file_in_one_hold_of_the_lock(tmp_path):
+    """place_many (the clairvoyant policy's runs of fetches) answers and
+    reserves exactly what place() of each file in turn would: a file already
+    copied, one queued, one written during the job, a repeat, one too large
+    for the room left and a smaller one after it that still fits."""
+    from tiering.placement.index import Event
+    rels = ["a/1.bin", "a/3.bin", "a/2.bin", "a/1.bin", "b/4.bin", "b/5.bin", "c/6.bin", "a/3.bin"]
+    room = sum(allocation(RUNS[r]) for r in ("a/1.bin", "a/2.bin", "b/4.bin", "c/6.bin"))
+    results, used = [], []
+    for how in ("one by one", "many"):
+        s = Setup(private_dir(tmp_path / how), RUNS, capacity=room + allocation(RUNS["b/5.bin"]))
+        try:
+            assert s.d.place(s.i["b/5.bin"], 0)    # copied before: not placed again
+            s.wait()
+            slot = s.d.slots[s.i["c/6.bin"]]         # written during the job
+            assert s.index.cas_state(slot, 0, lib.TIERING_STATE_INVALID)
+            s.d._handle([Event(lib.TIERING_EV_WRITE, slot, 1, 0)])
+            before = s.tier.used                      # the copy of b/5 (its blocks on this file system)
+            with s.d._waking_later():                 # the copies wait until the block's end
+                assert s.d.place(s.i["b/4.bin"], 0)   # queued: not placed again
+                ids = [s.i[r] for r in rels]
+                if how == "many":
+                    got = s.d.place_many(np.array(ids), 0).tolist()
+                else:
+                    got = [s.d.place(i, 0) for i in ids]
+                used.append(s.tier.used - before)
+            results.append(got)
+            s.wait()
+            for rel in ("a/1.bin", "a/2.bin", "b/4.bin", "b/5.bin"):
+                assert s.state(rel) == 1 and (s.tier.data / "0" / rel).read_bytes() == s.contents[rel], rel
+            assert s.state("a/3.bin") == 0 and s.state("c/6.bin") == lib.TIERING_STATE_INVALID
+            assert s.tier.used == allocated_on_disk(s.tier.data) <= s.tier.capacity
+        finally:
+            s.close()
+    assert results[0] == results[1] == [True, False, True, False, False, False, False, False]
+    assert used[0] == used[1] == sum(allocation(RUNS[r]) for r in ("a/1.bin", "a/2.bin", "b/4.bin"))
+
+
+def test_place_many_places_nothing_once_the_daemon_stops(setup_factory):
+    s = setup_factory(files=RUNS)
+    s.d.stop()
+    assert not s.d.place_many(np.array([s.i["a/1.bin"], s.i["a/2.bin"]]), 0).any()
+    assert s.tier.used == 0
 
 
 def test_capacity_is_never_exceeded(setup_factory):

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from helpers import PYTHON, make_data, private_dir, wait_for
+from helpers import PYTHON, PlaceEach, make_data, private_dir, wait_for
 from tiering.catalog import scan
 from tiering.clairvoyant.feeds import ListFeed
 from tiering.clairvoyant.planner import EVICT, FETCH, Actions
@@ -249,7 +249,7 @@ def test_simple_policies_get_each_open() -> None:
     assert seen == [(4, True, 7), (2, False, 8)]
 
 
-class FakePlacement:
+class FakePlacement(PlaceEach):
     """Copies that land only when the test says so."""
 
     def __init__(self, files: int, capacity: int):

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import make_data
+from helpers import PlaceEach, make_data
 from tiering.catalog import scan
 from tiering.clairvoyant.feeds import HookFeed
 from tiering.clairvoyant.mapping import TAG_BITS
@@ -20,7 +20,7 @@ SPACE = 9
 PID = 4242
 
 
-class Daemon:
+class Daemon(PlaceEach):
     """The daemon's side of placement: copies queue and land when told,
     evictions and copies are counted, a tier holds `capacity` bytes."""
 

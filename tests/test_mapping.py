@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import tiering
-from helpers import make_data
+from helpers import PlaceEach, make_data
 from tiering.catalog import scan
 from tiering.clairvoyant.feeds import HookFeed
 from tiering.clairvoyant.mapping import MAX_FILES, TAG_BITS, IndexMap, Learner, check_attribute
@@ -131,7 +131,7 @@ def test_a_mapping_learnt_by_an_earlier_pass_orders_the_next_loaders_first_epoch
     assert [(key, eo.epoch) for key, eo in got] == [(0, 1)] and feed.main == 0
 
 
-class Tiers:
+class Tiers(PlaceEach):
     """The daemon's side of placement, for a policy under test: copies land when told."""
 
     def __init__(self, files: int):

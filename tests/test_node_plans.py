@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
+from helpers import PlaceEach
 from tiering.clairvoyant.feeds import ListFeed
 from tiering.clairvoyant.nodes import NodePlans, NodeStreams, home_budget, node_ranks, planning_from_options
 from tiering.clairvoyant.options import OrderOptions, rank_specs
@@ -107,7 +108,7 @@ def test_an_epoch_s_permutation_is_drawn_once_and_sliced_per_rank():
     assert rank_share(cut, perm).tolist() == perm[:8][1::4].tolist()
 
 
-class InstantPlacement:
+class InstantPlacement(PlaceEach):
     """Copies land when the test lands them; every place is accepted."""
 
     def __init__(self, capacity: int):

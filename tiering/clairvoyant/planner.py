@@ -57,7 +57,7 @@ from typing import Any, overload
 import cffi
 import numpy as np
 
-from ..placement.api import BLOCK, allocation
+from ..placement.api import allocation, allocations
 from .bitset import BitSet, distinct_small
 
 INF = 1 << 62
@@ -396,11 +396,6 @@ def _greedy_take(allocs: np.ndarray, room: int) -> np.ndarray:
         rest = idx[j + 1:]
         idx = rest[allocs[rest] <= room]
     return take
-
-
-def allocations(sizes: np.ndarray) -> np.ndarray:
-    """allocation() of each size (int64 array)."""
-    return np.maximum(BLOCK, (sizes + BLOCK - 1) // BLOCK * BLOCK)
 
 
 def _as_ids(order: Iterable[int] | np.ndarray) -> np.ndarray:

@@ -510,20 +510,35 @@ class Clairvoyant(Policy):
                 self.paced += 1
                 self._held_back = True
                 return
-            for kind, f, tier in zip(part.kind.tolist(), part.file.tolist(), part.tier.tolist()):
-                if kind != FETCH:
-                    self.evictions += 1
-                    p.evict(f)  # a copy still in flight is dropped when it lands
-                elif p.place(f, tier):
-                    self.fetches += 1
-                else:
-                    self.refused += 1
-                    assert self.planner is not None
-                    self.planner.drop(f)
+            self._hand_out(part)
             if len(part) < len(head):
                 self._actions[0] = head[len(part):]
             else:
                 self._actions.popleft()
+
+    def _hand_out(self, part: Actions) -> None:
+        """Evictions one by one, each run of fetches to one tier in one
+        place_many (NOTE [batch copy]), in the plan's order; a refused fetch
+        is dropped from the plan."""
+        assert self.planner is not None
+        p = self.placement
+        kind, tier = part.kind, part.tier
+        # runs: where the kind or the tier changes, and around every eviction
+        cut = np.flatnonzero((kind[1:] != kind[:-1]) | (tier[1:] != tier[:-1]) | (kind[1:] != FETCH)) + 1
+        for a, b in zip(np.r_[0, cut].tolist(), np.r_[cut, len(part)].tolist()):
+            if kind[a] != FETCH:
+                self.evictions += b - a
+                for f in part.file[a:b].tolist():
+                    p.evict(f)  # a copy still in flight is dropped when it lands
+                continue
+            placed = p.place_many(part.file[a:b], int(tier[a]))
+            n = int(placed.sum())
+            self.fetches += n
+            if n < b - a:
+                refused = part.file[a:b][~placed]
+                self.refused += len(refused)
+                for f in refused.tolist():
+                    self.planner.drop(f)
 
     def _note_reader(self) -> None:
         """The reader's position now, for its rate (NOTE [prefetch horizon])."""

@@ -25,6 +25,11 @@ def allocation(size: int) -> int:
     return max(BLOCK, int(size + BLOCK - 1) // BLOCK * BLOCK)
 
 
+def allocations(sizes: np.ndarray) -> np.ndarray:
+    """allocation() of each size (int64 array)."""
+    return np.maximum(BLOCK, (sizes + BLOCK - 1) // BLOCK * BLOCK)
+
+
 class Placement(Protocol):
     """What a policy may ask of the daemon and tell it to do."""
 
@@ -59,6 +64,10 @@ class Placement(Protocol):
     def place(self, i: int, tier: int) -> bool:
         """Reserves room and queues a copy of file i; False if it cannot
         (not placeable, no room, stopping).  on_placed or on_failed follows."""
+        ...
+
+    def place_many(self, files: np.ndarray, tier: int) -> np.ndarray:
+        """place(i, tier) of each file in order: whether each was placed."""
         ...
 
     def evict(self, i: int) -> bool:
