@@ -160,8 +160,7 @@ class Daemon:
         self._relay: Relay | None = None    # this node's holds for the other nodes (NOTE [relay])
         self.catalog = catalog
         self.files = catalog.files
-        self.slots = slots
-        self._slots_array = np.asarray(slots, np.uint64)
+        self.slots = np.asarray(slots, np.uint64)   # the index's slot of each file (the same array when given one)
         self.tiers = tiers
         self.stats = DaemonStats()
         self._sizes_array = np.asarray(catalog.files.size, dtype=np.int64)
@@ -795,11 +794,9 @@ class Daemon:
         reserved = np.fromiter((r for _, r in part), np.int64, len(part))
         invalid, pending = self._invalid, self._pending
         keys = ids.tolist()
-        for i in keys:
-            pending.pop(i, None)
         ok = np.zeros(len(ids), bool)
         valid = np.array([i not in invalid for i in keys], bool) if invalid else np.ones(len(ids), bool)
-        ok[valid] = self.index.cas_states(self._slots_array[ids[valid]], lib.TIERING_STATE_NONE, tier + 1)
+        ok[valid] = self.index.cas_states(self.slots[ids[valid]], lib.TIERING_STATE_NONE, tier + 1)
         done = ids[ok]
         np.frombuffer(self._where, np.int8)[done] = tier
         t.files += len(done)
@@ -809,15 +806,17 @@ class Daemon:
         self.stats.copies += len(done)
         for i, r in zip(ids[~ok].tolist(), reserved[~ok].tolist()):   # written meanwhile: its copy goes
             self._discard(i, t, r, copied=True)
+        for i in keys:   # last: copies_in_flight() reads it without the lock, its 0 means all settled
+            pending.pop(i, None)
         return ok.tolist()
 
     def _discard(self, i: int, t: TierState, reserved: int, copied: bool) -> None:
         """Under the lock: a copy that is not published gives its reservation
         back, and its file, when one was made, is removed."""
-        self._pending.pop(i, None)
         t.used -= reserved
         if copied:
             t.remove_copy(CopyOf.of(self.files, i))
+        self._pending.pop(i, None)   # last, as in _publish
 
     def _settle(self, i: int, tier: int, reserved: int, allocated: int | None, failure: Exception | None,
                 src: str) -> bool:
