@@ -338,6 +338,51 @@ class TwoTiers(FakePlacement):
         return True
 
 
+class Recording(TwoTiers):
+    """Every evict and every place_many in order; the files in `refuse` are not placed."""
+
+    def __init__(self, files: int, capacity: int):
+        super().__init__(files, capacity)
+        self.calls: list[tuple] = []
+        self.refuse: set[int] = set()
+
+    def evict(self, i: int) -> bool:
+        self.calls.append(("evict", i))
+        return True
+
+    def place_many(self, files: np.ndarray, tier: int) -> np.ndarray:
+        self.calls.append(("place", files.tolist(), tier))
+        return np.array([int(f) not in self.refuse for f in files], bool)
+
+
+def test_the_plan_is_handed_out_in_its_order_each_run_of_fetches_to_a_tier_in_one_call() -> None:
+    """Evictions one by one, each run of fetches to one tier in one
+    place_many, in the plan's order; a refused fetch is dropped from the plan
+    and counted, as when each fetch was placed on its own."""
+    from tiering.clairvoyant.planner import EVICT, FETCH, Actions
+    fake = Recording(40, 1 << 30)
+    policy = Clairvoyant(fake, ListFeed(iter([np.arange(40)])))  # type: ignore[arg-type]
+    policy.start()
+    assert policy.planner is not None
+    dropped: list[int] = []
+    policy.planner.drop = dropped.append   # type: ignore[method-assign]
+    fake.calls.clear()
+    fetches, evictions, refused = policy.fetches, policy.evictions, policy.refused
+    plan = [(FETCH, 1, 0), (FETCH, 2, 0), (FETCH, 3, 1), (EVICT, 4, 0), (EVICT, 5, 1), (FETCH, 6, 1),
+            (FETCH, 7, 1), (FETCH, 8, 0), (EVICT, 9, 0), (FETCH, 10, 0)]
+    kind, file, tier = (np.array(c, dt) for c, dt in zip(zip(*plan), (np.int8, np.int64, np.int8)))
+    fake.refuse = {2, 7, 10}
+    policy._hand_out(Actions(kind, file, tier, np.arange(len(plan)), np.arange(len(plan))))
+    assert fake.calls == [("place", [1, 2], 0), ("place", [3], 1), ("evict", 4), ("evict", 5),
+                          ("place", [6, 7], 1), ("place", [8], 0), ("evict", 9), ("place", [10], 0)]
+    assert dropped == [2, 7, 10]
+    assert (policy.fetches - fetches, policy.evictions - evictions, policy.refused - refused) == (4, 3, 3)
+    fake.calls.clear()
+    policy._hand_out(Actions(*(np.array([c], dt) for c, dt in zip((EVICT, 11, 0, 0, 0), (
+        np.int8, np.int64, np.int8, np.int64, np.int64)))))
+    assert fake.calls == [("evict", 11)]
+
+
 @pytest.mark.parametrize("following", [True, False])
 @pytest.mark.parametrize("seed", range(4))
 def test_copies_landed_anywhere_together_leave_the_plan_as_landed_one_by_one(seed: int, following: bool) -> None:

@@ -262,16 +262,16 @@ class Daemon:
                 return placed
             t = self.tiers[tier]
             where, pending, invalid, queued = self._where, self._pending, self._invalid, self._queued[tier]
-            free = t.free()
+            free, reserved = t.free(), 0
             for k, i in enumerate(ids.tolist()):
                 need = needs[k]
-                if where[i] != NOT_PLACED or i in pending or i in invalid or free < need:
+                if where[i] != NOT_PLACED or i in pending or i in invalid or free - reserved < need:
                     continue
-                free -= need
+                reserved += need
                 pending[i] = tier
                 queued.append((i, need))
                 placed[k] = True
-            t.used = t.capacity - free
+            t.used += reserved
             n = int(placed.sum())
             held = self._held.counts
             if held is not None:
@@ -392,8 +392,8 @@ class Daemon:
         for tier, q in enumerate(self._queued):
             while q:
                 i, reserved = q.popleft()
-                self._pending.pop(i, None)
                 self.tiers[tier].used -= reserved
+                self._pending.pop(i, None)   # last, as in _publish
             self._work[tier].notify_all()
 
     # -- the event thread -------------------------------------------------------
@@ -794,29 +794,33 @@ class Daemon:
         reserved = np.fromiter((r for _, r in part), np.int64, len(part))
         invalid, pending = self._invalid, self._pending
         keys = ids.tolist()
-        ok = np.zeros(len(ids), bool)
-        valid = np.array([i not in invalid for i in keys], bool) if invalid else np.ones(len(ids), bool)
-        ok[valid] = self.index.cas_states(self.slots[ids[valid]], lib.TIERING_STATE_NONE, tier + 1)
-        done = ids[ok]
-        np.frombuffer(self._where, np.int8)[done] = tier
-        t.files += len(done)
-        t.placed_bytes += int(self._sizes_array[done].sum())
-        t.used += int((allocated[ok] - reserved[ok]).sum())
-        self._allocated[done] = allocated[ok]
-        self.stats.copies += len(done)
-        for i, r in zip(ids[~ok].tolist(), reserved[~ok].tolist()):   # written meanwhile: its copy goes
-            self._discard(i, t, r, copied=True)
-        for i in keys:   # last: copies_in_flight() reads it without the lock, its 0 means all settled
-            pending.pop(i, None)
+        try:
+            ok = np.zeros(len(ids), bool)
+            valid = np.array([i not in invalid for i in keys], bool) if invalid else np.ones(len(ids), bool)
+            ok[valid] = self.index.cas_states(self.slots[ids[valid]], lib.TIERING_STATE_NONE, tier + 1)
+            done = ids[ok]
+            np.frombuffer(self._where, np.int8)[done] = tier
+            t.files += len(done)
+            t.placed_bytes += int(self._sizes_array[done].sum())
+            t.used += int((allocated[ok] - reserved[ok]).sum())
+            self._allocated[done] = allocated[ok]
+            self.stats.copies += len(done)
+            for i, r in zip(ids[~ok].tolist(), reserved[~ok].tolist()):   # written meanwhile: its copy goes
+                self._discard(i, t, r, copied=True)
+        finally:
+            for i in keys:   # last: copies_in_flight() reads it without the lock, its 0 means all settled
+                pending.pop(i, None)
         return ok.tolist()
 
     def _discard(self, i: int, t: TierState, reserved: int, copied: bool) -> None:
         """Under the lock: a copy that is not published gives its reservation
         back, and its file, when one was made, is removed."""
-        t.used -= reserved
-        if copied:
-            t.remove_copy(CopyOf.of(self.files, i))
-        self._pending.pop(i, None)   # last, as in _publish
+        try:
+            t.used -= reserved
+            if copied:
+                t.remove_copy(CopyOf.of(self.files, i))
+        finally:
+            self._pending.pop(i, None)   # last, as in _publish
 
     def _settle(self, i: int, tier: int, reserved: int, allocated: int | None, failure: Exception | None,
                 src: str) -> bool:
