@@ -524,8 +524,8 @@ class Clairvoyant(Policy):
         p = self.placement
         kind, tier = part.kind, part.tier
         # runs: where the kind or the tier changes, and around every eviction
-        cut = np.flatnonzero((kind[1:] != kind[:-1]) | (tier[1:] != tier[:-1]) | (kind[1:] != FETCH)) + 1
-        for a, b in zip(np.r_[0, cut].tolist(), np.r_[cut, len(part)].tolist()):
+        cut = (np.flatnonzero((kind[1:] != kind[:-1]) | (tier[1:] != tier[:-1]) | (kind[1:] != FETCH)) + 1).tolist()
+        for a, b in zip([0, *cut], [*cut, len(part)]):
             if kind[a] != FETCH:
                 self.evictions += b - a
                 for f in part.file[a:b].tolist():

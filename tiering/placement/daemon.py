@@ -257,27 +257,28 @@ class Daemon:
         ids = np.asarray(files, np.int64)
         placed = np.zeros(len(ids), bool)
         needs = allocations(self._sizes_array[ids]).tolist()
+        taken: list[int] = []
         with self._lock:
             if self._stop.is_set():
                 return placed
             t = self.tiers[tier]
             where, pending, invalid, queued = self._where, self._pending, self._invalid, self._queued[tier]
             free, reserved = t.free(), 0
-            for k, i in enumerate(ids.tolist()):
-                need = needs[k]
+            for k, (i, need) in enumerate(zip(ids.tolist(), needs)):
                 if where[i] != NOT_PLACED or i in pending or i in invalid or free - reserved < need:
                     continue
                 reserved += need
                 pending[i] = tier
                 queued.append((i, need))
-                placed[k] = True
+                taken.append(k)
             t.used += reserved
-            n = int(placed.sum())
+            n = len(taken)
             held = self._held.counts
             if held is not None:
                 held[tier] += n
             elif n:
                 self._work[tier].notify(n)
+        placed[taken] = True
         return placed
 
     @contextmanager
