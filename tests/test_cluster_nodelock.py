@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -170,6 +171,36 @@ def test_a_member_joining_while_the_last_one_leaves_never_gets_a_withdrawn_servi
     starts = [line for line in _log(tmp) if line.startswith("start")]
     stops = [line for line in _log(tmp) if line.startswith("stop")]
     assert len(starts) == len(stops) and 4 <= len(starts) <= 8
+
+
+def test_the_last_member_out_sees_itself_last_while_the_service_withdraws(tmp_path):
+    """The service withdraws holding elect.lock and members.lock while it
+    removes the node directory's files (elect.lock last): the last member
+    leaving at that moment is the last one, and waits for the service's
+    clean-up; another member's shared lock still means it is not."""
+    d = tmp_path / "node"
+    d.mkdir(mode=0o700)
+    for name in ("elect.lock", "members.lock"):
+        (d / name).touch()
+    m = nodelock.Membership(d, False, os.getpid(), {})
+    other = nodelock._Flock(d / "members.lock", fcntl.LOCK_SH, None, "")
+    assert not m._no_member_left()
+    other.release()
+    elect, members = nodelock._try_exclusive(d / "elect.lock"), nodelock._try_exclusive(d / "members.lock")
+    assert elect is not None and members is not None
+
+    def withdraw() -> None:
+        time.sleep(0.3)      # the member looks meanwhile (looking after it, it finds the files gone)
+        (d / "members.lock").unlink()
+        (d / "elect.lock").unlink()
+        members.release()
+        elect.release()
+    t = threading.Thread(target=withdraw)
+    t.start()
+    try:
+        assert m._no_member_left()
+    finally:
+        t.join()
 
 
 def test_other_jobs_get_their_own_service(workdir):

@@ -39,6 +39,7 @@ from ..rundirs import index_parent, start_ticks, still_runs
 from .files import NotPrivate, ensure_private_dir, pause, write_private
 
 POLL = 0.05
+LEAVE_LOOK = 5.0               # seconds a leaving member waits for elect.lock to see whether it is the last
 SERVICE_FILE = "service.json"
 STARTING_FILE = "starting.json"
 LOG_FILE = "service.log"
@@ -187,13 +188,28 @@ class Membership:
                 pass
 
     def _no_member_left(self) -> bool:
-        """No member holds the lock, or the service withdrew already."""
-        path = self.directory / "members.lock"
-        lock = _try_exclusive(path)
-        if lock is not None:
-            lock.release()
-            return True
-        return not path.exists()
+        """No member holds the lock, or the service withdrew already.  Looked
+        at under elect.lock (LEAVE_LOOK seconds at most), which the service
+        holds while it takes members.lock to withdraw: without it, the last
+        member found members.lock held (by the withdrawing service) and left
+        without waiting for the service's clean-up."""
+        try:
+            elect: _Flock | None = _Flock(self.directory / "elect.lock", fcntl.LOCK_EX, LEAVE_LOOK, "",
+                                          create=False)
+        except FileNotFoundError:
+            return True          # withdrawn: elect.lock is removed last
+        except TimeoutError:
+            elect = None         # held that long (a service starting): members.lock alone
+        try:
+            path = self.directory / "members.lock"
+            lock = _try_exclusive(path)
+            if lock is not None:
+                lock.release()
+                return True
+            return not path.exists()
+        finally:
+            if elect is not None:
+                elect.release()
 
 
 Starter = Callable[[Path], int]
