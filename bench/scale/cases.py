@@ -136,7 +136,7 @@ def tier_run(ctx: Context, d: Path, profile: Path, data: Path, cache: Path, opti
     cached = _has_cache(cache)
     cmd = [_exe("tier-run"), "--profile", str(profile), "--data", str(data), "--stats-json",
            str(d / "stats.json"), *options, "--", *command]
-    env = dict(os.environ, XDG_CACHE_HOME=str(cache))
+    env = _cache_env(cache)
     env.pop("TIERING_DISABLE", None)
     fin = monitor.run(cmd, d / "tier-run.log", ctx.s.limit, env)
     return fin, _load(d / "stats.json"), cached
@@ -228,6 +228,11 @@ def case_startup(ctx: Context) -> dict[str, Any]:
             "names_first_count": int(names[0][1] or -1) if names[0][2] else None, "runs": runs}
 
 
+def _cache_env(cache: Path) -> dict[str, str]:
+    """The environment of a tiering command whose catalog cache is `cache`."""
+    return dict(os.environ, XDG_CACHE_HOME=str(cache))
+
+
 def _has_cache(cache: Path) -> bool:
     """A catalog cache under its name (not a writer's temporary, .tmp-*)."""
     return cache.is_dir() and any(not p.name.startswith(".") for p in cache.rglob("*.npz"))
@@ -256,9 +261,9 @@ def cache_catalog(ctx: Context, d: Path, profile: Path) -> float:
     """The catalog cached (`tiering plan` of one epoch, not measured), as
     tier-run's start-up case leaves it: a case that measures a cached start
     also measures it when run alone (--only).  Its seconds."""
-    env = dict(os.environ, XDG_CACHE_HOME=str(ctx.shared_cache))
     return monitor.run([_exe("tiering"), "plan", "--profile", str(profile), "--data", str(ctx.tree.root),
-                        *SAMPLERS[0].tier_run_args(1), "--json"], d / "warm.json", ctx.s.plan_limit, env).seconds
+                        *SAMPLERS[0].tier_run_args(1), "--json"], d / "warm.json", ctx.s.plan_limit,
+                       _cache_env(ctx.shared_cache)).seconds
 
 
 def case_plan(ctx: Context) -> dict[str, Any]:
@@ -268,7 +273,7 @@ def case_plan(ctx: Context) -> dict[str, Any]:
     d = ctx.run_dir("plan")
     fits, parent = fits_profile(ctx, d)
     half = half_profile(ctx, d)
-    env = dict(os.environ, XDG_CACHE_HOME=str(ctx.shared_cache))
+    env = _cache_env(ctx.shared_cache)
     out: dict[str, Any] = {"catalog_warm_seconds": cache_catalog(ctx, d, fits)}
     for suffix, profile, sc in [("", fits, sc) for sc in SAMPLERS] + [("-half", half, sc) for sc in SAMPLERS]:
         log = d / f"{sc.name}{suffix}.json"

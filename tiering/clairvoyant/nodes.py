@@ -27,8 +27,8 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from ..catalog import Catalog, dataset_ids
+from ..placement.api import allocations
 from .options import OrderOptions, layout_of, rank_specs
-from .planner import allocations
 from .policy import Clairvoyant
 from .samplers import SamplerSpec, node_stream_array
 

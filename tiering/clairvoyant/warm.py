@@ -11,8 +11,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from ..placement.api import allocations
 from ..placement.daemon import Daemon
-from .planner import allocations
 from .policy import Clairvoyant
 
 IN_FLIGHT = 256       # copies queued at a time

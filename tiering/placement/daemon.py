@@ -243,11 +243,7 @@ class Daemon:
             t.used += need
             self._pending[i] = tier
             self._queued[tier].append((i, need))
-            held = self._held.counts
-            if held is None:
-                self._work[tier].notify()
-            else:
-                held[tier] += 1
+            self._wake_workers(tier, 1)
         return True
 
     def place_many(self, files: np.ndarray, tier: int) -> np.ndarray:
@@ -259,27 +255,29 @@ class Daemon:
         needs = allocations(self._sizes_array[ids]).tolist()
         taken: list[int] = []
         with self._lock:
-            if self._stop.is_set():
-                return placed
             t = self.tiers[tier]
-            where, pending, invalid, queued = self._where, self._pending, self._invalid, self._queued[tier]
+            placeable, pending, queued = self.placeable, self._pending, self._queued[tier]
             free, reserved = t.free(), 0
             for k, (i, need) in enumerate(zip(ids.tolist(), needs)):
-                if where[i] != NOT_PLACED or i in pending or i in invalid or free - reserved < need:
+                if not placeable(i) or free - reserved < need:
                     continue
                 reserved += need
                 pending[i] = tier
                 queued.append((i, need))
                 taken.append(k)
             t.used += reserved
-            n = len(taken)
-            held = self._held.counts
-            if held is not None:
-                held[tier] += n
-            elif n:
-                self._work[tier].notify(n)
+            self._wake_workers(tier, len(taken))
         placed[taken] = True
         return placed
+
+    def _wake_workers(self, tier: int, n: int) -> None:
+        """Under the lock: n copies were queued on the tier; its workers are
+        woken now, or at the end of the thread's _waking_later block."""
+        held = self._held.counts
+        if held is not None:
+            held[tier] += n
+        elif n:
+            self._work[tier].notify(n)
 
     @contextmanager
     def _waking_later(self) -> Iterator[None]:
