@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/sendfile.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -388,12 +389,20 @@ static int64_t now_ns(void)
     return tiering_ns(t);
 }
 
-EXPORT int64_t tiering_copy_batch(const struct tiering_batch *b, struct tiering_batch_file *files, int64_t n)
+/* The calling thread's voluntary context switches so far (-1: unknown). */
+static int64_t voluntary_switches(void)
+{
+    struct rusage ru;
+    return syscall(SYS_getrusage, RUSAGE_THREAD, &ru) == 0 ? (int64_t)ru.ru_nvcsw : -1;
+}
+
+EXPORT int64_t tiering_copy_batch(struct tiering_batch *b, struct tiering_batch_file *files, int64_t n)
 {
     struct parent_cache pc = {.len = 0, .fd = -1};
     for (int r = 0; r < TIERING_MAX_ROOTS; r++)
         pc.root_fd[r] = -1, pc.via[r] = VIA_RANGE, pc.src_fd[r] = -1;
     int64_t end = b->budget_ns > 0 ? now_ns() + b->budget_ns : 0;
+    int64_t waited = voluntary_switches();
     int64_t k = 0;
     while (k < n) {
         if (b->stop && __atomic_load_n(b->stop, __ATOMIC_RELAXED)) {
@@ -417,5 +426,6 @@ EXPORT int64_t tiering_copy_batch(const struct tiering_batch *b, struct tiering_
         if (pc.src_fd[r] >= 0)
             sys_close(pc.src_fd[r]);
     }
+    b->waits = waited >= 0 ? voluntary_switches() - waited : -1;
     return k;
 }

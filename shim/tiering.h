@@ -280,6 +280,8 @@ struct tiering_batch {
     int32_t data_fd;
     int32_t pad;
     int64_t budget_ns;       /* return after the file that ends this long after the call began (0: never) */
+    int64_t waits;           /* out: times the calling thread waited in the call (voluntary context
+                              * switches: a PFS or a device to answer), NOTE [batch share] */
     const char *name;        /* the staging file's name */
     const int32_t *stop;
     tiering_progress_fn progress;
@@ -298,7 +300,7 @@ struct tiering_batch_file {
  * (they are left as they were), the batch was stopped (they say
  * TIERING_COPY_STOPPED) or files[k] found the staging directory gone (it
  * says TIERING_COPY_NO_STAGING, the rest are left as they were). */
-int64_t tiering_copy_batch(const struct tiering_batch *b, struct tiering_batch_file *files, int64_t n);
+int64_t tiering_copy_batch(struct tiering_batch *b, struct tiering_batch_file *files, int64_t n);
 /* A copy's staging file `name` in staging_fd (NOTE [staging files]): its fd,
  * or -errno (-ENOENT: the staging directory is gone). */
 int tiering_staging_create(int staging_fd, const char *name);

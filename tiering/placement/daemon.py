@@ -39,7 +39,6 @@ from .api import NOT_PLACED, Policy, allocation, allocations
 from .index import Event, SharedIndex, events_array, ffi, lib
 from .tiers import (
     BATCH_BYTES,
-    BATCH_FILES,
     BatchSource,
     CopyOf,
     CopySource,
@@ -47,6 +46,7 @@ from .tiers import (
     SourceChanged,
     TierState,
     batch_failure,
+    batch_share,
     copy_batch,
     copy_file,
 )
@@ -64,6 +64,7 @@ PATIENT_TICK = 0.1    # ... at most while the policy is patient (its lead is lon
 PEAK_EVENTS = 400_000  # ... and at most what a quarter of the ring holds of this many events a second
 BUSY_EVENTS = 1024    # events drained in one turn that count as many
 MAX_ERRORS = 20       # error messages kept for the summary
+WAITS_WEIGHT = 0.25   # weight of a batch part's waits per copy in its tier's average (NOTE [batch share])
 EVENT_NICE = 5        # the event thread's nice below the process's, where the system allows it
 
 
@@ -185,6 +186,7 @@ class Daemon:
         self._queued: list[deque[tuple[int, int]]] = [deque() for _ in tiers]
         self._work = [threading.Condition(self._lock) for _ in tiers]
         self._idle = [0] * len(tiers)       # per tier: workers waiting for copies
+        self._waits = [-1.0] * len(tiers)   # per tier: times a small copy waits, averaged (-1: none yet)
         self._running = 0                   # copies taken from a queue and not finished
         self._quiet = threading.Condition(self._lock)   # notified when _running drops to 0
         self._tally = _Tally()              # per copying thread: the bytes its small copy read so far
@@ -556,7 +558,7 @@ class Daemon:
                     return
                 batch = [q.popleft()]
                 if self._batched(batch[0][0]):
-                    share = min(BATCH_FILES, -(-(len(q) + 1) // (self._idle[tier] + 1)))
+                    share = batch_share(len(q) + 1, self._idle[tier], self._waits[tier])
                     while q and len(batch) < share and self._batched(q[0][0]):
                         batch.append(q.popleft())
                 self._running += len(batch)
@@ -631,7 +633,7 @@ class Daemon:
             log.debug("copy of %s to %s failed: %s", src, t.name, failure)
         self._land([i], tier, [published])
 
-    def _copy_many(self, ids: np.ndarray, t: TierState, done: Callable[[np.ndarray], None]) -> None:
+    def _copy_many(self, ids: np.ndarray, t: TierState, done: Callable[[np.ndarray, int], None]) -> None:
         """A batch of small copies, inside the PFS semaphore (tests wrap it)."""
         copy_batch(ids, self._batch, t, done)
 
@@ -643,9 +645,9 @@ class Daemon:
         ids = np.fromiter((i for i, _ in batch), np.int64, len(batch))
         settled = 0
 
-        def done(out: np.ndarray) -> None:
+        def done(out: np.ndarray, waits: int) -> None:
             nonlocal settled
-            self._settle_batch(batch[settled:settled + len(out)], tier, out, None)
+            self._settle_batch(batch[settled:settled + len(out)], tier, out, None, waits)
             settled += len(out)
         failure: Exception | None = None
         try:
@@ -664,10 +666,11 @@ class Daemon:
                 self._settle_batch(batch[settled:], tier, None, failure)
 
     def _settle_batch(self, part: list[tuple[int, int]], tier: int, out: np.ndarray | None,
-                      failure: Exception | None) -> None:
+                      failure: Exception | None, waits: int = -1) -> None:
         """Settles files of a batch, with their outcomes (None: not copied,
         failed with `failure` when given) in one hold of the lock; logs and
-        tells the policy after it."""
+        tells the policy after it.  `waits`: the times their copying thread
+        waited (-1: not known), for the tier's average (NOTE [batch share])."""
         noted: list[tuple[str, Exception]] = []
         published: list[bool] = []
         files = [i for i, _ in part]
@@ -675,6 +678,8 @@ class Daemon:
         status = out["status"] if out is not None else np.full(len(part), stopped)
         with self._lock:
             try:
+                if waits >= 0 and out is not None and part:
+                    self._note_waits(tier, waits / len(part))
                 if out is not None:
                     self.stats.pfs_opens += int(np.count_nonzero(status != stopped))
                     self.stats.pfs_bytes += int(out["copied"].sum())
@@ -782,6 +787,14 @@ class Daemon:
                 "client": peers.counters.snapshot()}
 
     # -- settling copies -------------------------------------------------------------
+    def _note_waits(self, tier: int, per_copy: float) -> None:
+        """Under the lock: the times a small copy of a part waited, into the
+        tier's moving average (the new value weighs a quarter: a PFS that
+        turns slow gets its batches shared out among the workers again
+        after a part or two, NOTE [batch share])."""
+        old = self._waits[tier]
+        self._waits[tier] = per_copy if old < 0 else old + WAITS_WEIGHT * (per_copy - old)
+
     def _publish(self, part: list[tuple[int, int]], tier: int, allocated: np.ndarray) -> list[bool]:
         """Under the lock, the daemon not stopping: publishes complete copies
         (file, bytes reserved; `allocated`, each copy's blocks) unless their

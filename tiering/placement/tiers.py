@@ -43,7 +43,9 @@ CHUNK_ALIGN = 1 << 20      # the ranges of a chunked copy start at multiples of 
 CHUNKED_BYTES = 64 << 20   # files of this size or more are copied in parallel chunks (profile: large_file_mb)
 CHUNK_THREADS = 4          # ... by this many threads
 BATCH_BYTES = 1 << 20      # files smaller than this are copied many to a C call (NOTE [batch copy])
-BATCH_FILES = 64           # ... at most this many
+BATCH_FILES = 256          # ... at most this many
+SHARE_FILES = 64           # ... or its share of its tier's queue among the idle workers, at most this many,
+WAITS_QUICK = 0.1          # ... unless its tier's copies wait this often per copy or less (NOTE [batch share])
 BATCH_BUDGET_NS = 10_000_000  # a batch's copies are published at least this often (NOTE [batch copy])
 # struct tiering_batch_file as numpy sees it (checked against cffi's layout on first use)
 BATCH_DTYPE = np.dtype([("id", "<i8"), ("status", "<i4"), ("error", "<i4"), ("copied", "<i8"), ("blocks", "<i8")])
@@ -520,11 +522,27 @@ class _BatchCall:
         return call
 
 
-def copy_batch(ids: np.ndarray, source: BatchSource, tier: TierState, done: Callable[[np.ndarray], None]) -> None:
+def batch_share(queued: int, idle: int, waits: float) -> int:
+    """How many of the `queued` small copies of its tier a worker takes
+    (NOTE [batch share]).  `waits`: the times a copy of the tier waited
+    (voluntary context switches per copy, averaged; < 0 not known).  Copies
+    that wait for the PFS go out in parallel: the worker takes its share
+    among itself and the `idle` workers, at most SHARE_FILES; copies that
+    do not wait are CPU work, which more threads do not make faster: it
+    takes BATCH_FILES (the fewer calls, the less Python per copy)."""
+    if 0 <= waits <= WAITS_QUICK:
+        return min(queued, BATCH_FILES)
+    return max(1, min(queued, SHARE_FILES, -(-queued // (idle + 1))))
+
+
+def copy_batch(ids: np.ndarray, source: BatchSource, tier: TierState,
+               done: Callable[[np.ndarray, int], None]) -> None:
     """Copies the small files `ids` (at most BATCH_FILES, each under
     BATCH_BYTES) into the tier under their final names, in order, with the
     GIL released (NOTE [batch copy]).  done(outcomes) is called with the
-    outcomes of the files copied so far, in ids' order, at least every
+    outcomes of the files copied so far, in ids' order, and the times the
+    thread waited while it copied them (-1: not known; 0 for files not
+    copied), at least every
     BATCH_BUDGET_NS and at the end, so that each is published soon after
     its copy: a structured array (BATCH_DTYPE) of a TIERING_COPY_* status
     per file (STOPPED: not copied: the daemon stops), the errno, the bytes
@@ -548,7 +566,7 @@ def copy_batch(ids: np.ndarray, source: BatchSource, tier: TierState, done: Call
         call.b.staging_fd = staging_fd
         k = _transfer_many(call.b, first + at, n - at)
         if k:
-            done(out[at:at + k].copy())
+            done(out[at:at + k].copy(), int(call.b.waits))
             at += k
         if at == n:
             return
@@ -559,7 +577,7 @@ def copy_batch(ids: np.ndarray, source: BatchSource, tier: TierState, done: Call
         elif status != -1 or not k:      # stopped, or the staging directory is gone for good
             rest = out[at:]
             rest["status"][rest["status"] == -1] = lib.TIERING_COPY_STOPPED
-            done(rest.copy())
+            done(rest.copy(), 0)
             return
 
 
