@@ -199,8 +199,9 @@ def test_place_many_decides_as_place_does_file_by_file(tmp_path):
                 else:
                     got = [s.d.place(i, 0) for i in ids]
                 used.append(s.tier.used - before)
-                # plain ints, not numpy's: an np.int64 key is equal to its int but costs more each lookup
-                assert {type(k) for k in s.d._pending} == {type(i) for i, _ in s.d._queued[0]} == {int}
+                # plain ints in the queue, not numpy's (the workers compare and look them up one by one)
+                assert {type(i) for i, _ in s.d._queued[0]} == {int}
+                assert s.d.copies_in_flight() == len(s.d._queued[0]) == 3
             results.append(got)
             s.wait()
             for rel in ("a/1.bin", "a/2.bin", "b/4.bin", "b/5.bin"):
@@ -211,6 +212,53 @@ def test_place_many_decides_as_place_does_file_by_file(tmp_path):
             s.close()
     assert results[0] == results[1] == [True, False, True, False, False, False, False, False]
     assert used[0] == used[1] == sum(allocation(RUNS[r]) for r in ("a/1.bin", "a/2.bin", "b/4.bin"))
+
+
+def test_place_many_matches_place_file_by_file_on_random_runs(tmp_path):
+    """400 seeded random runs (files repeated, some queued, copied or written
+    before, a tier that fills up part-way): place_many's answers, the
+    reservations, the queue in its order and the copies in flight are those
+    of place() called file by file from the same state."""
+    rng = np.random.default_rng(7)
+    sizes = {f"d{k % 3}/f{k}.bin": int(s) for k, s in enumerate(rng.choice([0, 1, 900, 5000, 70_000], 24))}
+    s = Setup(tmp_path, sizes, capacity=1 << 40)
+    try:
+        s.d.close_pools()          # what is placed stays queued
+        d, where = s.d, np.frombuffer(s.d._where, np.int8)
+        ids_all = np.array([s.i[r] for r in sizes], np.int64)
+        rels = {s.i[r]: r for r in sizes}
+        for case in range(400):
+            queued = rng.choice(ids_all, int(rng.integers(0, 4)), replace=False).tolist()
+            copied = rng.choice(ids_all, int(rng.integers(0, 4)), replace=False).tolist()
+            written = set(rng.choice(ids_all, int(rng.integers(0, 3)), replace=False).tolist())
+            run = rng.choice(ids_all, int(rng.integers(0, 40))).tolist()
+            room = int(rng.integers(0, sum(allocation(v) for v in sizes.values()) // 2))
+            if case % 2:     # the room of some of the run's files exactly
+                room = sum(allocation(sizes[rels[i]]) for i in set(run[:int(rng.integers(0, len(run) + 1))]))
+            seen = []
+            for how in ("one by one", "many"):
+                with d._lock:
+                    d._cancel_queued()
+                where[:] = -1
+                where[[i for i in copied if i not in queued]] = 0
+                d._invalid = set(written)
+                s.tier.capacity, s.tier.used = 1 << 40, 0
+                for i in queued:
+                    d.place(i, 0)
+                s.tier.capacity = s.tier.used + room
+                if how == "many":
+                    got = d.place_many(np.array(run, np.int64), 0).tolist()
+                else:
+                    got = [d.place(i, 0) for i in run]
+                seen.append((got, s.tier.used, list(d._queued[0]), d.copies_in_flight(), d._flight.tolist()))
+            assert seen[0] == seen[1], case
+        assert d.copies_in_flight() == len(d._queued[0])
+    finally:
+        with s.d._lock:
+            s.d._cancel_queued()
+        np.frombuffer(s.d._where, np.int8)[:] = -1
+        s.d._invalid = set()
+        s.close()
 
 
 def test_place_many_places_nothing_once_the_daemon_stops(setup_factory):

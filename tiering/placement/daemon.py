@@ -176,7 +176,10 @@ class Daemon:
         self.file_of_slot = np.full(int(index.header.nslots), -1, np.int32)
         self.file_of_slot[np.asarray(slots, np.int64)] = np.arange(len(slots), dtype=np.int32)
         self._where = array("b", [NOT_PLACED]) * len(self.files)
-        self._pending: dict[int, int] = {}    # file -> tier of a copy in flight
+        # per file: the tier of its copy in flight (-1: none), and how many there are (read without the
+        # lock: its 0 means every copy settled); an array, for place_many's checks of a run at once
+        self._flight = np.full(len(self.files), -1, np.int8)
+        self._in_flight = 0
         # per file: bytes its published copy was counted for (-1: none); an
         # array, not a dict: every file of the data set may have a copy
         self._allocated = np.full(len(self.files), -1, np.int64)
@@ -221,7 +224,7 @@ class Daemon:
         return self._where[i]
 
     def placeable(self, i: int) -> bool:
-        return (self._where[i] == NOT_PLACED and i not in self._pending and i not in self._invalid
+        return (self._where[i] == NOT_PLACED and self._flight[i] < 0 and i not in self._invalid
                 and not self._stop.is_set())
 
     def free(self, tier: int) -> int:
@@ -243,7 +246,8 @@ class Daemon:
             if t.free() < need:
                 return False
             t.used += need
-            self._pending[i] = tier
+            self._flight[i] = tier
+            self._in_flight += 1
             self._queued[tier].append((i, need))
             self._wake_workers(tier, 1)
         return True
@@ -251,25 +255,41 @@ class Daemon:
     def place_many(self, files: np.ndarray, tier: int) -> np.ndarray:
         """place(i, tier) of each file in order, in one hold of the lock
         (NOTE [batch copy]: a lock per file was the event thread's largest
-        cost while prefetching): whether each was placed."""
+        cost while prefetching), its checks on arrays: whether each was
+        placed.  A file repeated in `files` counts at its first place."""
         ids = np.asarray(files, np.int64)
         placed = np.zeros(len(ids), bool)
-        needs = allocations(self._sizes_array[ids]).tolist()
-        taken: list[int] = []
+        if not len(ids):
+            return placed
+        needs = allocations(self._sizes_array[ids])
+        first = np.zeros(len(ids), bool)
+        first[np.unique(ids, return_index=True)[1]] = True
         with self._lock:
+            if self._stop.is_set():
+                return placed
             t = self.tiers[tier]
-            placeable, pending, queued = self.placeable, self._pending, self._queued[tier]
-            free, reserved = t.free(), 0
-            for k, (i, need) in enumerate(zip(ids.tolist(), needs)):
-                if not placeable(i) or free - reserved < need:
-                    continue
-                reserved += need
-                pending[i] = tier
-                queued.append((i, need))
-                taken.append(k)
-            t.used += reserved
-            self._wake_workers(tier, len(taken))
-        placed[taken] = True
+            ok = first & (np.frombuffer(self._where, np.int8)[ids] == NOT_PLACED) & (self._flight[ids] < 0)
+            if self._invalid:
+                ok &= ~np.isin(ids, np.fromiter(self._invalid, np.int64, len(self._invalid)))
+            take = np.flatnonzero(ok)
+            free = t.free()
+            room = np.cumsum(needs[take])
+            if len(take) and room[-1] > free:      # the tier fills up: each file that still fits, in order
+                fit = int(np.searchsorted(room, free, side="right"))
+                left = free - (int(room[fit - 1]) if fit else 0)
+                more = []
+                for k, need in zip(take[fit:].tolist(), needs[take[fit:]].tolist()):
+                    if need <= left:
+                        left -= need
+                        more.append(k)
+                take = np.concatenate([take[:fit], np.array(more, np.int64)]).astype(np.int64)
+            taken = ids[take]
+            self._flight[taken] = tier
+            self._in_flight += len(take)
+            self._queued[tier].extend(zip(taken.tolist(), needs[take].tolist()))
+            t.used += int(needs[take].sum())
+            self._wake_workers(tier, len(take))
+        placed[take] = True
         return placed
 
     def _wake_workers(self, tier: int, n: int) -> None:
@@ -311,11 +331,12 @@ class Daemon:
             where = np.frombuffer(self._where, np.int8)
             held = np.flatnonzero(where != NOT_PLACED)     # numpy over the catalog: a new plan adopts them
             placed = list(zip(held.tolist(), where[held].tolist()))
-            placed += list(self._pending.items())
+            flying = np.flatnonzero(self._flight >= 0)
+            placed += list(zip(flying.tolist(), self._flight[flying].tolist()))
         return iter(placed)
 
     def copies_in_flight(self) -> int:
-        return len(self._pending)
+        return self._in_flight
 
     # -- lifecycle ----------------------------------------------------------
     def start_pools(self) -> None:
@@ -394,7 +415,7 @@ class Daemon:
             while q:
                 i, reserved = q.popleft()
                 self.tiers[tier].used -= reserved
-                self._pending.pop(i, None)   # last, as in _publish
+                self._landed_flight([i])   # last, as in _publish
             self._work[tier].notify_all()
 
     # -- the event thread -------------------------------------------------------
@@ -804,11 +825,10 @@ class Daemon:
         t = self.tiers[tier]
         ids = np.fromiter((i for i, _ in part), np.int64, len(part))
         reserved = np.fromiter((r for _, r in part), np.int64, len(part))
-        invalid, pending = self._invalid, self._pending
-        keys = ids.tolist()
+        invalid = self._invalid
         try:
             ok = np.zeros(len(ids), bool)
-            valid = np.array([i not in invalid for i in keys], bool) if invalid else np.ones(len(ids), bool)
+            valid = np.array([i not in invalid for i in ids.tolist()], bool) if invalid else np.ones(len(ids), bool)
             ok[valid] = self.index.cas_states(self.slots[ids[valid]], lib.TIERING_STATE_NONE, tier + 1)
             done = ids[ok]
             np.frombuffer(self._where, np.int8)[done] = tier
@@ -820,9 +840,14 @@ class Daemon:
             for i, r in zip(ids[~ok].tolist(), reserved[~ok].tolist()):   # written meanwhile: its copy goes
                 self._discard(i, t, r, copied=True)
         finally:
-            for i in keys:   # last: copies_in_flight() reads it without the lock, its 0 means all settled
-                pending.pop(i, None)
+            self._landed_flight(ids)   # last: copies_in_flight() reads it without the lock, its 0 means all settled
         return ok.tolist()
+
+    def _landed_flight(self, ids: np.ndarray | list[int]) -> None:
+        """Under the lock: the files' copies are no longer in flight."""
+        gone = self._flight[ids] >= 0
+        self._flight[ids] = -1
+        self._in_flight -= int(np.count_nonzero(gone))
 
     def _discard(self, i: int, t: TierState, reserved: int, copied: bool) -> None:
         """Under the lock: a copy that is not published gives its reservation
@@ -832,7 +857,7 @@ class Daemon:
             if copied:
                 t.remove_copy(CopyOf.of(self.files, i))
         finally:
-            self._pending.pop(i, None)   # last, as in _publish
+            self._landed_flight([i])   # last, as in _publish
 
     def _settle(self, i: int, tier: int, reserved: int, allocated: int | None, failure: Exception | None,
                 src: str) -> bool:
@@ -871,7 +896,7 @@ class Daemon:
             return DaemonSnapshot(
                 tiers=[TierFill(t.name, t.capacity, t.used, t.files, t.placed_bytes) for t in self.tiers],
                 copies=st.copies, copy_failures=st.copy_failures, evictions=st.evictions,
-                in_flight=len(self._pending), reading=self._reading,
+                in_flight=self._in_flight, reading=self._reading,
                 pfs_opens=st.pfs_opens, pfs_bytes=st.pfs_bytes, job_pfs_bytes=st.job_pfs_bytes,
                 events=st.events, invalidated=st.invalidated, changed_sources=st.changed_sources)
 
