@@ -373,8 +373,10 @@ def test_a_stopped_batch_tries_nothing_more_and_leaves_nothing(tmp_path):
     sizes = {f"f{k}.bin": 2000 for k in range(10)}
     cat, _, tier, source, stop = _batch(tmp_path, sizes)
     stop[0] = 1
-    out = _copied(np.arange(10, dtype=np.int64), source, tier)
+    waits: list[int] = []
+    out = _copied(np.arange(10, dtype=np.int64), source, tier, waits=waits)
     assert (out["status"] == lib.TIERING_COPY_STOPPED).all() and out["copied"].sum() == 0
+    assert waits == [-1]     # nothing tried: no measure of the copies' waits (NOTE [batch share])
     assert list(tier.data.rglob("*")) == [] and staged(tier.staging) == []
     with pytest.raises(ValueError, match="at most"):
         _copied(np.arange(BATCH_FILES + 1, dtype=np.int64) % 10, source, tier)

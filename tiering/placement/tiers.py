@@ -539,14 +539,14 @@ def copy_batch(ids: np.ndarray, source: BatchSource, tier: TierState,
                done: Callable[[np.ndarray, int], None]) -> None:
     """Copies the small files `ids` (at most BATCH_FILES, each under
     BATCH_BYTES) into the tier under their final names, in order, with the
-    GIL released (NOTE [batch copy]).  done(outcomes) is called with the
-    outcomes of the files copied so far, in ids' order, and the times the
-    thread waited while it copied them (-1: not known; 0 for files not
-    copied), at least every
-    BATCH_BUDGET_NS and at the end, so that each is published soon after
-    its copy: a structured array (BATCH_DTYPE) of a TIERING_COPY_* status
-    per file (STOPPED: not copied: the daemon stops), the errno, the bytes
-    read and the copy's st_blocks.  Every file of ids is in exactly one
+    GIL released (NOTE [batch copy]).  done(outcomes, waits) is called
+    with the outcomes of the files tried so far, in ids' order, and the
+    times the thread waited while it tried them (NOTE [batch share]; -1:
+    not known, or none was tried), at least every BATCH_BUDGET_NS and at
+    the end, so that each is published soon after its copy: the outcomes
+    are a structured array (BATCH_DTYPE) of a TIERING_COPY_* status per
+    file (STOPPED: not copied: the daemon stops), the errno, the bytes read
+    and the copy's st_blocks.  Every file of ids is in exactly one
     call.  A staging directory found gone is made again (twice at most).
     Checks and leftovers as copy_file's.  The caller holds one slot of the
     PFS semaphore."""
@@ -577,7 +577,7 @@ def copy_batch(ids: np.ndarray, source: BatchSource, tier: TierState,
         elif status != -1 or not k:      # stopped, or the staging directory is gone for good
             rest = out[at:]
             rest["status"][rest["status"] == -1] = lib.TIERING_COPY_STOPPED
-            done(rest.copy(), 0)
+            done(rest.copy(), -1)
             return
 
 
