@@ -389,7 +389,9 @@ static int64_t now_ns(void)
     return tiering_ns(t);
 }
 
-/* The calling thread's voluntary context switches so far (-1: unknown). */
+/* The calling thread's voluntary context switches so far (-1: unknown):
+ * copies that wait for their PFS are told from copies that only wait for
+ * the CPU (NOTE [batch share]). */
 static int64_t voluntary_switches(void)
 {
     struct rusage ru;

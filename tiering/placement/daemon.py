@@ -39,6 +39,7 @@ from .api import NOT_PLACED, Policy, allocation, allocations
 from .index import Event, SharedIndex, events_array, ffi, lib
 from .tiers import (
     BATCH_BYTES,
+    WAITS_COPIES,
     BatchSource,
     CopyOf,
     CopySource,
@@ -49,6 +50,7 @@ from .tiers import (
     batch_share,
     copy_batch,
     copy_file,
+    waits_average,
 )
 
 if TYPE_CHECKING:   # the peer tier (grpc) is imported only when the job has peers
@@ -64,7 +66,6 @@ PATIENT_TICK = 0.1    # ... at most while the policy is patient (its lead is lon
 PEAK_EVENTS = 400_000  # ... and at most what a quarter of the ring holds of this many events a second
 BUSY_EVENTS = 1024    # events drained in one turn that count as many
 MAX_ERRORS = 20       # error messages kept for the summary
-WAITS_WEIGHT = 0.25   # weight of a batch part's waits per copy in its tier's average (NOTE [batch share])
 EVENT_NICE = 5        # the event thread's nice below the process's, where the system allows it
 
 
@@ -189,7 +190,8 @@ class Daemon:
         self._queued: list[deque[tuple[int, int]]] = [deque() for _ in tiers]
         self._work = [threading.Condition(self._lock) for _ in tiers]
         self._idle = [0] * len(tiers)       # per tier: workers waiting for copies
-        self._waits = [-1.0] * len(tiers)   # per tier: times a small copy waits, averaged (-1: none yet)
+        # per tier: times a small copy waits, averaged, and the copies measured (NOTE [batch share])
+        self._waits = [(0.0, 0)] * len(tiers)
         self._running = 0                   # copies taken from a queue and not finished
         self._quiet = threading.Condition(self._lock)   # notified when _running drops to 0
         self._tally = _Tally()              # per copying thread: the bytes its small copy read so far
@@ -563,9 +565,8 @@ class Daemon:
     # -- the copy workers --------------------------------------------------------
     def _worker(self, tier: int) -> None:
         """Copies what is placed on the tier, in order, until stop: a small
-        file with the small files queued after it, at most its share of the
-        queue among itself and the tier's idle workers (NOTE [batch copy]),
-        a large one alone."""
+        file with the small files queued after it, as many as batch_share
+        says (NOTE [batch copy], NOTE [batch share]), a large one alone."""
         q, work = self._queued[tier], self._work[tier]
         while True:
             with self._lock:
@@ -579,7 +580,7 @@ class Daemon:
                     return
                 batch = [q.popleft()]
                 if self._batched(batch[0][0]):
-                    share = batch_share(len(q) + 1, self._idle[tier], self._waits[tier])
+                    share = batch_share(len(q) + 1, self._idle[tier], self._waits_known(tier))
                     while q and len(batch) < share and self._batched(q[0][0]):
                         batch.append(q.popleft())
                 self._running += len(batch)
@@ -699,8 +700,8 @@ class Daemon:
         status = out["status"] if out is not None else np.full(len(part), stopped)
         with self._lock:
             try:
-                if waits >= 0 and out is not None and part:
-                    self._note_waits(tier, waits / len(part))
+                if out is not None:
+                    self._waits[tier] = waits_average(*self._waits[tier], waits, len(part))
                 if out is not None:
                     self.stats.pfs_opens += int(np.count_nonzero(status != stopped))
                     self.stats.pfs_bytes += int(out["copied"].sum())
@@ -808,13 +809,11 @@ class Daemon:
                 "client": peers.counters.snapshot()}
 
     # -- settling copies -------------------------------------------------------------
-    def _note_waits(self, tier: int, per_copy: float) -> None:
-        """Under the lock: the times a small copy of a part waited, into the
-        tier's moving average (the new value weighs a quarter: a PFS that
-        turns slow gets its batches shared out among the workers again
-        after a part or two, NOTE [batch share])."""
-        old = self._waits[tier]
-        self._waits[tier] = per_copy if old < 0 else old + WAITS_WEIGHT * (per_copy - old)
+    def _waits_known(self, tier: int) -> float:
+        """Under the lock: the tier's average of the times a small copy
+        waits, -1 while fewer than WAITS_COPIES copies were measured."""
+        average, seen = self._waits[tier]
+        return average if seen >= WAITS_COPIES else -1.0
 
     def _publish(self, part: list[tuple[int, int]], tier: int, allocated: np.ndarray) -> list[bool]:
         """Under the lock, the daemon not stopping: publishes complete copies

@@ -46,6 +46,7 @@ BATCH_BYTES = 1 << 20      # files smaller than this are copied many to a C call
 BATCH_FILES = 256          # ... at most this many
 SHARE_FILES = 64           # ... or its share of its tier's queue among the idle workers, at most this many,
 WAITS_QUICK = 0.1          # ... unless its tier's copies wait this often per copy or less (NOTE [batch share])
+WAITS_COPIES = 64          # ... averaged over about this many copies, and known after as many
 BATCH_BUDGET_NS = 10_000_000  # a batch's copies are published at least this often (NOTE [batch copy])
 # struct tiering_batch_file as numpy sees it (checked against cffi's layout on first use)
 BATCH_DTYPE = np.dtype([("id", "<i8"), ("status", "<i4"), ("error", "<i4"), ("copied", "<i8"), ("blocks", "<i8")])
@@ -525,7 +526,8 @@ class _BatchCall:
 def batch_share(queued: int, idle: int, waits: float) -> int:
     """How many of the `queued` small copies of its tier a worker takes
     (NOTE [batch share]).  `waits`: the times a copy of the tier waited
-    (voluntary context switches per copy, averaged; < 0 not known).  Copies
+    (voluntary context switches per copy, averaged; < 0 not known: fewer
+    than WAITS_COPIES copies were measured).  Copies
     that wait for the PFS go out in parallel: the worker takes its share
     among itself and the `idle` workers, at most SHARE_FILES; copies that
     do not wait are CPU work, which more threads do not make faster: it
@@ -533,6 +535,21 @@ def batch_share(queued: int, idle: int, waits: float) -> int:
     if 0 <= waits <= WAITS_QUICK:
         return min(queued, BATCH_FILES)
     return max(1, min(queued, SHARE_FILES, -(-queued // (idle + 1))))
+
+
+def waits_average(average: float, seen: int, waits: int, copies: int) -> tuple[float, int]:
+    """A tier's average of the times a small copy waits, and the copies it
+    was measured on, after a part of `copies` copies that waited `waits`
+    times (NOTE [batch share]; waits < 0: not known, nothing changes).  Each
+    copy weighs 1/WAITS_COPIES, so that a part of one copy moves the average
+    little and a batch of BATCH_FILES nearly replaces it."""
+    if waits < 0 or copies <= 0:
+        return average, seen
+    per_copy = waits / copies
+    if seen <= 0:
+        return per_copy, copies
+    weight = 1.0 - (1.0 - 1.0 / WAITS_COPIES) ** copies
+    return average + weight * (per_copy - average), seen + copies
 
 
 def copy_batch(ids: np.ndarray, source: BatchSource, tier: TierState,
