@@ -284,7 +284,7 @@ class Daemon:
                     if need <= left:
                         left -= need
                         more.append(k)
-                take = np.concatenate([take[:fit], np.array(more, np.int64)]).astype(np.int64)
+                take = np.concatenate([take[:fit], np.array(more, np.int64)])
             taken = ids[take]
             self._flight[taken] = tier
             self._in_flight += len(take)
@@ -414,10 +414,10 @@ class Daemon:
         """Under the lock: the copies not started are dropped, their room
         released; idle workers wake up to end."""
         for tier, q in enumerate(self._queued):
-            while q:
-                i, reserved = q.popleft()
-                self.tiers[tier].used -= reserved
-                self._landed_flight([i])   # last, as in _publish
+            self.tiers[tier].used -= sum(reserved for _, reserved in q)
+            ids = [i for i, _ in q]
+            q.clear()
+            self._out_of_flight(ids)   # last, as in _publish
             self._work[tier].notify_all()
 
     # -- the event thread -------------------------------------------------------
@@ -702,7 +702,6 @@ class Daemon:
             try:
                 if out is not None:
                     self._waits[tier] = waits_average(*self._waits[tier], waits, len(part))
-                if out is not None:
                     self.stats.pfs_opens += int(np.count_nonzero(status != stopped))
                     self.stats.pfs_bytes += int(out["copied"].sum())
                 if out is not None and bool((status == lib.TIERING_COPY_OK).all()) and not self._stop.is_set():
@@ -839,10 +838,10 @@ class Daemon:
             for i, r in zip(ids[~ok].tolist(), reserved[~ok].tolist()):   # written meanwhile: its copy goes
                 self._discard(i, t, r, copied=True)
         finally:
-            self._landed_flight(ids)   # last: copies_in_flight() reads it without the lock, its 0 means all settled
+            self._out_of_flight(ids)   # last: copies_in_flight() reads it without the lock, its 0 means all settled
         return ok.tolist()
 
-    def _landed_flight(self, ids: np.ndarray | list[int]) -> None:
+    def _out_of_flight(self, ids: np.ndarray | list[int]) -> None:
         """Under the lock: the files' copies are no longer in flight."""
         gone = self._flight[ids] >= 0
         self._flight[ids] = -1
@@ -856,7 +855,7 @@ class Daemon:
             if copied:
                 t.remove_copy(CopyOf.of(self.files, i))
         finally:
-            self._landed_flight([i])   # last, as in _publish
+            self._out_of_flight([i])   # last, as in _publish
 
     def _settle(self, i: int, tier: int, reserved: int, allocated: int | None, failure: Exception | None,
                 src: str) -> bool:
