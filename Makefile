@@ -7,7 +7,7 @@ DEMO_DIR ?= $(or $(TMPDIR),/tmp)/tiering-demo
 # the tests go, also through a pipe (CI), never minutes of nothing
 PYTEST = $(PY) -u -m pytest -v
 
-.PHONY: all build install test reliability demo clean bench bench-quick bench-micro bench-deps bench-multinode
+.PHONY: all build install test test-deps reliability demo clean bench bench-quick bench-micro bench-deps bench-multinode
 
 all: build
 
@@ -24,8 +24,21 @@ install:
 
 # The whole suite, the slow tests too (the wheel installed in a fresh venv,
 # the simulator's published scenario): about 10 minutes on 2 cores.
-test: install bench-deps
+test: install bench-deps test-deps
 	$(PYTEST) $(PYTEST_ARGS)
+
+# Tools the tests run under tier-run as users do (rsync -a; tar, cp and
+# setpriv come with the base system): installed with apt-get when missing.
+test-deps:
+	@if ! command -v rsync >/dev/null 2>&1 || ! command -v setpriv >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "test-deps: installing rsync and util-linux with apt-get"; \
+	    apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y rsync util-linux || exit 1; \
+	  else \
+	    echo "test-deps: rsync or setpriv is missing; run: sudo apt-get install -y rsync util-linux" >&2; \
+	    exit 1; \
+	  fi; \
+	fi
 
 # The fault and hostile-input tests (marker reliability) and, at the end,
 # the figures each recorded: faults survived, reads and bytes checked.

@@ -113,17 +113,38 @@ EXPORT int64_t tiering_copy_range(int in, int out, uint64_t off, uint64_t len,
     return copy_range(in, out, off, len, progress, arg, VIA_BUFFER, NULL);
 }
 
-/* The source is the regular file of the catalog: same size and mtime. */
-static int check_source(int fd, const struct tiering_copy *c)
+/* The source is the regular file of the catalog: same size and mtime (st:
+ * its fstat). */
+static int check_source(int fd, const struct tiering_copy *c, struct stat *st)
 {
-    struct stat st;
-    if (sys_fstat(fd, &st) < 0)
+    if (sys_fstat(fd, st) < 0)
         return TIERING_COPY_SOURCE_ERROR;
-    if (!S_ISREG(st.st_mode))
+    if (!S_ISREG(st->st_mode))
         return TIERING_COPY_NOT_REGULAR;
-    if ((uint64_t)st.st_size != c->size || tiering_ns(st.st_mtim) != c->mtime_ns)
+    if ((uint64_t)st->st_size != c->size || tiering_ns(st->st_mtim) != c->mtime_ns)
         return TIERING_COPY_CHANGED;
     return TIERING_COPY_OK;
+}
+
+/* NOTE [served descriptors]: after the copy, the source's fstat against the
+ * file's record: when they agree on everything a stat shows but the access
+ * time (which reading changes), the record may answer the fstat of a
+ * descriptor served from the copy.  Set or cleared before the copy is
+ * published (the daemon's state word is stored after this returns). */
+static void verify_record(struct tiering_file *rec, const struct stat *st)
+{
+    if (!rec)
+        return;
+    uint32_t flags = __atomic_load_n(&rec->flags, __ATOMIC_ACQUIRE);
+    int same = (flags & TIERING_FILE_COMPLETE) && rec->ino && rec->ino == (uint64_t)st->st_ino &&
+               (uint64_t)rec->dev == (uint64_t)st->st_dev && rec->mode == st->st_mode &&
+               rec->uid == st->st_uid && rec->gid == st->st_gid && rec->nlink == st->st_nlink &&
+               rec->mtime_ns == tiering_ns(st->st_mtim) && rec->ctime_ns == tiering_ns(st->st_ctim) &&
+               rec->blocks == (int64_t)st->st_blocks && rec->blksize == (uint32_t)st->st_blksize;
+    if (same)
+        __atomic_fetch_or(&rec->flags, TIERING_FILE_VERIFIED, __ATOMIC_RELEASE);
+    else if (flags & TIERING_FILE_VERIFIED)
+        __atomic_fetch_and(&rec->flags, ~(uint32_t)TIERING_FILE_VERIFIED, __ATOMIC_RELEASE);
 }
 
 /* NOTE [staging files]: the one way a copy's staging file is made, for the
@@ -160,7 +181,8 @@ static int copy_open(int at, const char *src, int staging_fd, const char *name, 
         c->error = errno;
         return errno == ELOOP || errno == ENXIO ? TIERING_COPY_NOT_REGULAR : TIERING_COPY_SOURCE_ERROR;
     }
-    int r = check_source(in, c);
+    struct stat st;
+    int r = check_source(in, c, &st);
     if (r != TIERING_COPY_OK) {
         c->error = errno;
         sys_close(in);
@@ -185,7 +207,7 @@ static int copy_open(int at, const char *src, int staging_fd, const char *name, 
 static int copy_finish(struct tiering_copy *c, int64_t copied, int staging_fd, const char *name,
                        int dst_fd, const char *leaf)
 {
-    struct stat st;
+    struct stat st, src = {0};
     int r;
     if (copied == -1) {
         r = TIERING_COPY_IO_ERROR;
@@ -195,7 +217,7 @@ static int copy_finish(struct tiering_copy *c, int64_t copied, int staging_fd, c
         c->copied = (uint64_t)copied;
         if ((uint64_t)copied != c->size)
             r = (uint64_t)copied > c->size ? TIERING_COPY_GREW : TIERING_COPY_SHRANK;
-        else if ((r = check_source(c->fd_in, c)) != TIERING_COPY_OK)
+        else if ((r = check_source(c->fd_in, c, &src)) != TIERING_COPY_OK)
             c->error = errno;
         else if (sys_fstat(c->fd_out, &st) < 0)
             r = TIERING_COPY_TARGET_ERROR, c->error = errno;
@@ -208,6 +230,8 @@ static int copy_finish(struct tiering_copy *c, int64_t copied, int staging_fd, c
     c->fd_in = c->fd_out = -1;
     if (r == TIERING_COPY_OK && dst_fd >= 0 && syscall(SYS_renameat2, staging_fd, name, dst_fd, leaf, 0) < 0)
         r = TIERING_COPY_TARGET_ERROR, c->error = errno;
+    if (r == TIERING_COPY_OK)
+        verify_record(c->record, &src);
     if (r != TIERING_COPY_OK)
         syscall(SYS_unlinkat, staging_fd, name, 0);
     return r;
@@ -327,6 +351,7 @@ static int copy_one(const struct tiering_batch *b, struct tiering_batch_file *f,
     c.size = (uint64_t)b->size[id];
     c.mtime_ns = b->mtime_ns[id];
     c.follow = b->link[id] != 0;
+    c.record = b->records ? &b->records[id] : NULL;
     f->copied = 0;
     f->blocks = 0;
     f->error = 0;

@@ -35,7 +35,7 @@
 
 /* BEGIN CDEF */
 #define TIERING_MAGIC 0x5845444e49524954
-#define TIERING_VERSION 8
+#define TIERING_VERSION 9
 #define TIERING_MAX_ROOTS 16
 #define TIERING_MAX_TIERS 4
 #define TIERING_PATH_MAX 512
@@ -63,6 +63,18 @@
                                    entry whose record is not complete is
                                    not catalogued for redirects and stat
                                    answers (NOTE [names first]) */
+#define TIERING_FILE_VERIFIED 8 /* the daemon's last copy of the file found
+                                   its source as the record says (identity,
+                                   mode, owner, links, size, times): the fstat
+                                   of a descriptor served from a tier is
+                                   answered from the record (atomic or / and,
+                                   set before the copy is published; NOTE
+                                   [served descriptors], docs/design.md) */
+
+/* header.scan_caps: CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH, as bits of
+ * the kernel's capability sets */
+#define TIERING_CAP_DAC_OVERRIDE 1
+#define TIERING_CAP_DAC_READ_SEARCH 2
 
 /* event.kind */
 #define TIERING_EV_OPEN_PFS 1
@@ -189,7 +201,10 @@ struct tiering_header {
     uint64_t wlog_head;      /* atomic; identities logged (more than wlog_size: lost) */
     uint32_t fill_writers;   /* atomic; write opens between their load of
                                 filling and the end of their log entry */
-    uint32_t reserved;
+    uint32_t scan_caps;      /* the scan's effective capabilities that pass
+                                permission checks (TIERING_CAP_*): a copy is
+                                served only to a process that has them all
+                                (NOTE [served descriptors]) */
     struct tiering_root roots[16];
     struct tiering_root tiers[4];  /* physical prefixes, fastest first */
     struct tiering_counters counters;
@@ -244,6 +259,9 @@ struct tiering_copy {
     int64_t blocks;      /* out: st_blocks of the finished copy             */
     int32_t fd_in;       /* out of tiering_copy_open: the source's fd ...    */
     int32_t fd_out;      /* ... and the staging file's, until finish        */
+    struct tiering_file *record; /* in: the file's record in the index, whose */
+                         /* TIERING_FILE_VERIFIED finish sets or clears    */
+                         /* (NULL: none)                                   */
 };
 
 /* Called after each step of a copy with the bytes it read; non-zero stops it. */
@@ -283,6 +301,7 @@ struct tiering_batch {
     int64_t waits;           /* out: times the calling thread waited in the call (voluntary context
                               * switches: a PFS or a device to answer), NOTE [batch share] */
     const char *name;        /* the staging file's name */
+    struct tiering_file *records; /* the index's file records by id (TIERING_FILE_VERIFIED), or NULL */
     const int32_t *stop;
     tiering_progress_fn progress;
     void *arg;

@@ -28,13 +28,20 @@
 #include <unistd.h>
 #include <dirent.h>
 #include <grp.h>
+#include <sys/file.h>
+#include <sys/statfs.h>
+#include <sys/statvfs.h>
+#include <sys/time.h>
+#include <sys/xattr.h>
 
 #include "tiering.h"
 
 #define EXPORT __attribute__((visibility("default")))
 #define LIKELY(x) __builtin_expect(!!(x), 1)
 #define UNLIKELY(x) __builtin_expect(!!(x), 0)
-#define MAX_TRACKED_FDS 65536
+#ifndef MAX_TRACKED_FDS
+#define MAX_TRACKED_FDS 65536 /* the fd book's size (a test build makes it small) */
+#endif
 
 #ifndef CLOSE_RANGE_CLOEXEC
 #define CLOSE_RANGE_CLOEXEC (1U << 2)
@@ -78,6 +85,7 @@
     X(fcntl, int, (int, int, ...))                             \
     X(fcntl64, int, (int, int, ...))                           \
     METADATA(X)                                                \
+    FD_OPERATIONS(X)                                           \
     CREDENTIALS(X)
 
 /* NOTE [stat from the index]: the stat family and access, answered from the
@@ -105,8 +113,32 @@
     X(euidaccess, int, (const char *, int))                                \
     X(eaccess, int, (const char *, int))
 
+/* NOTE [served descriptors]: operations on a descriptor that a tier copy
+ * cannot stand for (locks, changes of mode, owner, times or extended
+ * attributes, extended attributes read, the file system's figures): a
+ * served descriptor is moved onto the data file first. */
+#define FD_OPERATIONS(X)                                                      \
+    X(fchmod, int, (int, mode_t))                                             \
+    X(fchown, int, (int, uid_t, gid_t))                                       \
+    X(fchownat, int, (int, const char *, uid_t, gid_t, int))                  \
+    X(futimens, int, (int, const struct timespec *))                          \
+    X(futimes, int, (int, const struct timeval *))                            \
+    X(utimensat, int, (int, const char *, const struct timespec *, int))      \
+    X(fsetxattr, int, (int, const char *, const void *, size_t, int))         \
+    X(fremovexattr, int, (int, const char *))                                 \
+    X(fgetxattr, ssize_t, (int, const char *, void *, size_t))                \
+    X(flistxattr, ssize_t, (int, char *, size_t))                             \
+    X(flock, int, (int, int))                                                 \
+    X(lockf, int, (int, int, off_t))                                          \
+    X(lockf64, int, (int, int, off64_t))                                      \
+    X(fstatfs, int, (int, struct statfs *))                                   \
+    X(fstatfs64, int, (int, struct statfs64 *))                               \
+    X(fstatvfs, int, (int, struct statvfs *))                                 \
+    X(fstatvfs64, int, (int, struct statvfs64 *))
+
 /* Calls that change the process's credentials: afterwards it may no longer
- * reach what the scan reached, so it answers no stat from the index. */
+ * reach what the scan reached, so it answers no stat from the index and is
+ * served no copy (NOTE [served descriptors]). */
 #define CREDENTIALS(X)                                      \
     X(setuid, int, (uid_t))                                 \
     X(setgid, int, (gid_t))                                 \
@@ -119,7 +151,8 @@
     X(setgroups, int, (size_t, const gid_t *))              \
     X(initgroups, int, (const char *, gid_t))               \
     X(setfsuid, int, (uid_t))                               \
-    X(setfsgid, int, (gid_t))
+    X(setfsgid, int, (gid_t))                               \
+    X(capset, int, (void *, const void *))
 
 #define POINTER_TYPE(name, ret, params) typedef ret(*name##_fn) params;
 INTERPOSED(POINTER_TYPE)
@@ -763,6 +796,18 @@ static const char *tier_root_flaw(const struct tiering_root *t)
     return NULL;
 }
 
+/* The TIERING_CAP_* capabilities in the process's effective set (a root
+ * process that dropped CAP_DAC_OVERRIDE no longer reads other users' files). */
+static uint32_t dac_capabilities(void)
+{
+    struct { uint32_t version; int pid; } head = {0x20080522, 0}; /* _LINUX_CAPABILITY_VERSION_3 */
+    struct { uint32_t effective, permitted, inheritable; } data[2];
+    if (syscall(SYS_capget, &head, data) != 0)
+        return 0;
+    return ((data[0].effective >> 1) & 1 ? TIERING_CAP_DAC_OVERRIDE : 0) |
+           ((data[0].effective >> 2) & 1 ? TIERING_CAP_DAC_READ_SEARCH : 0);
+}
+
 /* NOTE [stat from the index]: a stat is answered from the index only to a
  * process with the credentials of the scan (the same user, group and
  * supplementary groups reach the same paths), real and effective alike:
@@ -786,9 +831,10 @@ static void same_credentials(const struct tiering_header *h)
         k++;
     }
     scanners_ids = n >= 0 && tiering_groups_hash(sorted, k) == h->scan_groups && geteuid() == h->scan_uid &&
-                   getuid() == h->scan_uid && getegid() == h->scan_gid && getgid() == h->scan_gid;
+                   getuid() == h->scan_uid && getegid() == h->scan_gid && getgid() == h->scan_gid &&
+                   (dac_capabilities() & h->scan_caps) == h->scan_caps;
     if (!scanners_ids)
-        logmsg("credentials differ from the scan's: stat of catalogued paths goes to the PFS");
+        logmsg("credentials differ from the scan's: catalogued paths are opened and stat'ed on the PFS");
 }
 
 static void map_index(const char *path)
@@ -1134,6 +1180,122 @@ static inline const struct tiering_file *record(int64_t slot)
     return &files[f];
 }
 
+/* ---- served descriptors: NOTE [served descriptors] ------------------------ */
+
+/* The data path of the tier copy phys names (tier root + "/" + data-root id
+ * + "/" + rel, tier_path's form) into out, and its entry in *slot (-1: not
+ * catalogued); 1 when phys is under a tier root in that form, else 0. */
+static int copy_to_data(const char *phys, char *out, int64_t *slot)
+{
+    *slot = -1;
+    for (uint32_t t = 0; t < idx->ntiers; t++) {
+        const struct tiering_root *r = &idx->tiers[t];
+        if (strncmp(phys, r->path, r->len) != 0 || phys[r->len] != '/')
+            continue;
+        const char *p = phys + r->len + 1;
+        uint64_t id = 0;
+        int nd = 0;
+        while (*p >= '0' && *p <= '9' && nd < 10)
+            id = id * 10 + (uint64_t)(*p++ - '0'), nd++;
+        if (!nd || *p != '/' || !p[1])
+            return 0;
+        const char *rel = p + 1;
+        size_t rel_len = strlen(rel);
+        for (uint32_t i = 0; i < idx->nroots; i++) {
+            const struct tiering_root *d = &idx->roots[i];
+            size_t l = d->len == 1 ? 0 : d->len;
+            if (d->id != id || l + 1 + rel_len >= PATH_MAX)
+                continue;
+            memcpy(out, d->path, l);
+            out[l] = '/';
+            memcpy(out + l + 1, rel, rel_len + 1);
+            *slot = probe((uint32_t)id, rel, rel_len);
+            return 1;
+        }
+        return 0;
+    }
+    return 0;
+}
+
+/* readlink of link into buf (PATH_MAX), errno untouched; its length or -1. */
+static ssize_t link_text(const char *name, char *buf)
+{
+    int saved = errno;
+    ssize_t n = syscall(SYS_readlinkat, AT_FDCWD, name, buf, PATH_MAX - 1);
+    errno = saved;
+    if (n <= 0 || buf[0] != '/')
+        return -1;
+    buf[n] = '\0';
+    return n;
+}
+
+/* copy_to_data of what the kernel's link (/proc/self/fd/N and the like)
+ * names: the copy, or, once evicted, the copy's name + " (deleted)". */
+static int link_to_data(const char *name, char *out, int64_t *slot)
+{
+    static const char deleted[] = " (deleted)";
+    const size_t dl = sizeof deleted - 1;
+    char phys[PATH_MAX];
+    ssize_t n = link_text(name, phys);
+    if (n < 0)
+        return 0;
+    if (copy_to_data(phys, out, slot))
+        return 1;
+    if ((size_t)n > dl && strcmp(phys + n - dl, deleted) == 0) {
+        phys[n - dl] = '\0';
+        return copy_to_data(phys, out, slot);
+    }
+    return 0;
+}
+
+/* The data path of the copy fd is open on, as link_to_data. */
+static int fd_to_data(int fd, char *out, int64_t *slot)
+{
+    char fd_link[32];
+    snprintf(fd_link, sizeof fd_link, "/proc/self/fd/%d", fd);
+    return link_to_data(fd_link, out, slot);
+}
+
+/* Might fd (the kernel's stat st) be open on a tier copy?  A regular file
+ * on a tier's device, booked as opened from a tier, or else (a descriptor
+ * inherited across exec, or above the fd book) of this user and of mode
+ * 0400, as every copy is. */
+static int maybe_copy(int fd, uint64_t dev, int is_reg, uint32_t mode, uint32_t uid)
+{
+    if (!is_reg)
+        return 0;
+    int on_tier = 0;
+    for (uint32_t t = 0; t < idx->ntiers; t++)
+        on_tier |= idx->tiers[t].dev == dev;
+    return on_tier && ((tracked(fd) >> 32) != 0 || ((mode & 07777) == 0400 && uid == geteuid()));
+}
+
+/* Is path a link of /proc that names a descriptor (/proc/self/fd/N,
+ * /proc/PID/fd/N, /proc/thread-self/fd/N, /dev/fd/N, /dev/stdin...)?  The
+ * text alone says: such a link is never under a data root. */
+static inline int fd_link_path(const char *path)
+{
+    return path[0] == '/' && (path[1] == 'p' || path[1] == 'd') &&
+           ((strncmp(path, "/proc/", 6) == 0 && strstr(path + 6, "/fd/")) ||
+            strncmp(path, "/dev/fd/", 8) == 0 || strncmp(path, "/dev/std", 8) == 0);
+}
+
+/* The data path a reopen through a descriptor's link reaches (into out), or
+ * NULL when the link does not lead to a tier copy: a reopen of a served
+ * file through /proc/self/fd/N opens the data file, as without the shim.
+ * /dev/stdin and /dev/fd/N lead to /proc/self/fd/N first. */
+static __attribute__((noinline)) const char *reopened_copy(const char *path, char *out)
+{
+    char hop[PATH_MAX];
+    int64_t slot;
+    if (strncmp(path, "/dev/std", 8) == 0) {
+        if (link_text(path, hop) < 0 || !fd_link_path(hop))
+            return NULL;
+        path = hop;
+    }
+    return link_to_data(path, out, &slot) ? out : NULL;
+}
+
 /* ---- write opens: NOTE [alias invalidation] ------------------------------- */
 
 /* The shim's own index as a table (write opens only: not the hot path). */
@@ -1301,8 +1463,8 @@ static int route(int64_t slot, int flags, const char *rel, size_t rel_len, char 
     struct tiering_entry *e = &entries[slot];
     uint32_t st = __atomic_load_n(&e->state, __ATOMIC_ACQUIRE);
     if ((flags & REDIRECT_DENY) || st == TIERING_STATE_NONE || st > redirect_tiers ||
-        __atomic_load_n(&idx->disabled, __ATOMIC_RELAXED))
-        return -1;
+        __atomic_load_n(&idx->disabled, __ATOMIC_RELAXED) || !__atomic_load_n(&scanners_ids, __ATOMIC_RELAXED))
+        return -1; /* a process without the scan's credentials may not read the file: NOTE [served descriptors] */
     const struct tiering_file *f = record(slot);
     if (!f)
         return -1; /* not complete yet: not catalogued for redirects */
@@ -1404,6 +1566,9 @@ static inline int do_open(enum which w, int atfd, const char *path, int flags, m
     struct tiering_header *h = __atomic_load_n(&idx, __ATOMIC_ACQUIRE);
     int root;
     size_t rl;
+    char data[PATH_MAX];
+    if (h && path && UNLIKELY(fd_link_path(path)) && reopened_copy(path, data))
+        return do_open(w, AT_FDCWD, data, flags, mode);
     if (h && UNLIKELY(opens_for_writing(flags)))
         return open_write(w, atfd, path, flags, mode);
     if (maybe_catalogued(h, path, &root, &rl))
@@ -1547,6 +1712,12 @@ static FILE *do_fopen(int is64, const char *path, const char *mode, FILE *stream
 {
     ensure_init();
     struct tiering_header *h = __atomic_load_n(&idx, __ATOMIC_ACQUIRE);
+    char data[PATH_MAX];
+    int64_t slot;
+    if (h && path && UNLIKELY(fd_link_path(path)) && reopened_copy(path, data))
+        path = data;
+    else if (h && !path && stream && fd_to_data(fileno(stream), data, &slot))
+        path = data; /* freopen(NULL) reopens the file: the data file, not the copy */
     if (stream && path && h)
         closing(fileno(stream)); /* freopen closes the old fd */
     int flags = mode_flags(mode), root;
@@ -1684,8 +1855,19 @@ EXPORT int dup3(int oldfd, int newfd, int flags) { return dup_to(oldfd, newfd, f
 
 /* fcntl's third argument is an int or a pointer; both travel in one register
  * on the ABIs glibc supports, so it is forwarded as a pointer-sized value. */
+static void unserve(int fd);
+
+/* fcntl's commands that act on the file, not the descriptor: locks and leases */
+static inline int locks(int cmd)
+{
+    return cmd == F_GETLK || cmd == F_SETLK || cmd == F_SETLKW || cmd == F_OFD_GETLK || cmd == F_OFD_SETLK ||
+           cmd == F_OFD_SETLKW || cmd == F_SETLEASE || cmd == F_GETLEASE;
+}
+
 static int do_fcntl(fcntl_fn f, int fd, int cmd, void *arg)
 {
+    if (UNLIKELY(locks(cmd)) && idx)
+        unserve(fd);
     uint64_t s = tracked(fd), seen = cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC ? cell_seen(fd, s) : NO_SEEN;
     int r = f ? f(fd, cmd, arg) : (int)syscall(SYS_fcntl, fd, cmd, arg);
     if (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC)
@@ -1844,18 +2026,52 @@ static __attribute__((noinline)) int64_t answering_slot(int atfd, const char *pa
     return slot;
 }
 
-/* The slot of the catalogued file whose tier copy fd was opened on, when
- * the kernel's stat of fd (is_reg, dev, size) still shows that copy and the
- * scan's record of the file can stand for it; else -1. */
-static int64_t copy_on_fd(int fd, int is_reg, uint64_t dev, uint64_t size)
+/* NOTE [served descriptors]: the catalogued file whose tier copy fd is
+ * open on (the kernel's stat of fd: dev, size), or -1; *mapped says whether
+ * path holds its data path already.  Booked opens are known by the fd book;
+ * the others (inherited across exec, above the book) by their link. */
+static int64_t copy_on_fd(int fd, uint64_t dev, uint64_t size, char *path, int *mapped)
 {
     uint64_t v = tracked(fd);
     uint32_t tier = (uint32_t)(v >> 32), s = (uint32_t)v;
-    if (!tier || !s || tier > idx->ntiers || !is_reg || dev != idx->tiers[tier - 1].dev)
+    int64_t slot = -1;
+    *mapped = 0;
+    if (tier && s && tier <= idx->ntiers && dev == idx->tiers[tier - 1].dev)
+        slot = (int64_t)(s - 1);
+    else if (!(*mapped = fd_to_data(fd, path, &slot)))
         return -1;
-    int64_t slot = (int64_t)(s - 1);
-    const struct tiering_file *f = record(slot);
-    return f && (f->flags & TIERING_FILE_STAT) && entries[slot].size == size ? slot : -1;
+    return slot >= 0 && entries[slot].size == size ? slot : -1;
+}
+
+/* The record that answers the stat of a descriptor open on slot's copy:
+ * this job's scan made it, or the copy found its source as it says; else
+ * NULL (then the data path is stat'ed). */
+static const struct tiering_file *exact_record(int64_t slot)
+{
+    const struct tiering_file *f = slot >= 0 ? record(slot) : NULL;
+    return f && (f->flags & (TIERING_FILE_STAT | TIERING_FILE_VERIFIED)) ? f : NULL;
+}
+
+/* fd's stat, which the kernel gave as st: when it is a tier copy's, the
+ * data file's instead. */
+static __attribute__((noinline)) void served_stat(int fd, struct stat *st)
+{
+    char path[PATH_MAX];
+    int mapped;
+    int64_t slot;
+    if (!maybe_copy(fd, (uint64_t)st->st_dev, S_ISREG(st->st_mode), st->st_mode, st->st_uid) ||
+        ((slot = copy_on_fd(fd, (uint64_t)st->st_dev, (uint64_t)st->st_size, path, &mapped)) < 0 && !mapped))
+        return;
+    const struct tiering_file *f = exact_record(slot);
+    if (f) {
+        fill_stat(st, &entries[slot], f);
+        return;
+    }
+    int saved = errno;
+    struct stat ds;
+    if ((mapped || fd_to_data(fd, path, &slot)) && stat_at(AT_FDCWD, path, &ds, 0) == 0 && S_ISREG(ds.st_mode))
+        *st = ds;
+    errno = saved;
 }
 
 static inline int do_stat(enum stat_which w, int ver, int atfd, const char *path, struct stat *st, int flags)
@@ -1864,6 +2080,9 @@ static inline int do_stat(enum stat_which w, int ver, int atfd, const char *path
     struct tiering_header *h = __atomic_load_n(&idx, __ATOMIC_ACQUIRE);
     int root;
     size_t rl;
+    char data[PATH_MAX];
+    if (h && path && UNLIKELY(fd_link_path(path)) && !(flags & AT_SYMLINK_NOFOLLOW) && reopened_copy(path, data))
+        return do_stat(w, ver, AT_FDCWD, data, st, flags);
     if (maybe_catalogued(h, path, &root, &rl) && path[0] && ver == STAT_VER && !(flags & ~STAT_FLAGS)) {
         int64_t slot = answering_slot(atfd, path, root, rl, flags & AT_SYMLINK_NOFOLLOW);
         if (slot >= 0) {
@@ -1872,11 +2091,8 @@ static inline int do_stat(enum stat_which w, int ver, int atfd, const char *path
         }
     }
     int r = real_stat(w, ver, atfd, path, st, flags);
-    if (r == 0 && h && ver == STAT_VER && (!path || (!path[0] && (flags & AT_EMPTY_PATH)))) {
-        int64_t slot = copy_on_fd(atfd, S_ISREG(st->st_mode), (uint64_t)st->st_dev, (uint64_t)st->st_size);
-        if (slot >= 0)
-            fill_stat(st, &entries[slot], record(slot));
-    }
+    if (r == 0 && h && ver == STAT_VER && (!path || (!path[0] && (flags & AT_EMPTY_PATH))))
+        served_stat(atfd, st);
     return r;
 }
 
@@ -1930,6 +2146,36 @@ EXPORT int __fxstat64(int ver, int fd, struct stat64 *st)
     return do_stat(SW_FXSTAT64, ver, fd, NULL, (struct stat *)st, 0);
 }
 
+static int real_statx(int atfd, const char *path, int flags, unsigned int mask, struct statx *sx)
+{
+    return real.statx ? real.statx(atfd, path, flags, mask, sx) : (int)syscall(SYS_statx, atfd, path, flags, mask, sx);
+}
+
+/* served_stat for statx: the record answers the basic fields; more (birth
+ * time, mount id, attributes) the data path's statx does. */
+static __attribute__((noinline)) void served_statx(int fd, int flags, unsigned int mask, struct statx *sx)
+{
+    const unsigned int need = STATX_TYPE | STATX_MODE | STATX_UID | STATX_SIZE;
+    char path[PATH_MAX];
+    int mapped;
+    int64_t slot;
+    uint64_t dev = (uint64_t)makedev(sx->stx_dev_major, sx->stx_dev_minor);
+    if ((sx->stx_mask & need) != need || !maybe_copy(fd, dev, S_ISREG(sx->stx_mode), sx->stx_mode, sx->stx_uid) ||
+        ((slot = copy_on_fd(fd, dev, sx->stx_size, path, &mapped)) < 0 && !mapped))
+        return;
+    const struct tiering_file *f = exact_record(slot);
+    if (f && !(mask & ~(unsigned int)STATX_BASIC_STATS)) {
+        fill_statx(sx, &entries[slot], f);
+        return;
+    }
+    int saved = errno;
+    struct statx dx;
+    if ((mapped || fd_to_data(fd, path, &slot)) && real_statx(AT_FDCWD, path, flags & ~AT_EMPTY_PATH, mask, &dx) == 0 &&
+        S_ISREG(dx.stx_mode))
+        *sx = dx;
+    errno = saved;
+}
+
 /* statx: answered when the caller asks for no more than the basic fields
  * (birth time, mount id, attributes and AT_STATX_FORCE_SYNC are the PFS's) */
 EXPORT int statx(int atfd, const char *path, int flags, unsigned int mask, struct statx *sx)
@@ -1938,6 +2184,9 @@ EXPORT int statx(int atfd, const char *path, int flags, unsigned int mask, struc
     struct tiering_header *h = __atomic_load_n(&idx, __ATOMIC_ACQUIRE);
     int root;
     size_t rl;
+    char data[PATH_MAX];
+    if (h && path && UNLIKELY(fd_link_path(path)) && !(flags & AT_SYMLINK_NOFOLLOW) && reopened_copy(path, data))
+        return statx(AT_FDCWD, data, flags, mask, sx);
     if (!(mask & ~(unsigned int)STATX_BASIC_STATS) && !(flags & ~STATX_FLAGS) &&
         maybe_catalogued(h, path, &root, &rl) && path[0]) {
         int64_t slot = answering_slot(atfd, path, root, rl, flags & AT_SYMLINK_NOFOLLOW);
@@ -1946,15 +2195,9 @@ EXPORT int statx(int atfd, const char *path, int flags, unsigned int mask, struc
             return 0;
         }
     }
-    int r = real.statx ? real.statx(atfd, path, flags, mask, sx)
-                       : (int)syscall(SYS_statx, atfd, path, flags, mask, sx);
-    if (r == 0 && h && path && !path[0] && (flags & AT_EMPTY_PATH)) {
-        unsigned int need = STATX_TYPE | STATX_SIZE;
-        int64_t slot = copy_on_fd(atfd, (sx->stx_mask & need) == need && S_ISREG(sx->stx_mode),
-                                  (uint64_t)makedev(sx->stx_dev_major, sx->stx_dev_minor), sx->stx_size);
-        if (slot >= 0)
-            fill_statx(sx, &entries[slot], record(slot)); /* the copy's birth time is no answer */
-    }
+    int r = real_statx(atfd, path, flags, mask, sx);
+    if (r == 0 && h && path && !path[0] && (flags & AT_EMPTY_PATH))
+        served_statx(atfd, flags, mask, sx);
     return r;
 }
 
@@ -1969,6 +2212,9 @@ static int do_access(enum access_which w, int atfd, const char *path, int mode, 
     struct tiering_header *h = __atomic_load_n(&idx, __ATOMIC_ACQUIRE);
     int root;
     size_t rl;
+    char data[PATH_MAX];
+    if (h && path && UNLIKELY(fd_link_path(path)) && !(flags & AT_SYMLINK_NOFOLLOW) && reopened_copy(path, data))
+        return do_access(w, AT_FDCWD, data, mode, flags);
     if (mode == F_OK && !(flags & ~ACCESS_FLAGS) && maybe_catalogued(h, path, &root, &rl) && path[0] &&
         answering_slot(atfd, path, root, rl, flags & AT_SYMLINK_NOFOLLOW) >= 0)
         return 0;
@@ -1990,6 +2236,172 @@ EXPORT int faccessat(int atfd, const char *path, int mode, int flags)
 EXPORT int euidaccess(const char *path, int mode) { return do_access(AW_EUIDACCESS, AT_FDCWD, path, mode, AT_EACCESS); }
 EXPORT int eaccess(const char *path, int mode) { return do_access(AW_EACCESS, AT_FDCWD, path, mode, AT_EACCESS); }
 
+static int without_libc(void)
+{
+    errno = ENOSYS; /* a system call would change one thread only: only libc can do it */
+    return -1;
+}
+
+/* ---- operations on a descriptor: NOTE [served descriptors] ----------------- */
+
+/* Before an operation on fd that the copy cannot stand for: when fd is open
+ * on a tier copy, it is moved onto the data file, opened with fd's access
+ * mode and status flags, at fd's offset, dup3'ed over fd with its
+ * close-on-exec flag (the reads after it come from the PFS, the same bytes).
+ * When that fails nothing changes: the operation acts on the copy. */
+static __attribute__((noinline)) void unserve(int fd)
+{
+    int saved = errno;
+    struct stat st;
+    char path[PATH_MAX];
+    int64_t slot;
+    if (stat_fd(fd, &st) == 0 && maybe_copy(fd, (uint64_t)st.st_dev, S_ISREG(st.st_mode), st.st_mode, st.st_uid) &&
+        fd_to_data(fd, path, &slot)) {
+        int fl = (int)syscall(SYS_fcntl, fd, F_GETFL), fdfl = (int)syscall(SYS_fcntl, fd, F_GETFD);
+        off_t pos = (off_t)syscall(SYS_lseek, fd, 0, SEEK_CUR);
+        int nfd = fl < 0 || fdfl < 0 ? -1
+                                     : (int)syscall(SYS_openat, AT_FDCWD, path,
+                                                    (fl & (O_ACCMODE | O_NONBLOCK)) | O_CLOEXEC | O_NOCTTY);
+        if (nfd >= 0) {
+            if ((pos <= 0 || syscall(SYS_lseek, nfd, pos, SEEK_SET) == pos) &&
+                syscall(SYS_dup3, nfd, fd, (fdfl & FD_CLOEXEC) ? O_CLOEXEC : 0) == fd)
+                logmsg("fd %d moved from its tier copy to %s", fd, path);
+            syscall(SYS_close, nfd);
+        }
+    }
+    errno = saved;
+}
+
+/* After fd's file changed (mode, owner, times, attributes): its record no
+ * longer answers a stat, nor may a copy stand for it. */
+static __attribute__((noinline)) void changed(int fd)
+{
+    int saved = errno;
+    struct stat st;
+    struct written wr = {.n = 0};
+    if (stat_fd(fd, &st) == 0)
+        reached(&wr, written_identity(&st));
+    errno = saved;
+}
+
+#define ON_DATA(fd) (ensure_init(), idx ? unserve(fd) : (void)0)
+#define CHANGED(r, fd) ((r) == 0 && idx ? changed(fd) : (void)0, (r))
+
+EXPORT int fchmod(int fd, mode_t mode)
+{
+    ON_DATA(fd);
+    int r = real.fchmod ? real.fchmod(fd, mode) : (int)syscall(SYS_fchmod, fd, mode);
+    return CHANGED(r, fd);
+}
+
+EXPORT int fchown(int fd, uid_t u, gid_t g)
+{
+    ON_DATA(fd);
+    int r = real.fchown ? real.fchown(fd, u, g) : (int)syscall(SYS_fchown, fd, u, g);
+    return CHANGED(r, fd);
+}
+
+EXPORT int fchownat(int atfd, const char *path, uid_t u, gid_t g, int flags)
+{
+    int on_fd = path && !path[0] && (flags & AT_EMPTY_PATH);
+    if (on_fd)
+        ON_DATA(atfd);
+    int r = real.fchownat ? real.fchownat(atfd, path, u, g, flags) : (int)syscall(SYS_fchownat, atfd, path, u, g, flags);
+    return on_fd ? CHANGED(r, atfd) : r;
+}
+
+EXPORT int futimens(int fd, const struct timespec ts[2])
+{
+    ON_DATA(fd);
+    int r = real.futimens ? real.futimens(fd, ts) : (int)syscall(SYS_utimensat, fd, NULL, ts, 0);
+    return CHANGED(r, fd);
+}
+
+EXPORT int futimes(int fd, const struct timeval tv[2])
+{
+    ON_DATA(fd);
+    int r = real.futimes ? real.futimes(fd, tv) : without_libc();
+    return CHANGED(r, fd);
+}
+
+EXPORT int utimensat(int atfd, const char *path, const struct timespec ts[2], int flags)
+{
+    if (!path)
+        ON_DATA(atfd);
+    int r = real.utimensat ? real.utimensat(atfd, path, ts, flags)
+                           : (int)syscall(SYS_utimensat, atfd, path, ts, flags);
+    return !path ? CHANGED(r, atfd) : r;
+}
+
+EXPORT int fsetxattr(int fd, const char *name, const void *value, size_t size, int flags)
+{
+    ON_DATA(fd);
+    int r = real.fsetxattr ? real.fsetxattr(fd, name, value, size, flags)
+                           : (int)syscall(SYS_fsetxattr, fd, name, value, size, flags);
+    return CHANGED(r, fd);
+}
+
+EXPORT int fremovexattr(int fd, const char *name)
+{
+    ON_DATA(fd);
+    int r = real.fremovexattr ? real.fremovexattr(fd, name) : (int)syscall(SYS_fremovexattr, fd, name);
+    return CHANGED(r, fd);
+}
+
+EXPORT ssize_t fgetxattr(int fd, const char *name, void *value, size_t size)
+{
+    ON_DATA(fd);
+    return real.fgetxattr ? real.fgetxattr(fd, name, value, size) : syscall(SYS_fgetxattr, fd, name, value, size);
+}
+
+EXPORT ssize_t flistxattr(int fd, char *list, size_t size)
+{
+    ON_DATA(fd);
+    return real.flistxattr ? real.flistxattr(fd, list, size) : syscall(SYS_flistxattr, fd, list, size);
+}
+
+EXPORT int flock(int fd, int op)
+{
+    ON_DATA(fd);
+    return real.flock ? real.flock(fd, op) : (int)syscall(SYS_flock, fd, op);
+}
+
+EXPORT int lockf(int fd, int cmd, off_t len)
+{
+    ON_DATA(fd);
+    return real.lockf ? real.lockf(fd, cmd, len) : without_libc();
+}
+
+EXPORT int lockf64(int fd, int cmd, off64_t len)
+{
+    ON_DATA(fd);
+    return real.lockf64 ? real.lockf64(fd, cmd, len) : without_libc();
+}
+
+EXPORT int fstatfs(int fd, struct statfs *buf)
+{
+    ON_DATA(fd);
+    return real.fstatfs ? real.fstatfs(fd, buf) : (int)syscall(SYS_fstatfs, fd, buf);
+}
+
+EXPORT int fstatfs64(int fd, struct statfs64 *buf)
+{
+    ON_DATA(fd);
+    return real.fstatfs64 ? real.fstatfs64(fd, buf) : (int)syscall(SYS_fstatfs, fd, buf);
+}
+
+EXPORT int fstatvfs(int fd, struct statvfs *buf)
+{
+    ON_DATA(fd);
+    return real.fstatvfs ? real.fstatvfs(fd, buf) : without_libc();
+}
+
+EXPORT int fstatvfs64(int fd, struct statvfs64 *buf)
+{
+    ON_DATA(fd);
+    return real.fstatvfs64 ? real.fstatvfs64(fd, buf) : without_libc();
+}
+
 /* ---- credentials ------------------------------------------------------------- */
 
 /* The process is changing its credentials: from now on it may reach other
@@ -2002,11 +2414,6 @@ static void credentials_change(void)
         __atomic_store_n(&scanners_ids, 0, __ATOMIC_RELAXED);
 }
 
-static int without_libc(void)
-{
-    errno = ENOSYS; /* a system call would change one thread only: only libc can do it */
-    return -1;
-}
 
 #define CALL_REAL(name, ...) (credentials_change(), real.name ? real.name(__VA_ARGS__) : without_libc())
 EXPORT int setuid(uid_t u) { return CALL_REAL(setuid, u); }
@@ -2021,3 +2428,8 @@ EXPORT int setgroups(size_t n, const gid_t *list) { return CALL_REAL(setgroups, 
 EXPORT int initgroups(const char *user, gid_t g) { return CALL_REAL(initgroups, user, g); }
 EXPORT int setfsuid(uid_t u) { return CALL_REAL(setfsuid, u); }
 EXPORT int setfsgid(gid_t g) { return CALL_REAL(setfsgid, g); }
+EXPORT int capset(void *head, const void *data)
+{
+    credentials_change();
+    return real.capset ? real.capset(head, data) : (int)syscall(SYS_capset, head, data);
+}

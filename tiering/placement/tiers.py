@@ -485,7 +485,7 @@ class BatchSource:
     by id, and the daemon's stop flag (an int32 set by Daemon.stop).  Made
     once per daemon; it keeps the arrays it points into alive."""
 
-    def __init__(self, files: FileTable, roots: list[str], stop: Any):
+    def __init__(self, files: FileTable, roots: list[str], stop: Any, records: Any = None):
         c = files.columns
         self._arrays = (files.paths, files.offsets, files.root, c["size"], c["mtime_ns"], c["link"].view(np.uint8))
         self._roots = [ffi.new("char[]", os.fsencode(r)) for r in roots]
@@ -496,7 +496,10 @@ class BatchSource:
             "size": ffi.from_buffer("int64_t[]", self._arrays[3]),
             "mtime_ns": ffi.from_buffer("int64_t[]", self._arrays[4]),
             "link": ffi.from_buffer("uint8_t[]", self._arrays[5]),
-            "roots": ffi.new("char *[]", self._roots), "nroots": len(roots), "stop": stop}
+            "roots": ffi.new("char *[]", self._roots), "nroots": len(roots), "stop": stop,
+            # the index's records, by the same ids: each copy sets or clears
+            # TIERING_FILE_VERIFIED (NOTE [served descriptors])
+            "records": ffi.NULL if records is None else records}
 
 
 class _BatchCall:
