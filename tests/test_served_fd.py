@@ -141,7 +141,7 @@ def test_a_descriptor_above_the_fd_book_is_the_data_files(tmp_path, small_book_s
 
 
 @pytest.mark.parametrize("how", ["/proc/self/fd/{fd}", "/dev/fd/{fd}", "/proc/{pid}/fd/{fd}", "freopen"])
-def test_a_reopen_of_a_served_descriptor_for_writing_reaches_the_data_file(tmp_path, how):
+def test_a_reopen_of_a_served_descriptor_for_writing_reaches_the_data_file(tmp_path, how, reliability):
     """The job runs as root here, so the read-only copy could be written:
     the write must land in the data file, whose entry is then invalid."""
     se = cached_shimenv(tmp_path)
@@ -175,6 +175,8 @@ def test_a_reopen_of_a_served_descriptor_for_writing_reaches_the_data_file(tmp_p
     assert copy.read_bytes() == se.contents[REL]
     assert se.state(REL) == lib.TIERING_STATE_INVALID
     assert se.index.counters()["opens_tier"][0] == 1
+    reliability.survived(f"a served file reopened for writing through {how} (the data file written)")
+    reliability.checked(reads=1, nbytes=len(se.contents[REL]))
     se.index.close()
 
 
@@ -220,7 +222,7 @@ def test_fchmod_and_futimens_of_a_served_descriptor_change_the_data_file(tmp_pat
 
 
 @pytest.mark.parametrize("how", ["flock", "lockf", "fcntl"])
-def test_a_lock_on_a_served_descriptor_is_a_lock_on_the_data_file(tmp_path, how):
+def test_a_lock_on_a_served_descriptor_is_a_lock_on_the_data_file(tmp_path, how, reliability):
     """Another process holds an exclusive lock on the data file: the job's
     lock on its served descriptor is refused, as without the shim."""
     se = cached_shimenv(tmp_path)
@@ -247,6 +249,7 @@ def test_a_lock_on_a_served_descriptor_is_a_lock_on_the_data_file(tmp_path, how)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split()[0] == "refused", r.stdout
     assert se.index.counters()["opens_tier"][0] == 1
+    reliability.survived(f"a {how} lock on a served file held by another process (refused, as without tier-run)")
     se.index.close()
 
 
@@ -295,7 +298,7 @@ def _without_dac(prog: str) -> list[str]:
 
 
 @pytest.mark.parametrize("how", ["setpriv", "capset"])
-def test_a_root_process_without_dac_capabilities_is_not_served_another_users_file(tmp_path, how):
+def test_a_root_process_without_dac_capabilities_is_not_served_another_users_file(tmp_path, how, reliability):
     """Root reads a 0600 file of another user only with CAP_DAC_OVERRIDE or
     CAP_DAC_READ_SEARCH; without them it gets EACCES, under the shim too
     (the copy is root's own)."""
@@ -334,6 +337,7 @@ else:
     assert r.stdout.split() == ["EACCES"]
     with_caps = se.run([PYTHON, "-c", read])
     assert with_caps.stdout.split() == ["read"] and se.index.counters()["opens_tier"][0] == 1
+    reliability.survived(f"a root command without the DAC capabilities ({how}) reading another user's 0600 file")
     se.index.close()
 
 

@@ -87,7 +87,7 @@ def tree(root: Path) -> dict[str, tuple[int, int, bytes]]:
     return got
 
 
-def test_tar_cp_and_rsync_make_what_they_make_without_tier_run(tmp_path):
+def test_tar_cp_and_rsync_make_what_they_make_without_tier_run(tmp_path, reliability):
     for tool in ("tar", "cp", "rsync"):
         assert shutil.which(tool), f"{tool} is needed (make test installs rsync)"
     data = tmp_path / "pfs" / "data"
@@ -119,3 +119,6 @@ def test_tar_cp_and_rsync_make_what_they_make_without_tier_run(tmp_path):
             assert tree(out / copy) == sources, f"run {k + 1}: {copy}"
         assert {r: (m, b) for r, (m, _, b) in tree(out / "cp-r").items()} == \
             {r: (m, b) for r, (m, _, b) in tree(tmp_path / "direct" / "cp-r").items()}
+        reliability.checked(reads=4 * len(contents) + 1, nbytes=4 * sum(len(b) for b in contents.values()))
+    reliability.survived("tar, cp, cp -p and rsync -a under tier-run twice, the second from the cached catalog "
+                         "(same archive, modes and mtimes)")
