@@ -144,8 +144,10 @@ struct tiering_counters {
     uint64_t opens_tier[4];          /* served from tier k                  */
     uint64_t bytes_tier;             /* sizes of the files served from tiers */
     uint64_t fallbacks;              /* copy vanished between lookup and open */
-    uint64_t writes;                 /* write opens that reached catalogued
-                                        files (by path or by identity)      */
+    uint64_t writes;                 /* write opens, renames, unlinks,
+                                        truncates and inherited write fds
+                                        that reached catalogued files (by
+                                        path or by identity)                */
     uint64_t events_dropped;         /* ring full (counted by the daemon)   */
     /* NOTE [read counters], docs/design.md: the bytes read through the
        descriptors of catalogued files, by their file position when they

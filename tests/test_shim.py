@@ -923,7 +923,8 @@ METADATA = {"stat", "stat64", "lstat", "lstat64", "fstat", "fstat64", "fstatat",
             "__fxstatat64", "access", "faccessat", "euidaccess", "eaccess"}
 CREDENTIALS = {"setuid", "setgid", "seteuid", "setegid", "setreuid", "setregid", "setresuid", "setresgid",
                "setgroups", "initgroups", "setfsuid", "setfsgid"}
-INTERPOSED = set(ENTRIES) | METADATA | CREDENTIALS | {
+NAMESPACE = {"rename", "renameat", "renameat2", "unlink", "unlinkat", "remove", "truncate", "truncate64"}
+INTERPOSED = set(ENTRIES) | METADATA | CREDENTIALS | NAMESPACE | {
     "creat", "creat64", "close", "fclose", "closedir", "close_range", "dup", "dup2", "dup3", "fcntl", "fcntl64"}
 HELPERS = {"tiering_fingerprint", "tiering_index_fill", "tiering_index_complete", "tiering_index_filled", "tiering_state_cas", "tiering_state_cas_many", "tiering_ring_drain",
            "tiering_groups_hash", "tiering_set_tag", "tiering_get_tag", "tiering_where", "tiering_copy_file", "tiering_copy_batch",
