@@ -156,8 +156,10 @@ struct tiering_counters {
     uint64_t opens_tier[4];          /* served from tier k                  */
     uint64_t bytes_tier;             /* sizes of the files served from tiers */
     uint64_t fallbacks;              /* copy vanished between lookup and open */
-    uint64_t writes;                 /* write opens that reached catalogued
-                                        files (by path or by identity)      */
+    uint64_t writes;                 /* write opens, renames, unlinks,
+                                        truncates and inherited write fds
+                                        that reached catalogued files (by
+                                        path or by identity)                */
     uint64_t events_dropped;         /* ring full (counted by the daemon)   */
     /* NOTE [read counters], docs/design.md: the bytes read through the
        descriptors of catalogued files, by their file position when they
@@ -249,6 +251,7 @@ uint64_t tiering_groups_hash(const uint32_t *groups, uint64_t n);
 #define TIERING_COPY_NO_STAGING 7    /* the staging directory is gone (ENOENT) */
 #define TIERING_COPY_TARGET_ERROR 8  /* the staging file or the rename failed: errno in error */
 #define TIERING_COPY_IO_ERROR 9      /* reading or writing failed (ENOSPC...): errno in error */
+#define TIERING_COPY_REPLACED 10     /* the path names another file, or none, after the copy */
 
 struct tiering_copy {
     uint64_t size;       /* in: the catalog's size and mtime of the source  */
@@ -259,6 +262,8 @@ struct tiering_copy {
     int64_t blocks;      /* out: st_blocks of the finished copy             */
     int32_t fd_in;       /* out of tiering_copy_open: the source's fd ...    */
     int32_t fd_out;      /* ... and the staging file's, until finish        */
+    uint64_t dev;        /* out of tiering_copy_open: the source's identity, */
+    uint64_t ino;        /* which its path must still name at finish        */
     struct tiering_file *record; /* in: the file's record in the index, whose */
                          /* TIERING_FILE_VERIFIED finish sets or clears    */
                          /* (NULL: none)                                   */
@@ -274,10 +279,11 @@ int tiering_copy_file(const char *src, int staging_fd, const char *name, int dst
 /* The steps of tiering_copy_file around its copy, for a copy made in parts
  * (NOTE [chunked copy]): open and check the source and create the staging
  * file; then, with the bytes copied (-1: failed, errno in c->error; -2:
- * stopped), check, make read-only, close and rename (or remove). */
+ * stopped), check (the fd, and that the path src still names the file
+ * copied), close and rename (or remove). */
 int tiering_copy_open(const char *src, int staging_fd, const char *name, struct tiering_copy *c);
-int tiering_copy_finish(struct tiering_copy *c, int64_t copied, int staging_fd, const char *name,
-                        int dst_fd, const char *leaf);
+int tiering_copy_finish(struct tiering_copy *c, int64_t copied, const char *src, int staging_fd,
+                        const char *name, int dst_fd, const char *leaf);
 /* Many small files copied in one call (NOTE [batch copy]): the catalog's
  * columns (paths blob cut by offsets, root ids, sizes, mtimes, link flags),
  * the data roots by id, the tier's staging and data/ directories.  Each copy

@@ -9,7 +9,9 @@
  * Rules (docs/design.md): never block, never allocate or lock on the hot
  * path, keep no fd of our own open, fall back to the original path with errno
  * untouched on any failure, pass writes through and invalidate the file under
- * every path it has (NOTE [alias invalidation]).
+ * every path it has (NOTE [alias invalidation]), and so renames, unlinks and
+ * truncates by path (NOTE [namespace changes]) and descriptors inherited open
+ * for writing (NOTE [inherited writes]).
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -84,9 +86,22 @@
     X(dup3, int, (int, int, int))                              \
     X(fcntl, int, (int, int, ...))                             \
     X(fcntl64, int, (int, int, ...))                           \
+    NAMESPACE(X)                                               \
     METADATA(X)                                                \
     FD_OPERATIONS(X)                                           \
     CREDENTIALS(X)
+
+/* NOTE [namespace changes]: calls that change what a path names, or a file
+ * by its path, without opening it: they invalidate what they reach. */
+#define NAMESPACE(X)                                                      \
+    X(rename, int, (const char *, const char *))                          \
+    X(renameat, int, (int, const char *, int, const char *))              \
+    X(renameat2, int, (int, const char *, int, const char *, unsigned int)) \
+    X(unlink, int, (const char *))                                        \
+    X(unlinkat, int, (int, const char *, int))                            \
+    X(remove, int, (const char *))                                        \
+    X(truncate, int, (const char *, off_t))                               \
+    X(truncate64, int, (const char *, off64_t))
 
 /* NOTE [stat from the index]: the stat family and access, answered from the
  * index for catalogued paths (and for descriptors opened on a tier copy). */
@@ -915,6 +930,8 @@ static void map_index(const char *path)
            (unsigned long long)h->nentries, h->nroots, h->ntiers);
 }
 
+static void inherited_writes(void); /* NOTE [inherited writes] */
+
 static void init(void)
 {
     in_init = 1;
@@ -930,6 +947,8 @@ static void init(void)
         logmsg("no TIERING_INDEX, passing through");
     else
         map_index(path);
+    if (idx)
+        inherited_writes();
     ready = 1;
     in_init = 0;
 }
@@ -1058,6 +1077,37 @@ static inline int maybe_catalogued(const struct tiering_header *h, const char *p
     return h && path && (path[0] != '/' || (*root = root_prefix(h, path, rl)) >= 0);
 }
 
+/* The absolute path of path (relative to atfd) into abs_path (*len its
+ * length), resolved by text as append_components does: 0, or -1 when the
+ * text cannot tell it (a ".." of its own, too long, no cwd; errno untouched). */
+static int absolute(int atfd, const char *path, char *abs_path, size_t *len)
+{
+    *len = 1;
+    abs_path[0] = '/';
+    abs_path[1] = '\0';
+    if (path[0] != '/') {
+        char base[PATH_MAX];
+        int saved = errno; /* a failure here leaves the call to the kernel, errno untouched */
+        if (atfd == AT_FDCWD) {
+            if (!getcwd(base, sizeof base)) {
+                errno = saved;
+                return -1;
+            }
+        } else {
+            char fd_link[32];
+            snprintf(fd_link, sizeof fd_link, "/proc/self/fd/%d", atfd);
+            ssize_t n = readlink(fd_link, base, sizeof base - 1);
+            errno = saved;
+            if (n <= 0 || base[0] != '/')
+                return -1;
+            base[n] = '\0';
+        }
+        if (append_components(abs_path, len, base) != 0)
+            return -1;
+    }
+    return append_components(abs_path, len, path) != 0 ? -1 : 0; /* too long, or a ".." of its own */
+}
+
 /* Finds the catalogued entry that path (relative to atfd) names; root is
  * root_prefix()'s answer (root length rl) for an absolute path.  An absolute
  * path outside every root is not looked up: "//root/x" or "/a/../root/x" may
@@ -1084,33 +1134,9 @@ static int64_t lookup(int atfd, const char *path, int root, size_t rl, char *abs
         if (plain_len(r) == n)
             return -1; /* plain, and not catalogued */
     }
-    if (names_directory(path))
+    size_t len;
+    if (names_directory(path) || absolute(atfd, path, abs_path, &len) < 0)
         return -1;
-    size_t len = 1;
-    abs_path[0] = '/';
-    abs_path[1] = '\0';
-    if (path[0] != '/') {
-        char base[PATH_MAX];
-        int saved = errno; /* a failure here leaves the call to the kernel, errno untouched */
-        if (atfd == AT_FDCWD) {
-            if (!getcwd(base, sizeof base)) {
-                errno = saved;
-                return -1;
-            }
-        } else {
-            char fd_link[32];
-            snprintf(fd_link, sizeof fd_link, "/proc/self/fd/%d", atfd);
-            ssize_t n = readlink(fd_link, base, sizeof base - 1);
-            errno = saved;
-            if (n <= 0 || base[0] != '/')
-                return -1;
-            base[n] = '\0';
-        }
-        if (append_components(abs_path, &len, base) != 0)
-            return -1;
-    }
-    if (append_components(abs_path, &len, path) != 0)
-        return -1; /* too long, or a ".." the text alone cannot resolve */
     int r = root_prefix(idx, abs_path, &rl);
     if (r < 0 || len == rl + 1)
         return -1; /* outside every root, or the root itself */
@@ -1401,6 +1427,19 @@ static void reached(struct written *wr, int64_t slot)
     post(TIERING_EV_WRITE, (uint32_t)slot, 0, 0);
 }
 
+/* The catalogued entry path (relative to atfd; NULL: none) names, or -1. */
+static int64_t path_entry(int atfd, const char *path)
+{
+    int root;
+    size_t rl;
+    if (!maybe_catalogued(idx, path, &root, &rl))
+        return -1;
+    char abs_path[PATH_MAX];
+    const char *rel;
+    size_t rel_len;
+    return lookup(atfd, path, root, rl, abs_path, &rel, &rel_len);
+}
+
 /* Before a write open of path (NULL: the file open on oldfd, as freopen
  * without a path): the catalogued entry the path names and, when the open
  * truncates, the file it is about to truncate, invalidated now since the
@@ -1409,15 +1448,7 @@ static __attribute__((noinline)) int64_t write_begin(struct written *wr, int atf
                                                      int oldfd, int flags)
 {
     int saved = errno;
-    int64_t by_path = -1;
-    int root;
-    size_t rl;
-    if (maybe_catalogued(idx, path, &root, &rl)) {
-        char abs_path[PATH_MAX];
-        const char *rel;
-        size_t rel_len;
-        by_path = lookup(atfd, path, root, rl, abs_path, &rel, &rel_len);
-    }
+    int64_t by_path = path_entry(atfd, path);
     /* O_CREAT | O_EXCL fails on an existing file: nothing to truncate */
     if ((flags & O_TRUNC) && (flags & (O_CREAT | O_EXCL)) != (O_CREAT | O_EXCL)) {
         struct stat st;
@@ -1452,6 +1483,166 @@ static __attribute__((noinline)) int open_write(enum which w, int atfd, const ch
     if (fd >= 0)
         write_end(&wr, fd, by_path);
     return fd;
+}
+
+/* NOTE [inherited writes]: a descriptor the process was started with, open
+ * for writing on a catalogued file (a shell's `>> D/train.log`, a file
+ * action of posix_spawn): the file is invalidated as a write open would,
+ * before the program can write through it.  Raw system calls: the
+ * descriptors of /proc/self/fd, one fcntl each, an fstat of each writable
+ * one.  Without /proc nothing is seen. */
+static void inherited_writes(void)
+{
+    int dir = (int)syscall(SYS_openat, AT_FDCWD, "/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dir < 0) {
+        logmsg("/proc/self/fd cannot be read (errno %d): inherited write descriptors are not seen", errno);
+        return;
+    }
+    char buf[4096] __attribute__((aligned(8)));
+    long n;
+    while ((n = syscall(SYS_getdents64, dir, buf, sizeof buf)) > 0) {
+        for (long off = 0; off < n;) {
+            const struct dirent64 *d = (const struct dirent64 *)(buf + off);
+            off += d->d_reclen;
+            int fd = 0;
+            const char *c = d->d_name;
+            for (; *c >= '0' && *c <= '9' && fd < (1 << 24); c++)
+                fd = fd * 10 + (*c - '0');
+            if (*c || c == d->d_name || fd == dir)
+                continue; /* ".", "..", our own */
+            int flags = (int)syscall(SYS_fcntl, fd, F_GETFL);
+            struct stat st;
+            if (flags < 0 || (flags & O_PATH) || (flags & O_ACCMODE) == O_RDONLY || stat_fd(fd, &st) != 0)
+                continue;
+            int64_t slot = written_identity(&st);
+            if (slot >= 0 && __atomic_load_n(&entries[slot].state, __ATOMIC_SEQ_CST) != TIERING_STATE_INVALID) {
+                struct written wr = {.n = 0};
+                reached(&wr, slot);
+                logmsg("descriptor %d, inherited open for writing, is a data-set file: invalidated", fd);
+            }
+        }
+    }
+    syscall(SYS_close, dir);
+}
+
+/* ---- namespace changes: NOTE [namespace changes] ---------------------------- */
+
+/* May the directory path (relative to atfd) hold data-set paths: is it a
+ * data root, above one or below one?  Yes when its absolute path cannot be
+ * told from the text. */
+static int holds_data(int atfd, const char *path)
+{
+    char abs_path[PATH_MAX];
+    size_t len;
+    if (absolute(atfd, path, abs_path, &len) < 0)
+        return 1;
+    for (uint32_t i = 0; i < idx->nroots; i++) {
+        const struct tiering_root *r = &idx->roots[i];
+        size_t l = r->len, m = len < l ? len : l;
+        if (l == 1 || len == 1 || (memcmp(abs_path, r->path, m) == 0 &&
+                                   (len == l || (len < l ? r->path[len] : abs_path[l]) == '/')))
+            return 1;
+    }
+    return 0;
+}
+
+/* Before a call that changes what path (relative to atfd) names, or the
+ * file it names: invalidates the path's entry and the file it names now
+ * (symlinks followed: a path that reaches the file through this one has its
+ * identity).  When a directory is moved (moves: a rename's source, or either
+ * side of an exchange) that may hold data-set paths, the shim redirects
+ * nothing more for the rest of the job: the index has no directories to find
+ * the entries below it by. */
+static __attribute__((noinline)) void name_changes(struct written *wr, int atfd, const char *path, int moves)
+{
+    if (!path)
+        return;
+    int saved = errno;
+    reached(wr, path_entry(atfd, path));
+    struct stat st;
+    if (stat_at(atfd, path, &st, 0) == 0) {
+        reached(wr, written_identity(&st));
+        if (moves && S_ISDIR(st.st_mode) && holds_data(atfd, path) &&
+            !__atomic_exchange_n(&idx->disabled, 1, __ATOMIC_SEQ_CST))
+            logmsg("directory %s renamed: redirecting nothing more in this job", path);
+    }
+    errno = saved;
+}
+
+static void renamed(int olddir, const char *old, int newdir, const char *new_, unsigned int flags)
+{
+    ensure_init();
+    if (!idx)
+        return;
+    struct written wr = {.n = 0};
+    name_changes(&wr, olddir, old, 1);
+    name_changes(&wr, newdir, new_, (flags & RENAME_EXCHANGE) != 0); /* else an empty directory */
+}
+
+static void name_changed(int atfd, const char *path)
+{
+    ensure_init();
+    if (!idx)
+        return;
+    struct written wr = {.n = 0};
+    name_changes(&wr, atfd, path, 0); /* a directory removed is empty */
+}
+
+/* Each wrapper invalidates before the call: the call itself changes what
+ * later opens find (NOTE [linearizable redirect]); a call that fails has
+ * only cost the copies.  Without libc's function, the system call. */
+EXPORT int rename(const char *old, const char *new_)
+{
+    renamed(AT_FDCWD, old, AT_FDCWD, new_, 0);
+    return real.rename ? real.rename(old, new_) : (int)syscall(SYS_renameat2, AT_FDCWD, old, AT_FDCWD, new_, 0);
+}
+
+EXPORT int renameat(int olddir, const char *old, int newdir, const char *new_)
+{
+    renamed(olddir, old, newdir, new_, 0);
+    return real.renameat ? real.renameat(olddir, old, newdir, new_)
+                         : (int)syscall(SYS_renameat2, olddir, old, newdir, new_, 0);
+}
+
+EXPORT int renameat2(int olddir, const char *old, int newdir, const char *new_, unsigned int flags)
+{
+    renamed(olddir, old, newdir, new_, flags);
+    return real.renameat2 ? real.renameat2(olddir, old, newdir, new_, flags)
+                          : (int)syscall(SYS_renameat2, olddir, old, newdir, new_, flags);
+}
+
+EXPORT int unlink(const char *path)
+{
+    name_changed(AT_FDCWD, path);
+    return real.unlink ? real.unlink(path) : (int)syscall(SYS_unlinkat, AT_FDCWD, path, 0);
+}
+
+EXPORT int unlinkat(int atfd, const char *path, int flags)
+{
+    name_changed(atfd, path);
+    return real.unlinkat ? real.unlinkat(atfd, path, flags) : (int)syscall(SYS_unlinkat, atfd, path, flags);
+}
+
+/* libc's remove calls its own unlink and rmdir, not ours */
+EXPORT int remove(const char *path)
+{
+    name_changed(AT_FDCWD, path);
+    if (real.remove)
+        return real.remove(path);
+    int r = (int)syscall(SYS_unlinkat, AT_FDCWD, path, 0);
+    return r < 0 && errno == EISDIR ? (int)syscall(SYS_unlinkat, AT_FDCWD, path, AT_REMOVEDIR) : r;
+}
+
+EXPORT int truncate(const char *path, off_t length)
+{
+    name_changed(AT_FDCWD, path);
+    return real.truncate ? real.truncate(path, length) : (int)syscall(SYS_truncate, path, length);
+}
+
+EXPORT int truncate64(const char *path, off64_t length)
+{
+    name_changed(AT_FDCWD, path);
+    return real.truncate64 ? real.truncate64(path, length) : (int)syscall(SYS_truncate, path, length);
 }
 
 /* ---- read opens: NOTE [linearizable redirect] ---------------------------- */

@@ -181,6 +181,43 @@ assert where == p, where
     reliability.checked(reads=1, nbytes=len(contents["c0/f0000.bin"]))
 
 
+def test_a_data_file_the_shell_opened_for_writing_is_read_as_it_is(tmp_path, reliability):
+    """`tier-run --data D -- job >> D/x`: the shell opened x before tier-run
+    started, COMMAND inherits it on stdout (NOTE [inherited writes]).  The
+    stage policy copies every file at start; COMMAND waits until all the
+    others are served from the tier, appends to x and reads it back."""
+    data = tmp_path / "pfs"
+    contents = dataset(data, n=8)
+    target = data / "c0" / "f0000.bin"
+    others = [str(data / rel) for rel in contents if data / rel != target]
+    script = f"""
+import ctypes, os, sys, time
+where = ctypes.CDLL(None).tiering_where
+deadline = time.monotonic() + 120
+while any(where(p.encode()) < 0 for p in {others!r}):
+    if time.monotonic() > deadline:
+        sys.exit('never placed')
+    time.sleep(0.02)
+os.write(1, b'NEW')
+with open({str(target)!r}, 'rb') as f:
+    where = os.readlink(f'/proc/self/fd/{{f.fileno()}}')
+    assert f.read() == {contents["c0/f0000.bin"] + b"NEW"!r}, 'stale copy served'
+assert where == {str(target)!r}, where
+"""
+    stats_file = tmp_path / "s.json"
+    with open(target, "ab") as out:
+        r = subprocess.run([PYTHON, "-m", "tiering", "run", "--profile", str(profile(tmp_path)), "--data", str(data),
+                            "--policy", "stage", "--stats-json", str(stats_file), "--", PYTHON, "-c", script],
+                           stdout=out, stderr=subprocess.PIPE, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert target.read_bytes().startswith(contents["c0/f0000.bin"] + b"NEW")
+    stats = json.loads(stats_file.read_text())
+    assert stats["placement"]["write_opens"] == 1
+    assert stats["tiers"][0]["files"] == len(others)
+    reliability.survived("a data-set file COMMAND inherited open for writing (its copy is never served)")
+    reliability.checked(reads=1, nbytes=len(contents["c0/f0000.bin"]) + 3)
+
+
 @pytest.mark.parametrize("umask", [0o000, 0o022])
 def test_tier_directories_are_private_whatever_the_umask(tmp_path, umask):
     """NOTE [tier roots]: the shim redirects only into 0700 tier roots."""

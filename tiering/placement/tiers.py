@@ -466,7 +466,8 @@ def _changed() -> dict[int, str]:
     return {lib.TIERING_COPY_NOT_REGULAR: "is no longer the regular file the scan saw",
             lib.TIERING_COPY_CHANGED: "changed since the scan",
             lib.TIERING_COPY_GREW: "grew while it was copied",
-            lib.TIERING_COPY_SHRANK: "shrank while it was copied"}
+            lib.TIERING_COPY_SHRANK: "shrank while it was copied",
+            lib.TIERING_COPY_REPLACED: "was renamed over or removed while it was copied"}
 
 
 def _raise_for(status: int, err: int, src: str) -> None:
@@ -643,11 +644,11 @@ def _copy_chunked(src: str, f: CopySource, tier: TierState, stop: threading.Even
         if done:
             dst_fd = tier.dirs.data.acquire(key, create=True)
     except BaseException:
-        lib.tiering_copy_finish(c, -2, staging_fd, name.encode(), -1, b"")
+        lib.tiering_copy_finish(c, -2, os.fsencode(src), staging_fd, name.encode(), -1, b"")
         raise
     try:
-        status = int(lib.tiering_copy_finish(c, copied if done else -2, staging_fd, name.encode(),
-                                             dst_fd, leaf.encode()))
+        status = int(lib.tiering_copy_finish(c, copied if done else -2, os.fsencode(src), staging_fd,
+                                             name.encode(), dst_fd, leaf.encode()))
     finally:
         if dst_fd >= 0:
             tier.dirs.data.release(key)
