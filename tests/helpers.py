@@ -267,6 +267,29 @@ def dead_job_dir(name: str) -> bool:
         return True
 
 
+def dead_job_dirs(parent: Path, user: str, n: int = 1) -> list[Path]:
+    """Private directories, each with a copy in it, made in parent by a
+    process that has exited: the leftovers of a dead job."""
+    code = ("import sys\n"
+            "from tiering.rundirs import make_private_dir\n"
+            "for _ in range(int(sys.argv[3])):\n"
+            "    d = make_private_dir(sys.argv[1], sys.argv[2])\n"
+            "    (d / 'data').mkdir()\n"
+            "    (d / 'data' / 'copy.bin').write_bytes(b'x' * 100)\n"
+            "    print(d)\n")
+    r = subprocess.run([sys.executable, "-c", code, str(parent), user, str(n)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    return [Path(line) for line in r.stdout.splitlines()]
+
+
+def rewrite_owner(d: Path, **change: object) -> Path:
+    """d's owner record with some fields changed (its marker kept)."""
+    record = json.loads((d / "owner.json").read_text())
+    (d / "owner.json").write_text(json.dumps({**record, **change}))
+    return d
+
+
 def sweep_with_boot_time_off(parent: Path, user: str, seconds: float = 1.0) -> list[str]:
     """What another tier-run of the user does at start (sweep leftovers in
     parent), in a process whose /proc/stat btime reads `seconds` later: btime
