@@ -374,6 +374,7 @@ def test_python_open_and_numpy_fromfile_read_the_copy(shimenv, tmp_path):
     assert lines == [str(copy), want, want]
 
 
+@pytest.mark.sanitizers("asan", "tsan")
 def test_fd_bookkeeping_posts_one_close_per_descriptor(shimenv, cbin):
     rel = "a/one.bin"
     shimenv.place(rel)
@@ -426,6 +427,7 @@ def test_a_whole_file_reader_counts_the_file_size(shimenv, cbin, placed):
 
 
 @pytest.mark.parametrize("placed", [False, True], ids=["pfs", "tier"])
+@pytest.mark.sanitizers("asan", "tsan")
 def test_duplicated_descriptors_count_their_open_file_once(shimenv, cbin, placed):
     n, c, closes = read_through(shimenv, cbin, "a/two.bin", "dups", placed=placed)
     assert n == 2000
@@ -434,6 +436,7 @@ def test_duplicated_descriptors_count_their_open_file_once(shimenv, cbin, placed
     assert len(closes) == 5 and sum(e.bytes for e in closes) == 2000
 
 
+@pytest.mark.sanitizers("asan", "tsan")
 def test_a_file_closed_by_fclose_counts_once_at_its_position(shimenv, cbin):
     rel = "c/big.bin"
     n, c, closes = read_through(shimenv, cbin, rel, "stdio")
@@ -450,6 +453,7 @@ def test_a_pread_reader_is_counted_as_closed_at_position_0_with_its_file_size(sh
     assert [e.bytes for e in closes] == [0]
 
 
+@pytest.mark.sanitizers("asan", "tsan")
 def test_a_forked_child_closing_an_inherited_descriptor_leaves_the_count_to_the_parent(shimenv, cbin):
     rel = "a/two.bin"
     n, c, closes = read_through(shimenv, cbin, rel, "fork")
@@ -458,6 +462,7 @@ def test_a_forked_child_closing_an_inherited_descriptor_leaves_the_count_to_the_
     assert sorted(e.bytes for e in closes) == [0, 200] and len({e.pid for e in closes}) == 2
 
 
+@pytest.mark.sanitizers("asan", "tsan")
 def test_a_forked_child_closing_an_inherited_descriptor_asks_for_no_position(shimenv, cbin):
     """The child's close counts nothing, so it makes no lseek; the parent's does."""
     rel = "a/two.bin"
@@ -468,6 +473,7 @@ def test_a_forked_child_closing_an_inherited_descriptor_asks_for_no_position(shi
     assert read_figures(shimenv.index.counters()) == (200, 0, 0)
 
 
+@pytest.mark.sanitizers("asan", "tsan")
 def test_threads_duplicating_and_closing_one_file_at_once_count_its_bytes_once(shimenv, cbin):
     """Threads that dup, read and close one open file at once: every
     descriptor posts exactly one close, and the bytes read through the file
@@ -484,6 +490,7 @@ def test_threads_duplicating_and_closing_one_file_at_once_count_its_bytes_once(s
         booked = c["read_pfs"]
 
 
+@pytest.mark.sanitizers("asan", "tsan")
 def test_a_dup_racing_with_a_close_of_its_source_leaks_no_cell_and_books_no_byte_twice(shimenv, cbin):
     """Rounds of a dup of a descriptor while another thread closes it and a
     third opens the file again (taking a cell as soon as one is let go):
@@ -500,6 +507,7 @@ def test_a_dup_racing_with_a_close_of_its_source_leaks_no_cell_and_books_no_byte
     assert c["read_tier"] == 0
 
 
+@pytest.mark.sanitizers("asan", "tsan")
 def test_a_dup_whose_source_is_closed_and_opened_again_meanwhile_books_no_byte_twice(shimenv, cbin):
     """Between a dup's system call and its bookkeeping, the source is closed
     and the file opened again on the same descriptor, taking the same cell:
@@ -908,6 +916,7 @@ def test_wrappers_work_when_libc_functions_are_unresolved(cbin):
     assert (r.returncode, r.stdout.strip()) == (0, "ok"), r.stdout + r.stderr
 
 
+@pytest.mark.sanitizers("asan")   # TSan makes a vfork a fork
 def test_a_vfork_child_leaves_the_parents_fd_bookkeeping_alone(shimenv, cbin):
     rel = "a/one.bin"
     shimenv.place(rel)
