@@ -38,6 +38,7 @@ def read_via(se: ShimEnv, cbin: Path, entry: str, path: str, tmp: Path, dir_: st
 
 
 @pytest.mark.parametrize("entry", ENTRIES)
+@pytest.mark.sanitizers("asan")   # one thread: nothing for TSan
 def test_every_entry_point_serves_the_tier_copy_with_the_same_bytes(shimenv, cbin, tmp_path, entry):
     shimenv.place_all()
     for rel, data in shimenv.contents.items():
@@ -91,6 +92,7 @@ def test_paths_outside_the_catalog_pass_through_uncounted(shimenv, cbin, tmp_pat
 
 
 @pytest.mark.parametrize("path_form", ["{root}/a/./two.bin", "{root}//a//two.bin", "{root}/./a/.//two.bin"])
+@pytest.mark.sanitizers("asan")   # one thread: nothing for TSan
 def test_dot_and_double_slash_paths_resolve_to_the_entry(shimenv, cbin, tmp_path, path_form):
     shimenv.place("a/two.bin")
     got, target = read_via(shimenv, cbin, "open", path_form.format(root=shimenv.root), tmp_path)
@@ -102,6 +104,7 @@ def test_dot_and_double_slash_paths_resolve_to_the_entry(shimenv, cbin, tmp_path
     "{root}/a/deep/../two.bin", "{root}/a/deep/er/../../two.bin", "{root}/b/../a/two.bin",
     "{root}/missing/../a/two.bin", "{root}/a/one.bin/../two.bin",
 ])
+@pytest.mark.sanitizers("asan")   # one thread: nothing for TSan
 def test_dotdot_in_the_path_itself_goes_to_the_pfs(shimenv, cbin, tmp_path, path_form):
     """By text these name a/two.bin, but the kernel walks them: "missing/.."
     fails with ENOENT, "one.bin/.." with ENOTDIR, a linked directory's ".."
@@ -117,6 +120,7 @@ def test_dotdot_in_the_path_itself_goes_to_the_pfs(shimenv, cbin, tmp_path, path
 
 
 @pytest.mark.parametrize("suffix", ["/", "/.", "/..", "//"])
+@pytest.mark.sanitizers("asan")   # one thread: nothing for TSan
 def test_paths_that_name_a_directory_fail_as_on_the_pfs(shimenv, cbin, tmp_path, suffix):
     shimenv.place("a/two.bin")
     path = f"{shimenv.root}/a/two.bin{suffix}"
@@ -142,6 +146,7 @@ def test_dotdot_that_climbs_out_of_the_root_is_not_redirected(shimenv, cbin, tmp
     assert target == str(shimenv.root / "a/two.bin")
 
 
+@pytest.mark.sanitizers("asan")   # one thread: nothing for TSan
 def test_relative_paths_from_the_cwd(shimenv, cbin, tmp_path):
     shimenv.place("a/deep/er/three.bin")
     for cwd, rel in ((shimenv.root, "a/deep/er/three.bin"), (shimenv.root / "a" / "deep", "er/three.bin"),
@@ -151,6 +156,7 @@ def test_relative_paths_from_the_cwd(shimenv, cbin, tmp_path):
         assert target == str(shimenv.tier / "0" / "a/deep/er/three.bin"), (cwd, rel)
 
 
+@pytest.mark.sanitizers("asan")   # one thread: nothing for TSan
 def test_openat_relative_to_a_subdirectory(shimenv, cbin, tmp_path):
     shimenv.place("a/deep/er/three.bin")
     got, target = read_via(shimenv, cbin, "openat", "er/three.bin", tmp_path, dir_=str(shimenv.root / "a/deep"))
@@ -255,6 +261,7 @@ def test_failed_write_opens_leave_the_copy_in_service(shimenv, cbin, tmp_path, h
     assert target.startswith(str(shimenv.tier)) and got == shimenv.contents[rel]
 
 
+@pytest.mark.sanitizers("asan")   # one thread: nothing for TSan
 def test_evicted_copy_falls_back_to_the_pfs_with_errno_untouched(shimenv, cbin, tmp_path):
     rel = "a/two.bin"
     copy = shimenv.place(rel)
@@ -337,6 +344,7 @@ def test_index_readable_by_others_is_refused(shimenv, cbin, tmp_path, target):
 
 
 @pytest.mark.parametrize("damage", ["magic", "version", "truncated", "nroots", "tier_path"])
+@pytest.mark.sanitizers("asan")   # one thread: nothing for TSan
 def test_malformed_index_is_refused(shimenv, cbin, tmp_path, damage):
     h = shimenv.index.header
     if damage == "magic":
