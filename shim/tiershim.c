@@ -612,6 +612,11 @@ struct open_file {
 static inline uint32_t refs(uint64_t held) { return (uint32_t)held; }
 static struct open_file open_files[MAX_TRACKED_FDS];
 static uint32_t fd_cell[MAX_TRACKED_FDS];
+/* fd_cell is read and written atomically (relaxed): a dup of a descriptor
+ * reads its source's word while another thread closes the source and an
+ * open takes its number again (NOTE [sanitizers]). */
+static inline uint32_t cell_of(int fd) { return __atomic_load_n(&fd_cell[fd], __ATOMIC_RELAXED); }
+static inline void set_cell(int fd, uint32_t k) { __atomic_store_n(&fd_cell[fd], k, __ATOMIC_RELAXED); }
 
 /* fd (booked, in range) is an open file of its own, opened here: it takes
  * a free cell, fd's own number first.  A cell is held by a booked fd each,
@@ -625,18 +630,18 @@ static inline void file_opened(int fd)
                                                     __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) {
             open_files[k].owner = my_pid;
             __atomic_store_n(&open_files[k].credited, 0, __ATOMIC_RELAXED);
-            fd_cell[fd] = k;
+            set_cell(fd, k);
             return;
         }
     }
-    fd_cell[fd] = NO_CELL;
+    set_cell(fd, NO_CELL);
 }
 
 /* The cell of fd (booked as s) and its generation, before a dup of fd:
  * generation << 32 | cell (NO_SEEN: none) */
 static inline uint64_t cell_seen(int fd, uint64_t s)
 {
-    uint32_t k = s && fd >= 0 && fd < MAX_TRACKED_FDS ? __atomic_load_n(&fd_cell[fd], __ATOMIC_RELAXED) : NO_CELL;
+    uint32_t k = s && fd >= 0 && fd < MAX_TRACKED_FDS ? cell_of(fd) : NO_CELL;
     if (k == NO_CELL)
         return NO_SEEN;
     return (__atomic_load_n(&open_files[k].held, __ATOMIC_ACQUIRE) >> 32) << 32 | k;
@@ -669,11 +674,11 @@ static inline int drop_cell(uint32_t k)
 static inline void file_duplicated(int newfd, int oldfd, uint64_t s, uint64_t seen)
 {
     uint32_t k = (uint32_t)seen;
-    fd_cell[newfd] = NO_CELL;
+    set_cell(newfd, NO_CELL);
     if (seen == NO_SEEN || !hold_cell(seen))
         return;
-    if (tracked(oldfd) == s && fd_cell[oldfd] == k)
-        fd_cell[newfd] = k;
+    if (tracked(oldfd) == s && cell_of(oldfd) == k)
+        set_cell(newfd, k);
     else
         drop_cell(k);
 }
@@ -683,7 +688,7 @@ static inline void file_duplicated(int newfd, int oldfd, uint64_t s, uint64_t se
  * process (a descriptor inherited from the parent books nothing) */
 static inline int books_bytes(int fd)
 {
-    uint32_t k = fd_cell[fd];
+    uint32_t k = cell_of(fd);
     return k != NO_CELL && open_files[k].owner == my_pid;
 }
 
@@ -703,7 +708,7 @@ static inline uint64_t position(int fd)
  * the parent's own close does. */
 static __attribute__((noinline)) void closed_at(int fd, uint64_t v, uint64_t pos)
 {
-    uint32_t slot = (uint32_t)v - 1, where = (uint32_t)(v >> 32), k = fd_cell[fd];
+    uint32_t slot = (uint32_t)v - 1, where = (uint32_t)(v >> 32), k = cell_of(fd);
     uint64_t bytes = 0;
     if (k != NO_CELL) {
         struct open_file *o = &open_files[k];
@@ -764,7 +769,7 @@ static inline void untrack(int fd)
 {
     uint64_t v = unbook(fd);
     if ((uint32_t)v) {
-        uint32_t k = fd_cell[fd];
+        uint32_t k = cell_of(fd);
         if (k != NO_CELL)
             drop_cell(k);
         post(TIERING_EV_CLOSE, (uint32_t)v - 1, (uint16_t)(v >> 32), 0);

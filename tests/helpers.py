@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from sanitizers import PLAIN, Flavour
 from tiering.placement.index import FileStats, Root, SharedIndex, lib, library_path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -72,6 +73,7 @@ class ShimEnv:
     slots: dict[str, int]
     contents: dict[str, bytes]
     env: dict[str, str] = field(default_factory=dict)
+    flavour: Flavour = PLAIN   # a sanitizer's: each run fails on its report
 
     def place(self, rel: str, data: bytes | None = None) -> Path:
         dst = self.tier / "0" / rel
@@ -88,8 +90,10 @@ class ShimEnv:
         return self.index.state(self.slots[rel])
 
     def run(self, args: list[str], env: dict[str, str] | None = None, **kw) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(args, env=self.env if env is None else env, capture_output=True,
-                              text=True, timeout=120, **kw)
+        r = subprocess.run(args, env=self.env if env is None else env, capture_output=True,
+                           text=True, timeout=120, **kw)
+        self.flavour.check(r)
+        return r
 
 
 def build_index(tmp: Path, roots: list[Root], data_root: Path, contents: dict[str, bytes],
