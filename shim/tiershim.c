@@ -35,6 +35,7 @@
 #include <sys/statvfs.h>
 #include <sys/time.h>
 #include <sys/xattr.h>
+#include <utime.h>
 
 #include "tiering.h"
 
@@ -92,7 +93,8 @@
     CREDENTIALS(X)
 
 /* NOTE [namespace changes]: calls that change what a path names, or a file
- * by its path, without opening it: they invalidate what they reach. */
+ * (its bytes, mode, owner, times, attributes) by its path, without opening
+ * it: they invalidate what they reach. */
 #define NAMESPACE(X)                                                      \
     X(rename, int, (const char *, const char *))                          \
     X(renameat, int, (int, const char *, int, const char *))              \
@@ -101,7 +103,19 @@
     X(unlinkat, int, (int, const char *, int))                            \
     X(remove, int, (const char *))                                        \
     X(truncate, int, (const char *, off_t))                               \
-    X(truncate64, int, (const char *, off64_t))
+    X(truncate64, int, (const char *, off64_t))                           \
+    X(chmod, int, (const char *, mode_t))                                 \
+    X(fchmodat, int, (int, const char *, mode_t, int))                    \
+    X(chown, int, (const char *, uid_t, gid_t))                           \
+    X(lchown, int, (const char *, uid_t, gid_t))                          \
+    X(utime, int, (const char *, const struct utimbuf *))                 \
+    X(utimes, int, (const char *, const struct timeval *))                \
+    X(lutimes, int, (const char *, const struct timeval *))               \
+    X(futimesat, int, (int, const char *, const struct timeval *))        \
+    X(setxattr, int, (const char *, const char *, const void *, size_t, int)) \
+    X(lsetxattr, int, (const char *, const char *, const void *, size_t, int)) \
+    X(removexattr, int, (const char *, const char *))                     \
+    X(lremovexattr, int, (const char *, const char *))
 
 /* NOTE [stat from the index]: the stat family and access, answered from the
  * index for catalogued paths (and for descriptors opened on a tier copy). */
@@ -206,6 +220,15 @@ static uint64_t fd_book[MAX_TRACKED_FDS];
  * its real and effective ids and its groups are the scanner's; cleared for
  * good by a call that changes them. */
 static int scanners_ids;
+
+/* A wrapper whose libc function was not found and that has no one system
+ * call to stand for it (it would change one thread only, or libc computes
+ * the answer): ENOSYS. */
+static int without_libc(void)
+{
+    errno = ENOSYS;
+    return -1;
+}
 
 static void logmsg(const char *fmt, ...)
 {
@@ -1650,6 +1673,83 @@ EXPORT int truncate64(const char *path, off64_t length)
     return real.truncate64 ? real.truncate64(path, length) : (int)syscall(SYS_truncate, path, length);
 }
 
+/* A change of a file's mode, owner, times or attributes by path: a stat
+ * answered from its record would no longer be the kernel's. */
+EXPORT int chmod(const char *path, mode_t mode)
+{
+    name_changed(AT_FDCWD, path);
+    return real.chmod ? real.chmod(path, mode) : (int)syscall(SYS_fchmodat, AT_FDCWD, path, mode);
+}
+
+EXPORT int fchmodat(int atfd, const char *path, mode_t mode, int flags)
+{
+    name_changed(atfd, path);
+    return real.fchmodat ? real.fchmodat(atfd, path, mode, flags) : without_libc();
+}
+
+EXPORT int chown(const char *path, uid_t u, gid_t g)
+{
+    name_changed(AT_FDCWD, path);
+    return real.chown ? real.chown(path, u, g) : (int)syscall(SYS_fchownat, AT_FDCWD, path, u, g, 0);
+}
+
+EXPORT int lchown(const char *path, uid_t u, gid_t g)
+{
+    name_changed(AT_FDCWD, path);
+    return real.lchown ? real.lchown(path, u, g)
+                       : (int)syscall(SYS_fchownat, AT_FDCWD, path, u, g, AT_SYMLINK_NOFOLLOW);
+}
+
+EXPORT int utime(const char *path, const struct utimbuf *ub)
+{
+    name_changed(AT_FDCWD, path);
+    return real.utime ? real.utime(path, ub) : without_libc();
+}
+
+EXPORT int utimes(const char *path, const struct timeval tv[2])
+{
+    name_changed(AT_FDCWD, path);
+    return real.utimes ? real.utimes(path, tv) : without_libc();
+}
+
+EXPORT int lutimes(const char *path, const struct timeval tv[2])
+{
+    name_changed(AT_FDCWD, path);
+    return real.lutimes ? real.lutimes(path, tv) : without_libc();
+}
+
+EXPORT int futimesat(int atfd, const char *path, const struct timeval tv[2])
+{
+    name_changed(atfd, path);
+    return real.futimesat ? real.futimesat(atfd, path, tv) : without_libc();
+}
+
+EXPORT int setxattr(const char *path, const char *name, const void *value, size_t size, int flags)
+{
+    name_changed(AT_FDCWD, path);
+    return real.setxattr ? real.setxattr(path, name, value, size, flags)
+                         : (int)syscall(SYS_setxattr, path, name, value, size, flags);
+}
+
+EXPORT int lsetxattr(const char *path, const char *name, const void *value, size_t size, int flags)
+{
+    name_changed(AT_FDCWD, path);
+    return real.lsetxattr ? real.lsetxattr(path, name, value, size, flags)
+                          : (int)syscall(SYS_lsetxattr, path, name, value, size, flags);
+}
+
+EXPORT int removexattr(const char *path, const char *name)
+{
+    name_changed(AT_FDCWD, path);
+    return real.removexattr ? real.removexattr(path, name) : (int)syscall(SYS_removexattr, path, name);
+}
+
+EXPORT int lremovexattr(const char *path, const char *name)
+{
+    name_changed(AT_FDCWD, path);
+    return real.lremovexattr ? real.lremovexattr(path, name) : (int)syscall(SYS_lremovexattr, path, name);
+}
+
 /* ---- read opens: NOTE [linearizable redirect] ---------------------------- */
 
 /* Decides where a catalogued read-only open goes: fills phys and returns
@@ -2432,12 +2532,6 @@ EXPORT int faccessat(int atfd, const char *path, int mode, int flags)
 EXPORT int euidaccess(const char *path, int mode) { return do_access(AW_EUIDACCESS, AT_FDCWD, path, mode, AT_EACCESS); }
 EXPORT int eaccess(const char *path, int mode) { return do_access(AW_EACCESS, AT_FDCWD, path, mode, AT_EACCESS); }
 
-static int without_libc(void)
-{
-    errno = ENOSYS; /* a system call would change one thread only: only libc can do it */
-    return -1;
-}
-
 /* ---- operations on a descriptor: NOTE [served descriptors] ----------------- */
 
 /* Before an operation on fd that the copy cannot stand for: when fd is open
@@ -2502,6 +2596,8 @@ EXPORT int fchownat(int atfd, const char *path, uid_t u, gid_t g, int flags)
     int on_fd = path && !path[0] && (flags & AT_EMPTY_PATH);
     if (on_fd)
         ON_DATA(atfd);
+    else
+        name_changed(atfd, path);
     int r = real.fchownat ? real.fchownat(atfd, path, u, g, flags) : (int)syscall(SYS_fchownat, atfd, path, u, g, flags);
     return on_fd ? CHANGED(r, atfd) : r;
 }
@@ -2524,6 +2620,8 @@ EXPORT int utimensat(int atfd, const char *path, const struct timespec ts[2], in
 {
     if (!path)
         ON_DATA(atfd);
+    else
+        name_changed(atfd, path);
     int r = real.utimensat ? real.utimensat(atfd, path, ts, flags)
                            : (int)syscall(SYS_utimensat, atfd, path, ts, flags);
     return !path ? CHANGED(r, atfd) : r;

@@ -943,7 +943,9 @@ CREDENTIALS = {"setuid", "setgid", "seteuid", "setegid", "setreuid", "setregid",
 FD_OPERATIONS = {"fchmod", "fchown", "fchownat", "futimens", "futimes", "utimensat", "fsetxattr", "fremovexattr",
                  "fgetxattr", "flistxattr", "flock", "lockf", "lockf64", "fstatfs", "fstatfs64", "fstatvfs",
                  "fstatvfs64"}
-NAMESPACE = {"rename", "renameat", "renameat2", "unlink", "unlinkat", "remove", "truncate", "truncate64"}
+NAMESPACE = {"rename", "renameat", "renameat2", "unlink", "unlinkat", "remove", "truncate", "truncate64", "chmod",
+             "fchmodat", "chown", "lchown", "utime", "utimes", "lutimes", "futimesat", "setxattr", "lsetxattr",
+             "removexattr", "lremovexattr"}
 INTERPOSED = set(ENTRIES) | METADATA | CREDENTIALS | FD_OPERATIONS | NAMESPACE | {
     "creat", "creat64", "close", "fclose", "closedir", "close_range", "dup", "dup2", "dup3", "fcntl", "fcntl64"}
 HELPERS = {"tiering_fingerprint", "tiering_index_fill", "tiering_index_complete", "tiering_index_filled", "tiering_state_cas", "tiering_state_cas_many", "tiering_ring_drain",

@@ -201,3 +201,34 @@ def test_descriptors_inherited_for_reading_leave_the_copy_in_service(shimenv):
     assert where == str(shimenv.tier / "0/a/one.bin")
     assert bytes.fromhex(data) == shimenv.contents["a/one.bin"]
     assert shimenv.state("a/one.bin") == 1 and shimenv.index.counters()["writes"] == 0
+
+
+# a change of a data file's metadata by path, as COMMAND makes it
+META_CALLS = {
+    "os.chmod": "os.chmod({p!r}, 0o604)",
+    "chmod command": "import subprocess; subprocess.run(['chmod', '604', {p!r}], check=True)",
+    "os.chown": "os.chown({p!r}, 54321, 54321)",
+    "os.utime": "os.utime({p!r}, ns=(1_500_000_000_000_000_001, 1_500_000_000_000_000_002))",
+    "touch command": "import subprocess; subprocess.run(['touch', '-d', '@1500000000', {p!r}], check=True)",
+    "utime": "import ctypes; assert libc.utime({p!r}.encode(), None) == 0",
+    "os.setxattr": "os.setxattr({p!r}, 'user.tiering-test', b'v')",
+}
+
+
+@pytest.mark.parametrize("call", list(META_CALLS))
+def test_a_change_of_metadata_by_path_is_seen_by_later_stats(tmp_path, call):
+    """The scan's record answered stats of the file; after COMMAND changes
+    its mode, owner, times or attributes by path, stats are the kernel's
+    (and the copy serves no more)."""
+    root, contents = alias_tree(tmp_path)
+    se = catalog_shimenv(tmp_path, root)
+    p = root / "real.bin"
+    assert se.index.files["flags"][int(se.index.entries[se.slots["real.bin"]].file)] & lib.TIERING_FILE_STAT
+    prog = META_CALLS[call].format(p=str(p)) + f"\nst = os.stat({str(p)!r}); print(st.st_mode, st.st_uid, st.st_mtime_ns, st.st_ctime_ns)"
+    r = se.run([PYTHON, "-c", "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n" + prog])
+    assert r.returncode == 0, r.stderr
+    st = p.stat()
+    assert r.stdout.split() == [str(st.st_mode), str(st.st_uid), str(st.st_mtime_ns), str(st.st_ctime_ns)]
+    assert se.state("real.bin") == lib.TIERING_STATE_INVALID
+    assert se.state("link.bin") == se.state("hard.bin") == lib.TIERING_STATE_INVALID   # its other paths
+    se.index.close()
