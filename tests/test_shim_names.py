@@ -63,7 +63,7 @@ def calls(kind: str) -> list[str]:
 
 
 @pytest.mark.parametrize("how", calls("rename"))
-def test_a_file_renamed_over_a_data_file_is_what_later_opens_read(shimenv, how):
+def test_a_file_renamed_over_a_data_file_is_what_later_opens_read(shimenv, how, reliability):
     """The atomic-save idiom (os.replace of a temporary file, sed -i, mv):
     the old copy is never served again, and the stat is the new file's."""
     shimenv.place_all()
@@ -80,6 +80,8 @@ def test_a_file_renamed_over_a_data_file_is_what_later_opens_read(shimenv, how):
     # one a call (mv tries a rename that does not replace first, then one that does)
     assert shimenv.index.counters()["writes"] == (2 if how == "mv" else 1)
     assert lib.TIERING_EV_WRITE in [e.kind for e in shimenv.index.drain()]
+    reliability.survived(f"a data file renamed over by COMMAND ({how})")
+    reliability.checked(reads=1, nbytes=len(now))
 
 
 def test_a_data_file_renamed_over_another_leaves_its_old_name_missing(shimenv):
@@ -115,7 +117,7 @@ def test_a_file_renamed_over_the_target_of_a_symlink_is_what_the_symlink_reads(t
 
 
 @pytest.mark.parametrize("how", calls("unlink"))
-def test_an_unlinked_data_file_is_missing_for_later_opens_and_stats(shimenv, how):
+def test_an_unlinked_data_file_is_missing_for_later_opens_and_stats(shimenv, how, reliability):
     shimenv.place_all()
     p = shimenv.root / "a/one.bin"
     seen = change_then_read(shimenv, CALLS[f"unlink: {how}"].format(dst=str(p), dir=str(p.parent)), p)
@@ -123,6 +125,7 @@ def test_an_unlinked_data_file_is_missing_for_later_opens_and_stats(shimenv, how
     assert seen[str(p)] == ["ENOENT", "False"]              # open and stat alike
     assert shimenv.state("a/one.bin") == lib.TIERING_STATE_INVALID
     assert shimenv.index.counters()["writes"] == 1
+    reliability.survived(f"a data file unlinked by COMMAND ({how})")
 
 
 @pytest.mark.parametrize("how", ["os.truncate", "truncate64"])
@@ -216,7 +219,7 @@ META_CALLS = {
 
 
 @pytest.mark.parametrize("call", list(META_CALLS))
-def test_a_change_of_metadata_by_path_is_seen_by_later_stats(tmp_path, call):
+def test_a_change_of_metadata_by_path_is_seen_by_later_stats(tmp_path, call, reliability):
     """The scan's record answered stats of the file; after COMMAND changes
     its mode, owner, times or attributes by path, stats are the kernel's
     (and the copy serves no more)."""
@@ -231,4 +234,5 @@ def test_a_change_of_metadata_by_path_is_seen_by_later_stats(tmp_path, call):
     assert r.stdout.split() == [str(st.st_mode), str(st.st_uid), str(st.st_mtime_ns), str(st.st_ctime_ns)]
     assert se.state("real.bin") == lib.TIERING_STATE_INVALID
     assert se.state("link.bin") == se.state("hard.bin") == lib.TIERING_STATE_INVALID   # its other paths
+    reliability.survived(f"a data file's metadata changed by path ({call})")
     se.index.close()

@@ -350,7 +350,7 @@ def test_leftovers_of_dead_jobs_are_swept(tmp_path, reliability):
 
 
 @pytest.mark.parametrize("given", [True, False], ids=["given-as-data", "not-given"])
-def test_a_data_set_staged_by_hand_where_tier_run_sweeps_survives(tmp_path, given):
+def test_a_data_set_staged_by_hand_where_tier_run_sweeps_survives(tmp_path, given, reliability):
     """A data set staged at <tier path>/tiering-$USER-mydata (as at
     /tmp/tiering-$USER-mydata, /tmp being the auto profile's disk tier) an
     hour ago, and a directory named like a dead job's: no owner record of
@@ -372,10 +372,13 @@ def test_a_data_set_staged_by_hand_where_tier_run_sweeps_survives(tmp_path, give
     assert (forged / "data" / "mine.bin").read_bytes() == b"m" * 50
     if given:
         assert r.stdout.strip() == digest(contents)
+    reliability.survived("a data set staged by hand under a sweep's name, an hour old"
+                         + (", given as --data" if given else "") + " (kept), and a forged dead job's name (kept)")
+    reliability.checked(reads=len(contents), nbytes=sum(map(len, contents.values())))
 
 
 @pytest.mark.parametrize("where", ["inside", "equal", "by-a-link"])
-def test_a_tier_inside_a_data_root_is_refused_before_command(tmp_path, where):
+def test_a_tier_inside_a_data_root_is_refused_before_command(tmp_path, where, reliability):
     """tier-run's directory in a tier inside a data root would be part of
     the data set: COMMAND would list it and the copies."""
     data = tmp_path / "pfs"
@@ -399,6 +402,7 @@ def test_a_tier_inside_a_data_root_is_refused_before_command(tmp_path, where):
     assert f"tier-run: {prof}: tier 'ssd': path {tier} {relation} {shown}: tier-run's directory" in r.stderr, r.stderr
     assert "put the tier's path outside every --data directory" in r.stderr
     assert sorted(p.name for p in data.iterdir()) == before and list(tier.glob("tiering-*")) == []
+    reliability.survived(f"a tier {where.replace('-', ' ')} a data root (refused before COMMAND)")
 
 
 def test_a_data_root_that_holds_the_index_parent_is_refused_before_command(tmp_path):
