@@ -145,7 +145,9 @@
 /* NOTE [served descriptors]: operations on a descriptor that a tier copy
  * cannot stand for (locks, changes of mode, owner, times or extended
  * attributes, extended attributes read, the file system's figures): a
- * served descriptor is moved onto the data file first. */
+ * served descriptor is moved onto the data file first; the path forms of
+ * the queries, given a path that names a copy (a descriptor's link), ask
+ * about the data path. */
 #define FD_OPERATIONS(X)                                                      \
     X(fchmod, int, (int, mode_t))                                             \
     X(fchown, int, (int, uid_t, gid_t))                                       \
@@ -163,7 +165,13 @@
     X(fstatfs, int, (int, struct statfs *))                                   \
     X(fstatfs64, int, (int, struct statfs64 *))                               \
     X(fstatvfs, int, (int, struct statvfs *))                                 \
-    X(fstatvfs64, int, (int, struct statvfs64 *))
+    X(fstatvfs64, int, (int, struct statvfs64 *))                             \
+    X(statfs, int, (const char *, struct statfs *))                           \
+    X(statfs64, int, (const char *, struct statfs64 *))                       \
+    X(statvfs, int, (const char *, struct statvfs *))                         \
+    X(statvfs64, int, (const char *, struct statvfs64 *))                     \
+    X(getxattr, ssize_t, (const char *, const char *, void *, size_t))        \
+    X(listxattr, ssize_t, (const char *, char *, size_t))
 
 /* Calls that change the process's credentials: afterwards it may no longer
  * reach what the scan reached, so it answers no stat from the index and is
@@ -1236,6 +1244,35 @@ static inline const struct tiering_file *record(int64_t slot)
 
 /* ---- served descriptors: NOTE [served descriptors] ------------------------ */
 
+/* The entries this process is served no copy of any more (NOTE [served
+ * descriptors]): one bit a slot, mapped when a descriptor is first moved
+ * onto its data file (not on the hot path); NULL: none.  A later open of
+ * such a file in this process goes to the PFS, so no copy's descriptor is
+ * moved while the process holds locks on the data file. */
+static uint64_t *not_served;
+
+static inline int served_no_more(int64_t slot)
+{
+    uint64_t *m = __atomic_load_n(&not_served, __ATOMIC_ACQUIRE);
+    return UNLIKELY(m != NULL) && (__atomic_load_n(&m[slot >> 6], __ATOMIC_RELAXED) >> (slot & 63) & 1);
+}
+
+static void serve_no_more(int64_t slot)
+{
+    uint64_t *m = __atomic_load_n(&not_served, __ATOMIC_ACQUIRE);
+    if (!m) {
+        size_t bytes = ((size_t)idx->nslots + 63) / 64 * 8;
+        void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED)
+            return;
+        if (!__atomic_compare_exchange_n(&not_served, &m, p, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+            munmap(p, bytes); /* another thread's is in place: m */
+        else
+            m = p;
+    }
+    __atomic_fetch_or(&m[slot >> 6], 1ULL << (slot & 63), __ATOMIC_RELAXED);
+}
+
 /* The data path of the tier copy phys names (tier root + "/" + data-root id
  * + "/" + rel, tier_path's form) into out, and its entry in *slot (-1: not
  * catalogued); 1 when phys is under a tier root in that form, else 0. */
@@ -1293,13 +1330,13 @@ static int link_to_data(const char *name, char *out, int64_t *slot)
     ssize_t n = link_text(name, phys);
     if (n < 0)
         return 0;
-    if (copy_to_data(phys, out, slot))
-        return 1;
-    if ((size_t)n > dl && strcmp(phys + n - dl, deleted) == 0) {
+    if ((size_t)n > dl && strcmp(phys + n - dl, deleted) == 0) { /* evicted, or a name that ends so */
         phys[n - dl] = '\0';
-        return copy_to_data(phys, out, slot);
+        if (copy_to_data(phys, out, slot) && *slot >= 0)
+            return 1;
+        phys[n - dl] = ' ';
     }
-    return 0;
+    return copy_to_data(phys, out, slot);
 }
 
 /* The data path of the copy fd is open on, as link_to_data. */
@@ -1314,14 +1351,47 @@ static int fd_to_data(int fd, char *out, int64_t *slot)
  * on a tier's device, booked as opened from a tier, or else (a descriptor
  * inherited across exec, or above the fd book) of this user and of mode
  * 0400, as every copy is. */
+static int on_tier_device(uint64_t dev)
+{
+    for (uint32_t t = 0; t < idx->ntiers; t++)
+        if (idx->tiers[t].dev == dev)
+            return 1;
+    return 0;
+}
+
+/* What the kernel's stat of a tier copy shows: a regular file of this user,
+ * mode 0400, on a tier's device. */
+static inline int copy_like(uint64_t dev, int is_reg, uint32_t mode, uint32_t uid)
+{
+    return is_reg && (mode & 07777) == 0400 && uid == geteuid() && on_tier_device(dev);
+}
+
 static int maybe_copy(int fd, uint64_t dev, int is_reg, uint32_t mode, uint32_t uid)
 {
-    if (!is_reg)
-        return 0;
-    int on_tier = 0;
-    for (uint32_t t = 0; t < idx->ntiers; t++)
-        on_tier |= idx->tiers[t].dev == dev;
-    return on_tier && ((tracked(fd) >> 32) != 0 || ((mode & 07777) == 0400 && uid == geteuid()));
+    return is_reg && on_tier_device(dev) && ((tracked(fd) >> 32) != 0 || copy_like(dev, is_reg, mode, uid));
+}
+
+/* Does path (relative to atfd; symlinks followed unless nofollow) name a
+ * tier copy, however it is spelt (a descriptor's link, "//proc/...", a
+ * relative name in /proc/self/fd, the copy's own path)?  Its data path into
+ * out, else NULL.  For calls that would change or describe the copy. */
+static __attribute__((noinline)) const char *named_copy(int atfd, const char *path, int nofollow, char *out)
+{
+    int saved = errno;
+    struct stat st;
+    const char *r = NULL;
+    int64_t slot;
+    if (path && path[0] && stat_at(atfd, path, &st, nofollow ? AT_SYMLINK_NOFOLLOW : 0) == 0 &&
+        copy_like((uint64_t)st.st_dev, S_ISREG(st.st_mode), st.st_mode, st.st_uid)) {
+        int fd = (int)syscall(SYS_openat, atfd, path, O_PATH | O_CLOEXEC | (nofollow ? O_NOFOLLOW : 0));
+        if (fd >= 0) {
+            if (fd_to_data(fd, out, &slot))
+                r = out;
+            syscall(SYS_close, fd);
+        }
+    }
+    errno = saved;
+    return r;
 }
 
 /* Is path a link of /proc that names a descriptor (/proc/self/fd/N,
@@ -1616,6 +1686,24 @@ static void name_changed(int atfd, const char *path)
     name_changes(&wr, atfd, path, 0); /* a directory removed is empty */
 }
 
+/* The path a call that follows symlinks should act on: the data path when
+ * path names a tier copy (then *atfd is AT_FDCWD; NOTE [served
+ * descriptors]), else path itself; with changes, the change is noted first
+ * (name_changed).  nofollow: the call acts on a symlink itself. */
+static const char *acting_on(int *atfd, const char *path, char *buf, int nofollow, int changes)
+{
+    ensure_init();
+    if (!idx)
+        return path;
+    if (!nofollow && named_copy(*atfd, path, 0, buf)) {
+        *atfd = AT_FDCWD;
+        path = buf;
+    }
+    if (changes)
+        name_changed(*atfd, path);
+    return path;
+}
+
 /* Each wrapper invalidates before the call: the call itself changes what
  * later opens find (NOTE [linearizable redirect]); a call that fails has
  * only cost the copies.  Without libc's function, the system call. */
@@ -1663,13 +1751,17 @@ EXPORT int remove(const char *path)
 
 EXPORT int truncate(const char *path, off_t length)
 {
-    name_changed(AT_FDCWD, path);
+    char buf[PATH_MAX];
+    int at = AT_FDCWD;
+    path = acting_on(&at, path, buf, 0, 1);
     return real.truncate ? real.truncate(path, length) : (int)syscall(SYS_truncate, path, length);
 }
 
 EXPORT int truncate64(const char *path, off64_t length)
 {
-    name_changed(AT_FDCWD, path);
+    char buf[PATH_MAX];
+    int at = AT_FDCWD;
+    path = acting_on(&at, path, buf, 0, 1);
     return real.truncate64 ? real.truncate64(path, length) : (int)syscall(SYS_truncate, path, length);
 }
 
@@ -1677,19 +1769,24 @@ EXPORT int truncate64(const char *path, off64_t length)
  * answered from its record would no longer be the kernel's. */
 EXPORT int chmod(const char *path, mode_t mode)
 {
-    name_changed(AT_FDCWD, path);
+    char buf[PATH_MAX];
+    int at = AT_FDCWD;
+    path = acting_on(&at, path, buf, 0, 1);
     return real.chmod ? real.chmod(path, mode) : (int)syscall(SYS_fchmodat, AT_FDCWD, path, mode);
 }
 
 EXPORT int fchmodat(int atfd, const char *path, mode_t mode, int flags)
 {
-    name_changed(atfd, path);
+    char buf[PATH_MAX];
+    path = acting_on(&atfd, path, buf, flags & AT_SYMLINK_NOFOLLOW, 1);
     return real.fchmodat ? real.fchmodat(atfd, path, mode, flags) : without_libc();
 }
 
 EXPORT int chown(const char *path, uid_t u, gid_t g)
 {
-    name_changed(AT_FDCWD, path);
+    char buf[PATH_MAX];
+    int at = AT_FDCWD;
+    path = acting_on(&at, path, buf, 0, 1);
     return real.chown ? real.chown(path, u, g) : (int)syscall(SYS_fchownat, AT_FDCWD, path, u, g, 0);
 }
 
@@ -1702,13 +1799,17 @@ EXPORT int lchown(const char *path, uid_t u, gid_t g)
 
 EXPORT int utime(const char *path, const struct utimbuf *ub)
 {
-    name_changed(AT_FDCWD, path);
+    char buf[PATH_MAX];
+    int at = AT_FDCWD;
+    path = acting_on(&at, path, buf, 0, 1);
     return real.utime ? real.utime(path, ub) : without_libc();
 }
 
 EXPORT int utimes(const char *path, const struct timeval tv[2])
 {
-    name_changed(AT_FDCWD, path);
+    char buf[PATH_MAX];
+    int at = AT_FDCWD;
+    path = acting_on(&at, path, buf, 0, 1);
     return real.utimes ? real.utimes(path, tv) : without_libc();
 }
 
@@ -1720,13 +1821,16 @@ EXPORT int lutimes(const char *path, const struct timeval tv[2])
 
 EXPORT int futimesat(int atfd, const char *path, const struct timeval tv[2])
 {
-    name_changed(atfd, path);
+    char buf[PATH_MAX];
+    path = acting_on(&atfd, path, buf, 0, 1);
     return real.futimesat ? real.futimesat(atfd, path, tv) : without_libc();
 }
 
 EXPORT int setxattr(const char *path, const char *name, const void *value, size_t size, int flags)
 {
-    name_changed(AT_FDCWD, path);
+    char buf[PATH_MAX];
+    int at = AT_FDCWD;
+    path = acting_on(&at, path, buf, 0, 1);
     return real.setxattr ? real.setxattr(path, name, value, size, flags)
                          : (int)syscall(SYS_setxattr, path, name, value, size, flags);
 }
@@ -1740,7 +1844,9 @@ EXPORT int lsetxattr(const char *path, const char *name, const void *value, size
 
 EXPORT int removexattr(const char *path, const char *name)
 {
-    name_changed(AT_FDCWD, path);
+    char buf[PATH_MAX];
+    int at = AT_FDCWD;
+    path = acting_on(&at, path, buf, 0, 1);
     return real.removexattr ? real.removexattr(path, name) : (int)syscall(SYS_removexattr, path, name);
 }
 
@@ -1762,8 +1868,8 @@ static int route(int64_t slot, int flags, const char *rel, size_t rel_len, char 
         __atomic_load_n(&idx->disabled, __ATOMIC_RELAXED) || !__atomic_load_n(&scanners_ids, __ATOMIC_RELAXED))
         return -1; /* a process without the scan's credentials may not read the file: NOTE [served descriptors] */
     const struct tiering_file *f = record(slot);
-    if (!f)
-        return -1; /* not complete yet: not catalogued for redirects */
+    if (!f || served_no_more(slot))
+        return -1; /* not complete yet: not catalogued for redirects; or locked by this process */
     if ((flags & O_NOFOLLOW) && !(f->flags & TIERING_FILE_NO_LINK))
         return -1; /* the PFS fails it with ELOOP */
     if (tier_path(st - 1, e->root, rel, rel_len, phys) < 0)
@@ -1865,8 +1971,11 @@ static inline int do_open(enum which w, int atfd, const char *path, int flags, m
     char data[PATH_MAX];
     if (h && path && UNLIKELY(fd_link_path(path)) && reopened_copy(path, data))
         return do_open(w, AT_FDCWD, data, flags, mode);
-    if (h && UNLIKELY(opens_for_writing(flags)))
+    if (h && UNLIKELY(opens_for_writing(flags))) {
+        if (named_copy(atfd, path, flags & O_NOFOLLOW, data)) /* never write a copy: NOTE [served descriptors] */
+            return open_write(w, AT_FDCWD, data, flags, mode);
         return open_write(w, atfd, path, flags, mode);
+    }
     if (maybe_catalogued(h, path, &root, &rl))
         return open_read(w, atfd, path, flags, mode, root, rl);
     int fd = call_real(w, atfd, path, flags, mode);
@@ -2019,7 +2128,7 @@ static FILE *do_fopen(int is64, const char *path, const char *mode, FILE *stream
     int flags = mode_flags(mode), root;
     size_t rl;
     if (h && UNLIKELY(opens_for_writing(flags)))
-        return fopen_write(is64, path, mode, stream, flags);
+        return fopen_write(is64, named_copy(AT_FDCWD, path, 0, data) ? data : path, mode, stream, flags);
     if (maybe_catalogued(h, path, &root, &rl))
         return fopen_read(is64, path, mode, stream, root, rl);
     FILE *f = call_fopen(is64, path, mode, stream);
@@ -2358,12 +2467,18 @@ static __attribute__((noinline)) void served_stat(int fd, struct stat *st)
     if (!maybe_copy(fd, (uint64_t)st->st_dev, S_ISREG(st->st_mode), st->st_mode, st->st_uid) ||
         ((slot = copy_on_fd(fd, (uint64_t)st->st_dev, (uint64_t)st->st_size, path, &mapped)) < 0 && !mapped))
         return;
+    int saved = errno;
+    if (slot >= 0 && __atomic_load_n(&entries[slot].state, __ATOMIC_SEQ_CST) == TIERING_STATE_INVALID) {
+        unserve(fd); /* written during the job: from now on the data file's bytes and stat */
+        if (stat_fd(fd, st) != 0)
+            errno = saved;
+        return;
+    }
     const struct tiering_file *f = exact_record(slot);
     if (f) {
         fill_stat(st, &entries[slot], f);
         return;
     }
-    int saved = errno;
     struct stat ds;
     if ((mapped || fd_to_data(fd, path, &slot)) && stat_at(AT_FDCWD, path, &ds, 0) == 0 && S_ISREG(ds.st_mode))
         *st = ds;
@@ -2534,29 +2649,69 @@ EXPORT int eaccess(const char *path, int mode) { return do_access(AW_EACCESS, AT
 
 /* ---- operations on a descriptor: NOTE [served descriptors] ----------------- */
 
+/* Moves fd, open on the copy st (dev, ino) at the data file's path, onto
+ * a new open of the data file: opened with fd's access mode and O_NONBLOCK,
+ * at fd's offset, dup3'ed over fd with its close-on-exec flag; a read of
+ * another thread that moved the old offset meanwhile moves the new one
+ * too.  0 on success. */
+static int move_onto(int fd, const struct stat *st, const char *path)
+{
+    int fl = (int)syscall(SYS_fcntl, fd, F_GETFL), fdfl = (int)syscall(SYS_fcntl, fd, F_GETFD);
+    int old = (int)syscall(SYS_fcntl, fd, F_DUPFD_CLOEXEC, 0); /* the copy's description, kept a moment */
+    int nfd = fl < 0 || fdfl < 0 || old < 0
+                  ? -1
+                  : (int)syscall(SYS_openat, AT_FDCWD, path, (fl & (O_ACCMODE | O_NONBLOCK)) | O_CLOEXEC | O_NOCTTY);
+    int r = -1;
+    struct stat now;
+    off_t pos = old >= 0 ? (off_t)syscall(SYS_lseek, old, 0, SEEK_CUR) : -1;
+    if (nfd >= 0 && pos >= 0 && syscall(SYS_lseek, nfd, pos, SEEK_SET) == pos &&
+        stat_fd(fd, &now) == 0 && now.st_dev == st->st_dev && now.st_ino == st->st_ino && /* fd is still the copy */
+        syscall(SYS_dup3, nfd, fd, (fdfl & FD_CLOEXEC) ? O_CLOEXEC : 0) == fd) {
+        off_t after = (off_t)syscall(SYS_lseek, old, 0, SEEK_CUR);
+        if (after > pos)
+            syscall(SYS_lseek, fd, after, SEEK_SET);
+        r = 0;
+    }
+    if (nfd >= 0)
+        syscall(SYS_close, nfd);
+    if (old >= 0)
+        syscall(SYS_close, old);
+    return r;
+}
+
 /* Before an operation on fd that the copy cannot stand for: when fd is open
- * on a tier copy, it is moved onto the data file, opened with fd's access
- * mode and status flags, at fd's offset, dup3'ed over fd with its
- * close-on-exec flag (the reads after it come from the PFS, the same bytes).
- * When that fails nothing changes: the operation acts on the copy. */
+ * on a tier copy, it and every booked descriptor of this process open on a
+ * copy of the same file are moved onto the data file (move_onto; their
+ * later reads come from the PFS, the same bytes), and the file is served to
+ * this process no more.  When that fails nothing changes: the operation
+ * acts on the copy. */
 static __attribute__((noinline)) void unserve(int fd)
 {
     int saved = errno;
-    struct stat st;
-    char path[PATH_MAX];
-    int64_t slot;
+    struct stat st, other;
+    char path[PATH_MAX], path2[PATH_MAX];
+    int64_t slot, slot2;
     if (stat_fd(fd, &st) == 0 && maybe_copy(fd, (uint64_t)st.st_dev, S_ISREG(st.st_mode), st.st_mode, st.st_uid) &&
         fd_to_data(fd, path, &slot)) {
-        int fl = (int)syscall(SYS_fcntl, fd, F_GETFL), fdfl = (int)syscall(SYS_fcntl, fd, F_GETFD);
-        off_t pos = (off_t)syscall(SYS_lseek, fd, 0, SEEK_CUR);
-        int nfd = fl < 0 || fdfl < 0 ? -1
-                                     : (int)syscall(SYS_openat, AT_FDCWD, path,
-                                                    (fl & (O_ACCMODE | O_NONBLOCK)) | O_CLOEXEC | O_NOCTTY);
-        if (nfd >= 0) {
-            if ((pos <= 0 || syscall(SYS_lseek, nfd, pos, SEEK_SET) == pos) &&
-                syscall(SYS_dup3, nfd, fd, (fdfl & FD_CLOEXEC) ? O_CLOEXEC : 0) == fd)
-                logmsg("fd %d moved from its tier copy to %s", fd, path);
-            syscall(SYS_close, nfd);
+        if (slot >= 0)
+            serve_no_more(slot);
+        int moved = move_onto(fd, &st, path) == 0;
+        if (moved)
+            logmsg("fd %d moved from its tier copy to %s", fd, path);
+        uint32_t cell = fd < MAX_TRACKED_FDS ? cell_of(fd) : NO_CELL;
+        for (int k = 0; moved && slot >= 0 && k < MAX_TRACKED_FDS; k++) {
+            uint64_t v = tracked(k);
+            if (k == fd || !(v >> 32) || (int64_t)(uint32_t)v - 1 != slot || stat_fd(k, &other) != 0 ||
+                !maybe_copy(k, (uint64_t)other.st_dev, S_ISREG(other.st_mode), other.st_mode, other.st_uid) ||
+                !fd_to_data(k, path2, &slot2) || slot2 != slot)
+                continue;
+            if (cell != NO_CELL && cell_of(k) == cell) { /* a duplicate of fd: the same description again */
+                int fdfl = (int)syscall(SYS_fcntl, k, F_GETFD);
+                if (fdfl >= 0)
+                    syscall(SYS_dup3, fd, k, (fdfl & FD_CLOEXEC) ? O_CLOEXEC : 0);
+            } else {
+                move_onto(k, &other, path2);
+            }
         }
     }
     errno = saved;
@@ -2594,10 +2749,11 @@ EXPORT int fchown(int fd, uid_t u, gid_t g)
 EXPORT int fchownat(int atfd, const char *path, uid_t u, gid_t g, int flags)
 {
     int on_fd = path && !path[0] && (flags & AT_EMPTY_PATH);
+    char buf[PATH_MAX];
     if (on_fd)
         ON_DATA(atfd);
     else
-        name_changed(atfd, path);
+        path = acting_on(&atfd, path, buf, flags & AT_SYMLINK_NOFOLLOW, 1);
     int r = real.fchownat ? real.fchownat(atfd, path, u, g, flags) : (int)syscall(SYS_fchownat, atfd, path, u, g, flags);
     return on_fd ? CHANGED(r, atfd) : r;
 }
@@ -2618,10 +2774,11 @@ EXPORT int futimes(int fd, const struct timeval tv[2])
 
 EXPORT int utimensat(int atfd, const char *path, const struct timespec ts[2], int flags)
 {
+    char buf[PATH_MAX];
     if (!path)
         ON_DATA(atfd);
     else
-        name_changed(atfd, path);
+        path = acting_on(&atfd, path, buf, flags & AT_SYMLINK_NOFOLLOW, 1);
     int r = real.utimensat ? real.utimensat(atfd, path, ts, flags)
                            : (int)syscall(SYS_utimensat, atfd, path, ts, flags);
     return !path ? CHANGED(r, atfd) : r;
@@ -2694,6 +2851,47 @@ EXPORT int fstatvfs64(int fd, struct statvfs64 *buf)
 {
     ON_DATA(fd);
     return real.fstatvfs64 ? real.fstatvfs64(fd, buf) : without_libc();
+}
+
+#define ON_DATA_PATH(path) \
+    char data_[PATH_MAX];  \
+    int at_ = AT_FDCWD;    \
+    path = acting_on(&at_, path, data_, 0, 0)
+
+EXPORT int statfs(const char *path, struct statfs *buf)
+{
+    ON_DATA_PATH(path);
+    return real.statfs ? real.statfs(path, buf) : (int)syscall(SYS_statfs, path, buf);
+}
+
+EXPORT int statfs64(const char *path, struct statfs64 *buf)
+{
+    ON_DATA_PATH(path);
+    return real.statfs64 ? real.statfs64(path, buf) : (int)syscall(SYS_statfs, path, buf);
+}
+
+EXPORT int statvfs(const char *path, struct statvfs *buf)
+{
+    ON_DATA_PATH(path);
+    return real.statvfs ? real.statvfs(path, buf) : without_libc();
+}
+
+EXPORT int statvfs64(const char *path, struct statvfs64 *buf)
+{
+    ON_DATA_PATH(path);
+    return real.statvfs64 ? real.statvfs64(path, buf) : without_libc();
+}
+
+EXPORT ssize_t getxattr(const char *path, const char *name, void *value, size_t size)
+{
+    ON_DATA_PATH(path);
+    return real.getxattr ? real.getxattr(path, name, value, size) : syscall(SYS_getxattr, path, name, value, size);
+}
+
+EXPORT ssize_t listxattr(const char *path, char *list, size_t size)
+{
+    ON_DATA_PATH(path);
+    return real.listxattr ? real.listxattr(path, list, size) : syscall(SYS_listxattr, path, list, size);
 }
 
 /* ---- credentials ------------------------------------------------------------- */

@@ -279,11 +279,12 @@ def test_fstatfs_of_a_served_descriptor_is_the_data_files_file_system(tmp_path):
         se = cached_shimenv(tmp_path, data_parent=shm)
         src = se.root / REL
         assert os.statvfs(src).f_fsid != os.statvfs(se.tier).f_fsid
-        prog = f"import os; s = os.fstatvfs(os.open({str(src)!r}, os.O_RDONLY)); print(s.f_fsid, s.f_blocks)"
+        prog = (f"import os; fd = os.open({str(src)!r}, os.O_RDONLY); a = os.statvfs(f'/proc/self/fd/{{fd}}');"
+                " b = os.fstatvfs(fd); print(a.f_fsid, b.f_fsid, b.f_blocks)")
         r = se.run([PYTHON, "-c", prog])
         assert r.returncode == 0, r.stderr
         s = os.statvfs(src)
-        assert r.stdout.split() == [str(s.f_fsid), str(s.f_blocks)]
+        assert r.stdout.split() == [str(s.f_fsid), str(s.f_fsid), str(s.f_blocks)]
         assert se.index.counters()["opens_tier"][0] == 1
         se.index.close()
     finally:
@@ -407,3 +408,147 @@ def test_the_daemons_batch_copies_verify_their_records(tmp_path):
     finally:
         d.stop()
         index.close()
+
+
+def test_a_descriptor_whose_copy_was_evicted_is_still_the_data_files(tmp_path):
+    """The copy unlinked while the descriptor is open (an eviction): the
+    kernel's link then ends in " (deleted)"; reopens, stats, locks and an
+    inherited descriptor's fstat still reach the data file."""
+    se = cached_shimenv(tmp_path)
+    src = se.root / REL
+    prog = textwrap.dedent(f"""
+        import fcntl, os, subprocess, sys
+        fd = os.open({str(src)!r}, os.O_RDONLY)
+        os.unlink({str(se.tier / "0" / REL)!r})
+        with open(f"/proc/self/fd/{{fd}}", "rb") as f:
+            print(len(f.read()))
+        with open(f"/dev/fd/{{fd}}", "r+b") as f:
+            f.write(b"W")
+        st = os.stat(f"/proc/self/fd/{{fd}}")
+        print(st.st_ino, st.st_nlink)
+        os.set_inheritable(fd, True)
+        subprocess.run([sys.executable, "-c", f"import os; st = os.fstat({{fd}}); print(st.st_ino, st.st_nlink)"],
+                       close_fds=False, check=True)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        env = {{k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}}
+        other = subprocess.run(["flock", "-n", "-x", {str(src)!r}, "true"], env=env)
+        print("refused" if other.returncode else "granted")
+        """)
+    r = se.run([PYTHON, "-c", prog])
+    assert r.returncode == 0, r.stderr
+    st = src.stat()
+    assert r.stdout.split() == [str(len(se.contents[REL])), str(st.st_ino), "1", str(st.st_ino), "1", "refused"]
+    assert src.read_bytes()[:1] == b"W"
+    se.index.close()
+
+
+def test_a_lock_held_through_one_descriptor_survives_a_move_of_another(tmp_path):
+    """POSIX locks are the process's on the file: moving a second served
+    descriptor onto the data file must not release the first one's lock
+    (a close of any descriptor of the file would), and a descriptor opened
+    after it and closed releases it, as without the shim."""
+    se = cached_shimenv(tmp_path)
+    src = se.root / REL
+    prog = textwrap.dedent(f"""
+        import fcntl, os, subprocess
+        env = {{k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}}
+        probe = ["python3", "-c", "import fcntl, sys; f = open(sys.argv[1], 'r+b');\\n"
+                 "try: fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB); print('granted')\\n"
+                 "except OSError: print('refused')", {str(src)!r}]
+        a = os.open({str(src)!r}, os.O_RDONLY)
+        b = os.open({str(src)!r}, os.O_RDONLY)
+        fcntl.lockf(a, fcntl.LOCK_SH)
+        os.fstatvfs(b)                      # moves b (if it still were a copy's)
+        fcntl.fcntl(b, fcntl.F_GETFL)
+        subprocess.run(probe, env=env)
+        c = os.open({str(src)!r}, os.O_RDONLY)
+        os.close(c)                         # POSIX: any close of the file releases the process's locks
+        subprocess.run(probe, env=env)
+        """)
+    r = se.run([PYTHON, "-c", prog])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["refused", "granted"]
+    se.index.close()
+
+
+def test_a_lock_through_a_duplicate_is_the_same_descriptions(tmp_path):
+    """flock belongs to the open file description: a duplicate's shared lock
+    upgraded through the original, and an unlock through the duplicate,
+    act on one lock as without the shim."""
+    se = cached_shimenv(tmp_path)
+    src = se.root / REL
+    prog = textwrap.dedent(f"""
+        import fcntl, os, subprocess
+        env = {{k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}}
+        fd = os.open({str(src)!r}, os.O_RDONLY)
+        d = os.dup(fd)
+        fcntl.flock(d, fcntl.LOCK_SH)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)      # an upgrade of the same lock
+        other = subprocess.run(["flock", "-n", "-s", {str(src)!r}, "true"], env=env)
+        print("refused" if other.returncode else "granted")
+        fcntl.flock(d, fcntl.LOCK_UN)
+        other = subprocess.run(["flock", "-n", "-x", {str(src)!r}, "true"], env=env)
+        print("refused" if other.returncode else "granted")
+        print(os.lseek(fd, 0, os.SEEK_CUR) == os.lseek(d, 0, os.SEEK_CUR), len(os.read(d, 100)), os.lseek(fd, 0, os.SEEK_CUR))
+        """)
+    r = se.run([PYTHON, "-c", prog])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["refused", "granted", "True", "100", "100"]
+    se.index.close()
+
+
+@pytest.mark.parametrize("how", ["//proc/self/fd/{fd}", "relative to /proc/self/fd", "truncate", "chmod",
+                                 "getxattr"])
+def test_a_served_file_reached_through_any_spelling_of_its_link_is_the_data_file(tmp_path, how):
+    """Changes through a descriptor's link, however spelt, reach the data
+    file and never the copy (which other readers may be served)."""
+    se = cached_shimenv(tmp_path)
+    src = se.root / REL
+    copy = se.tier / "0" / REL
+    os.setxattr(src, "user.tiering-test", b"value")
+    change = {
+        "//proc/self/fd/{fd}": "with open(f'//proc/self/fd/{fd}', 'r+b') as f: f.write(b'ZZZZ')",
+        "relative to /proc/self/fd": ("d = os.open('/proc/self/fd', os.O_RDONLY)\n"
+                                      "w = os.open(str(fd), os.O_WRONLY, dir_fd=d); os.write(w, b'ZZZZ')"),
+        "truncate": "os.truncate(f'/proc/self/fd/{fd}', 10)",
+        "chmod": "os.chmod(f'/proc/self/fd/{fd}', 0o604)",
+        "getxattr": "print(os.getxattr(f'/proc/self/fd/{fd}', 'user.tiering-test').decode())",
+    }[how]
+    prog = f"import os\nfd = os.open({str(src)!r}, os.O_RDONLY)\n{change}\n"
+    r = se.run([PYTHON, "-c", prog])
+    assert r.returncode == 0, r.stderr
+    assert copy.read_bytes() == se.contents[REL] and copy.stat().st_mode & 0o7777 == 0o400
+    expect = {"//proc/self/fd/{fd}": b"ZZZZ" + se.contents[REL][4:],
+              "relative to /proc/self/fd": b"ZZZZ" + se.contents[REL][4:],
+              "truncate": se.contents[REL][:10]}.get(how, se.contents[REL])
+    assert src.read_bytes() == expect
+    if how == "chmod":
+        assert src.stat().st_mode & 0o7777 == 0o604
+    if how == "getxattr":
+        assert r.stdout.split() == ["value"]
+    if how == "getxattr":
+        assert se.state(REL) == 1
+    else:
+        assert se.state(REL) == lib.TIERING_STATE_INVALID
+    se.index.close()
+
+
+def test_a_descriptor_of_a_file_the_job_wrote_shows_and_reads_what_it_wrote(tmp_path):
+    """Opened before the job appended to the file: its fstat (and the reads
+    after it) are the data file's, as without the shim."""
+    se = cached_shimenv(tmp_path)
+    src = se.root / REL
+    prog = textwrap.dedent(f"""
+        import os
+        fd = os.open({str(src)!r}, os.O_RDONLY)
+        before = os.fstat(fd).st_size
+        with open({str(src)!r}, "ab") as f:
+            f.write(b"appended")
+        after = os.fstat(fd).st_size
+        os.lseek(fd, before, os.SEEK_SET)
+        print(after - before, os.read(fd, 100).decode())
+        """)
+    r = se.run([PYTHON, "-c", prog])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["8", "appended"]
+    se.index.close()

@@ -942,7 +942,7 @@ CREDENTIALS = {"setuid", "setgid", "seteuid", "setegid", "setreuid", "setregid",
                "setgroups", "initgroups", "setfsuid", "setfsgid", "capset"}
 FD_OPERATIONS = {"fchmod", "fchown", "fchownat", "futimens", "futimes", "utimensat", "fsetxattr", "fremovexattr",
                  "fgetxattr", "flistxattr", "flock", "lockf", "lockf64", "fstatfs", "fstatfs64", "fstatvfs",
-                 "fstatvfs64"}
+                 "fstatvfs64", "statfs", "statfs64", "statvfs", "statvfs64", "getxattr", "listxattr"}
 NAMESPACE = {"rename", "renameat", "renameat2", "unlink", "unlinkat", "remove", "truncate", "truncate64", "chmod",
              "fchmodat", "chown", "lchown", "utime", "utimes", "lutimes", "futimesat", "setxattr", "lsetxattr",
              "removexattr", "lremovexattr"}
