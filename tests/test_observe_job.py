@@ -170,6 +170,19 @@ def test_quiet_prints_nothing_but_the_json_has_everything(tmp_path):
     assert s["opens"]["total"] == 3 * N_FILES and len(s["series"]["t"]) >= 1
 
 
+
+def test_progress_off_drops_the_progress_and_keeps_the_summary(tmp_path):
+    data = tmp_path / "pfs"
+    dataset(data)
+    r = tier_run(["--profile", str(profile(tmp_path)), "--data", str(data), "--policy", "first-touch",
+                  "--progress", "off", "--", *reader_args(data, tmp_path / "r.json")])
+    assert r.returncode == 0, r.stderr
+    lines = r.stderr.splitlines()
+    assert [ln for ln in lines if ln.startswith("tiering: policy first-touch, ")] == lines[:1], r.stderr
+    assert not [ln for ln in lines if "scanned:" in ln or "starting COMMAND" in ln or "tiering 0:" in ln], r.stderr
+    assert any(ln.startswith("  hits ") for ln in lines), r.stderr
+
+
 # -- bytes read: what COMMAND read, not the sizes of the files it opened ---------------------
 
 MIB = 1 << 20
