@@ -140,6 +140,14 @@ def tier_run(**kw):  # type: ignore[no-untyped-def]
     _do_run(**kw)
 
 
+class InputError(click.ClickException):
+    """A file or option the user gave cannot be used (an order file, a
+    --stats-json to draw): the message says why; exit status 2, as for
+    tier-run's own usage errors."""
+
+    exit_code = 2
+
+
 class _Tools(click.Group):
     """Loads `tiering simulate` (numpy and the model) only when it is asked
     for: tier-run itself imports no library that starts threads of its own
@@ -212,7 +220,7 @@ def plan_cmd(profile_name: str, data: tuple[str, ...], window: int, as_json: boo
         caps = [t.capacity for t in prof.tiers]
         reports, _ = simulate(epochs(), sizes, caps, window=window, schedule=False)
     except (ProfileError, ScanError, CatalogError, OrderError, StreamError) as e:
-        raise click.ClickException(str(e)) from None
+        raise InputError(str(e)) from None
     predicted = _predict(prof, sizes, first, order.batch_size, len(reports))
     if as_json:
         click.echo(json_mod.dumps({"files": len(cat.files), "bytes": cat.total_bytes,
@@ -325,7 +333,7 @@ def report_cmd(stats: Path, output: Path | None) -> None:
     try:
         write_report(stats, out)
     except PlotError as e:
-        raise click.ClickException(str(e)) from None
+        raise InputError(str(e)) from None
     click.echo(f"tiering report: {out}")
 
 
