@@ -19,7 +19,7 @@ from .cluster.rendezvous import DEFAULT_RENDEZVOUS_TIMEOUT
 from .console import flush_quietly, reserve_standard_fds, say, setup_logging
 from .job import POLICY_NAMES, Job, JobError, JobOptions, map_large_blocks, run
 from .observe.live import choose_display
-from .profile import ProfileError, check_profile, format_profile, list_profiles, load_profile
+from .profile import NoUsableTier, ProfileError, check_profile, format_profile, list_profiles, load_profile
 from .units import human_bytes
 
 RUN_HELP = """Run COMMAND with the data set under each --data DIR served from local tiers.
@@ -111,6 +111,8 @@ def _do_run(profile: str, data: tuple[str, ...], policy: str | None, hook: bool 
             code = run_member(job)
         else:
             code = run(job)
+    except NoUsableTier as e:
+        _without_tiers(list(command), e, stats_json)
     except ProfileError as e:
         _leave(2, f"tier-run: profile error: {e}")
     except JobError as e:
@@ -124,6 +126,24 @@ def _do_run(profile: str, data: tuple[str, ...], policy: str | None, hook: bool 
         # for their threads at exit; COMMAND is done and cleaned up, so leave
         os._exit(code)
     sys.exit(code)
+
+
+def _without_tiers(command: list[str], e: NoUsableTier, stats_json: Path | None) -> None:
+    """No tier of the profile can be used here: COMMAND runs as it would
+    without tier-run (exec'ed, its status its own), after one line that says
+    why and how to fix it (NOTE [no usable tier])."""
+    from .command import CommandError, exec_plain, ignored_at_start, resolve_command
+    try:
+        exe = resolve_command(command)
+    except CommandError as err:
+        _leave(err.exit_code, f"tier-run: {err}")
+    no_json = f"; no {stats_json} is written" if stats_json is not None else ""
+    say(f"tier-run: running COMMAND without tiering{no_json}: {e}")
+    flush_quietly()
+    try:
+        exec_plain(command, exe, ignored_at_start())
+    except CommandError as err:
+        _leave(err.exit_code, f"tier-run: {err}")
 
 
 def _leave(code: int, message: str) -> None:
