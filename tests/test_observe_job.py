@@ -464,3 +464,29 @@ def test_the_demo_prints_both_runs_side_by_side(tmp_path, local):
         assert "no slow PFS: FUSE cannot be mounted here (--local)" in out
     else:
         assert "served at" in out and "by slowfs" in out
+
+
+def test_a_path_too_long_for_the_tier_is_a_failure_with_its_reason_in_the_summary_and_json(tmp_path):
+    from test_daemon import long_rel
+    data = tmp_path / "pfs"
+    rel = long_rel(data)
+    contents = make_data(data, {rel: 5000, "short.bin": 700})
+    tier = tmp_path / ("t" * 150)
+    tier.mkdir(mode=0o700)
+    prof = tmp_path / "deep.yaml"
+    prof.write_text(f"name: deep\ntiers:\n  - name: ssd\n    kind: filesystem\n    path: {tier}\n"
+                    "    capacity: 1GiB\n    threads: 2\n")
+    stats = tmp_path / "s.json"
+    read = ("import sys, time\nfor _ in range(2):\n    for p in sys.argv[1:]:\n        open(p, 'rb').read()\n"
+            "    time.sleep(1.0)\n")
+    r = tier_run(["--profile", str(prof), "--data", str(data), "--policy", "stage", "--warm", "--stats-json",
+                  str(stats), "--", PYTHON, "-c", read, str(data / rel), str(data / "short.bin")])
+    assert r.returncode == 0, r.stderr
+    s = json.loads(stats.read_text())
+    pl = s["placement"]
+    assert pl["copy_failures"] == 1 and pl["copy_failures_by_reason"] == {"path too long for the tier": 1}
+    assert pl["copies"] == 1 and s["tiers"][0]["copy_failures"] == 1
+    assert "1 failed (1 path too long for the tier)" in r.stderr, r.stderr
+    assert "before its copy landed" not in r.stderr
+    assert s["opens"]["by_tier"]["ssd"] == 2 and s["opens"]["pfs"] == 2     # short.bin from the tier, twice
+    assert len(contents) == 2
