@@ -555,7 +555,7 @@ def encode_doc(doc: dict[str, Any], meta: bytes | None = None, offsets_reversed:
     for k, dtype in {"dir": "<i4", **FILE_COLUMNS}.items():
         try:
             arrays[k] = np.asarray(files[k], dtype)
-        except ValueError:
+        except (ValueError, OverflowError, TypeError):
             arrays[k] = np.asarray(files[k])
     head = json.dumps({**{k: v for k, v in doc.items() if k != "files"}, "files": len(data)}).encode()
     out = io.BytesIO()

@@ -161,9 +161,9 @@ def tier_run(**kw):  # type: ignore[no-untyped-def]
 
 
 class InputError(click.ClickException):
-    """A file or option the user gave cannot be used (an order file, a
-    --stats-json to draw): the message says why; exit status 2, as for
-    tier-run's own usage errors."""
+    """A file or option the user gave cannot be used (a profile, an order
+    file, a --stats-json to draw): the message says why; exit status 2, as
+    for tier-run's own usage errors."""
 
     exit_code = 2
 
@@ -376,7 +376,7 @@ def profile_show(name: str) -> None:
     try:
         click.echo(format_profile(load_profile(name)))
     except ProfileError as e:
-        raise click.ClickException(str(e)) from None
+        raise InputError(str(e)) from None
 
 
 @profile.command("check")
@@ -386,7 +386,7 @@ def profile_check(file: str) -> None:
     try:
         p = check_profile(file)
     except ProfileError as e:
-        raise click.ClickException(str(e)) from None
+        raise InputError(str(e)) from None
     click.echo(format_profile(p))
     click.echo(f"{file}: OK")
 
