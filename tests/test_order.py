@@ -356,8 +356,8 @@ def test_an_index_beyond_int64_is_a_clear_error(tmp_path: Path, token: str) -> N
     p.write_text(f"0\n1\n{token}\n")
     with pytest.raises(OrderError, match=r"line 3: index [0-9]+(\.\.\.)? is too large"):
         read_order_file(p)
-    p.write_text(f"0\n{2**63 - 1}\n")
-    assert read_order_file(p) == [[0, 2**63 - 1]]
+    p.write_text(f"0\n{2**63 - 1}\n{'0' * 5000}7\n")
+    assert read_order_file(p) == [[0, 2**63 - 1, 7]]
 
 
 def test_a_fortran_ordered_npy_order_file_is_read_in_its_order(tmp_path: Path) -> None:

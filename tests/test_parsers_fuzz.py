@@ -143,7 +143,7 @@ NPY = st.one_of(
     st.tuples(st.integers(1, 3), st.integers(0, 4)).map(lambda s: npy_bytes(np.zeros(s, np.int32).T)),
 )
 LINES = st.lists(st.one_of(st.integers(-5, 2**70).map(str), st.sampled_from(["", "# epoch", "#", " 3 ", "a/x.bin",
-                                                                            "/abs/path", "\x00", "९", "9" * 5000,
+                                                                            "/abs/path", "\x00", "९", "9" * 5000, "0" * 5000 + "5",
                                                                             str(2**63), str(2**63 - 1)])),
                  max_size=12).map(lambda ls: "\n".join(ls).encode("utf-8", "surrogatepass"))
 

@@ -68,10 +68,11 @@ def _read_text(path: Path, text: str, resolve: Callable[[str], int] | None) -> l
 def _entry(path: Path, lineno: int, token: str, resolve: Callable[[str], int] | None) -> int:
     where = f"order file {path}, line {lineno}"
     if _INDEX_LINE.fullmatch(token):
-        if len(token.lstrip("0")) > MAX_INDEX_DIGITS or int(token) > MAX_INDEX:
+        digits = token.lstrip("0") or "0"     # leading zeros count against int()'s digit limit too
+        if len(digits) > MAX_INDEX_DIGITS or int(digits) > MAX_INDEX:
             raise OrderError(f"{where}: index {token[:30]}{'...' if len(token) > 30 else ''} is too large "
                              f"(indices go from 0 to the data set's number of samples - 1)")
-        return int(token)
+        return int(digits)
     if resolve is None:
         raise OrderError(f"{where}: {token!r} is not a data-set index (an integer >= 0); "
                          f"paths need a resolver that maps them to indices")
