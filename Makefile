@@ -7,7 +7,7 @@ DEMO_DIR ?= $(or $(TMPDIR),/tmp)/tiering-demo
 # the tests go, also through a pipe (CI), never minutes of nothing
 PYTEST = $(PY) -u -m pytest -v
 
-.PHONY: all build install test reliability demo clean bench bench-quick bench-micro bench-deps bench-multinode
+.PHONY: all build install test test-deps reliability sanitize sanitizer-deps demo clean bench bench-quick bench-micro bench-deps bench-multinode
 
 all: build
 
@@ -23,9 +23,48 @@ install:
 	$(MAKE) build
 
 # The whole suite, the slow tests too (the wheel installed in a fresh venv,
-# the simulator's published scenario): about 10 minutes on 2 cores.
-test: install bench-deps
+# the simulator's published scenario, the C tests under the sanitizers):
+# about 35 minutes on 2 cores.
+test: install bench-deps test-deps sanitizer-deps
 	$(PYTEST) $(PYTEST_ARGS)
+
+# The C tests of the shim's lock-free parts under AddressSanitizer with UBSan
+# and under ThreadSanitizer only (docs/design.md, NOTE [sanitizers]).
+sanitize: install sanitizer-deps
+	$(PYTEST) -m "asan or tsan" $(PYTEST_ARGS)
+
+# The sanitizers' runtimes for the C compiler (libasan, libubsan, libtsan): as
+# root, installs libgcc-N-dev (N: gcc's major version, whose package ships
+# them) with apt-get when a test program cannot be built and run with them;
+# otherwise says what to install.
+SANITIZE_CHECK = t=$$(mktemp -d) && echo 'int main(void){return 0;}' > $$t/t.c && \
+	cc -fsanitize=address,undefined -o $$t/a $$t/t.c && $$t/a && cc -fsanitize=thread -o $$t/t $$t/t.c && $$t/t; \
+	r=$$?; rm -rf $$t; exit $$r
+sanitizer-deps:
+	@if ! ( $(SANITIZE_CHECK) ) >/dev/null 2>&1; then \
+	  pkg="libgcc-$$(cc -dumpversion | cut -d. -f1)-dev"; \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "sanitizer-deps: installing $$pkg with apt-get"; \
+	    apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y gcc "$$pkg" || exit 1; \
+	  else \
+	    echo "sanitizer-deps: cc cannot build with -fsanitize=address,undefined and -fsanitize=thread; run: sudo apt-get install -y $$pkg" >&2; \
+	    exit 1; \
+	  fi; \
+	  ( $(SANITIZE_CHECK) ) || { echo "sanitizer-deps: cc still cannot build with the sanitizers" >&2; exit 1; }; \
+	fi
+
+# Tools the tests run under tier-run as users do (rsync -a; tar, cp and
+# setpriv come with the base system): installed with apt-get when missing.
+test-deps:
+	@if ! command -v rsync >/dev/null 2>&1 || ! command -v setpriv >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "test-deps: installing rsync and util-linux with apt-get"; \
+	    apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y rsync util-linux || exit 1; \
+	  else \
+	    echo "test-deps: rsync or setpriv is missing; run: sudo apt-get install -y rsync util-linux" >&2; \
+	    exit 1; \
+	  fi; \
+	fi
 
 # The fault and hostile-input tests (marker reliability) and, at the end,
 # the figures each recorded: faults survived, reads and bytes checked.

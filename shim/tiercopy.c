@@ -113,17 +113,51 @@ EXPORT int64_t tiering_copy_range(int in, int out, uint64_t off, uint64_t len,
     return copy_range(in, out, off, len, progress, arg, VIA_BUFFER, NULL);
 }
 
-/* The source is the regular file of the catalog: same size and mtime. */
-static int check_source(int fd, const struct tiering_copy *c)
+/* The source is the regular file of the catalog: same size and mtime (st:
+ * its fstat); its identity is kept in c (dev, ino). */
+static int check_source(int fd, struct tiering_copy *c, struct stat *st)
+{
+    if (sys_fstat(fd, st) < 0)
+        return TIERING_COPY_SOURCE_ERROR;
+    if (!S_ISREG(st->st_mode))
+        return TIERING_COPY_NOT_REGULAR;
+    if ((uint64_t)st->st_size != c->size || tiering_ns(st->st_mtim) != c->mtime_ns)
+        return TIERING_COPY_CHANGED;
+    c->dev = (uint64_t)st->st_dev;
+    c->ino = (uint64_t)st->st_ino;
+    return TIERING_COPY_OK;
+}
+
+/* NOTE [renamed while copied]: the source's path (relative to at) still
+ * names the file that was copied: not renamed over, nor removed, meanwhile.
+ * One stat of the path, following a symlink only where the open did. */
+static int same_path(int at, const char *src, const struct tiering_copy *c)
 {
     struct stat st;
-    if (sys_fstat(fd, &st) < 0)
-        return TIERING_COPY_SOURCE_ERROR;
-    if (!S_ISREG(st.st_mode))
-        return TIERING_COPY_NOT_REGULAR;
-    if ((uint64_t)st.st_size != c->size || tiering_ns(st.st_mtim) != c->mtime_ns)
-        return TIERING_COPY_CHANGED;
-    return TIERING_COPY_OK;
+    if (syscall(SYS_newfstatat, at, src, &st, c->follow ? 0 : AT_SYMLINK_NOFOLLOW) < 0)
+        return errno == ENOENT || errno == ENOTDIR ? TIERING_COPY_REPLACED : TIERING_COPY_SOURCE_ERROR;
+    return (uint64_t)st.st_dev == c->dev && (uint64_t)st.st_ino == c->ino ? TIERING_COPY_OK : TIERING_COPY_REPLACED;
+}
+
+/* NOTE [served descriptors]: after the copy, the source's fstat against the
+ * file's record: when they agree on everything a stat shows but the access
+ * time (which reading changes), the record may answer the fstat of a
+ * descriptor served from the copy.  Set or cleared before the copy is
+ * published (the daemon's state word is stored after this returns). */
+static void verify_record(struct tiering_file *rec, const struct stat *st)
+{
+    if (!rec)
+        return;
+    uint32_t flags = __atomic_load_n(&rec->flags, __ATOMIC_ACQUIRE);
+    int same = (flags & TIERING_FILE_COMPLETE) && rec->ino && rec->ino == (uint64_t)st->st_ino &&
+               (uint64_t)rec->dev == (uint64_t)st->st_dev && rec->mode == st->st_mode &&
+               rec->uid == st->st_uid && rec->gid == st->st_gid && rec->nlink == st->st_nlink &&
+               rec->mtime_ns == tiering_ns(st->st_mtim) && rec->ctime_ns == tiering_ns(st->st_ctim) &&
+               rec->blocks == (int64_t)st->st_blocks && rec->blksize == (uint32_t)st->st_blksize;
+    if (same)
+        __atomic_fetch_or(&rec->flags, TIERING_FILE_VERIFIED, __ATOMIC_RELEASE);
+    else if (flags & TIERING_FILE_VERIFIED)
+        __atomic_fetch_and(&rec->flags, ~(uint32_t)TIERING_FILE_VERIFIED, __ATOMIC_RELEASE);
 }
 
 /* NOTE [staging files]: the one way a copy's staging file is made, for the
@@ -160,7 +194,8 @@ static int copy_open(int at, const char *src, int staging_fd, const char *name, 
         c->error = errno;
         return errno == ELOOP || errno == ENXIO ? TIERING_COPY_NOT_REGULAR : TIERING_COPY_SOURCE_ERROR;
     }
-    int r = check_source(in, c);
+    struct stat st;
+    int r = check_source(in, c, &st);
     if (r != TIERING_COPY_OK) {
         c->error = errno;
         sys_close(in);
@@ -179,13 +214,14 @@ static int copy_open(int at, const char *src, int staging_fd, const char *name, 
 }
 
 /* After the copy of `copied` bytes (at most size + 1 were tried; -1: failed,
- * errno in c->error; -2: stopped): checks the size and the source again,
- * closes both fds and renames the staging file (read-only since made) to
- * leaf in dst_fd.  Anything but TIERING_COPY_OK removes the staging file. */
-static int copy_finish(struct tiering_copy *c, int64_t copied, int staging_fd, const char *name,
-                       int dst_fd, const char *leaf)
+ * errno in c->error; -2: stopped): checks the size and the source again
+ * (its fd, and that its path src, relative to at, still names it), closes
+ * both fds and renames the staging file (read-only since made) to leaf in
+ * dst_fd.  Anything but TIERING_COPY_OK removes the staging file. */
+static int copy_finish(struct tiering_copy *c, int64_t copied, int at, const char *src, int staging_fd,
+                       const char *name, int dst_fd, const char *leaf)
 {
-    struct stat st;
+    struct stat st, source = {0};
     int r;
     if (copied == -1) {
         r = TIERING_COPY_IO_ERROR;
@@ -195,7 +231,8 @@ static int copy_finish(struct tiering_copy *c, int64_t copied, int staging_fd, c
         c->copied = (uint64_t)copied;
         if ((uint64_t)copied != c->size)
             r = (uint64_t)copied > c->size ? TIERING_COPY_GREW : TIERING_COPY_SHRANK;
-        else if ((r = check_source(c->fd_in, c)) != TIERING_COPY_OK)
+        else if ((r = check_source(c->fd_in, c, &source)) != TIERING_COPY_OK ||
+                 (r = same_path(at, src, c)) != TIERING_COPY_OK)
             c->error = errno;
         else if (sys_fstat(c->fd_out, &st) < 0)
             r = TIERING_COPY_TARGET_ERROR, c->error = errno;
@@ -208,6 +245,8 @@ static int copy_finish(struct tiering_copy *c, int64_t copied, int staging_fd, c
     c->fd_in = c->fd_out = -1;
     if (r == TIERING_COPY_OK && dst_fd >= 0 && syscall(SYS_renameat2, staging_fd, name, dst_fd, leaf, 0) < 0)
         r = TIERING_COPY_TARGET_ERROR, c->error = errno;
+    if (r == TIERING_COPY_OK)
+        verify_record(c->record, &source);
     if (r != TIERING_COPY_OK)
         syscall(SYS_unlinkat, staging_fd, name, 0);
     return r;
@@ -218,10 +257,10 @@ EXPORT int tiering_copy_open(const char *src, int staging_fd, const char *name, 
     return copy_open(AT_FDCWD, src, staging_fd, name, c);
 }
 
-EXPORT int tiering_copy_finish(struct tiering_copy *c, int64_t copied, int staging_fd, const char *name,
-                               int dst_fd, const char *leaf)
+EXPORT int tiering_copy_finish(struct tiering_copy *c, int64_t copied, const char *src, int staging_fd,
+                               const char *name, int dst_fd, const char *leaf)
 {
-    return copy_finish(c, copied, staging_fd, name, dst_fd, leaf);
+    return copy_finish(c, copied, AT_FDCWD, src, staging_fd, name, dst_fd, leaf);
 }
 
 /* NOTE [copy in C]: copy_open, the copy of at most size + 1 bytes in one
@@ -238,7 +277,7 @@ EXPORT int tiering_copy_file(const char *src, int staging_fd, const char *name, 
     int64_t n = copy_range(c->fd_in, c->fd_out, 0, c->size + 1, progress, arg, VIA_SENDFILE, NULL);
     if (n == -1)
         c->error = errno;
-    return copy_finish(c, n, staging_fd, name, dst_fd, leaf);
+    return copy_finish(c, n, AT_FDCWD, src, staging_fd, name, dst_fd, leaf);
 }
 
 /* NOTE [batch copy]: the directory data/<root id>/<parent of rel> of a
@@ -327,6 +366,7 @@ static int copy_one(const struct tiering_batch *b, struct tiering_batch_file *f,
     c.size = (uint64_t)b->size[id];
     c.mtime_ns = b->mtime_ns[id];
     c.follow = b->link[id] != 0;
+    c.record = b->records ? &b->records[id] : NULL;
     f->copied = 0;
     f->blocks = 0;
     f->error = 0;
@@ -358,8 +398,9 @@ static int copy_one(const struct tiering_batch *b, struct tiering_batch_file *f,
         pc->src_fd[root] = fd < 0 ? -2 : fd;
     }
     int relative = pc->src_fd[root] >= 0 && rel[0] != '/';   /* rel_len > 0: checked above */
-    int r = copy_open(relative ? pc->src_fd[root] : AT_FDCWD, relative ? src + root_len : src, b->staging_fd,
-                      b->name, &c);
+    int at = relative ? pc->src_fd[root] : AT_FDCWD;
+    const char *from = relative ? src + root_len : src;
+    int r = copy_open(at, from, b->staging_fd, b->name, &c);
     if (r == TIERING_COPY_OK) {
         tiering_progress_fn progress = b->progress ? b->progress : stop_flag;
         void *arg = b->progress ? b->arg : (void *)b->stop;
@@ -369,11 +410,11 @@ static int copy_one(const struct tiering_batch *b, struct tiering_batch_file *f,
         int dst = n >= 0 ? parent_fd(b->data_fd, root, key, (size_t)key_len, pc) : -1;
         if (n >= 0 && dst < 0) {
             int e = errno;
-            copy_finish(&c, -2, b->staging_fd, b->name, -1, "");
+            copy_finish(&c, -2, at, from, b->staging_fd, b->name, -1, "");
             c.error = e;
             r = TIERING_COPY_TARGET_ERROR;
         } else {
-            r = copy_finish(&c, n, b->staging_fd, b->name, dst, leaf);
+            r = copy_finish(&c, n, at, from, b->staging_fd, b->name, dst, leaf);
         }
     }
     f->error = c.error;

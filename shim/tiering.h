@@ -35,7 +35,7 @@
 
 /* BEGIN CDEF */
 #define TIERING_MAGIC 0x5845444e49524954
-#define TIERING_VERSION 8
+#define TIERING_VERSION 9
 #define TIERING_MAX_ROOTS 16
 #define TIERING_MAX_TIERS 4
 #define TIERING_PATH_MAX 512
@@ -63,6 +63,18 @@
                                    entry whose record is not complete is
                                    not catalogued for redirects and stat
                                    answers (NOTE [names first]) */
+#define TIERING_FILE_VERIFIED 8 /* the daemon's last copy of the file found
+                                   its source as the record says (identity,
+                                   mode, owner, links, size, times): the fstat
+                                   of a descriptor served from a tier is
+                                   answered from the record (atomic or / and,
+                                   set before the copy is published; NOTE
+                                   [served descriptors], docs/design.md) */
+
+/* header.scan_caps: CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH, as bits of
+ * the kernel's capability sets */
+#define TIERING_CAP_DAC_OVERRIDE 1
+#define TIERING_CAP_DAC_READ_SEARCH 2
 
 /* event.kind */
 #define TIERING_EV_OPEN_PFS 1
@@ -144,8 +156,10 @@ struct tiering_counters {
     uint64_t opens_tier[4];          /* served from tier k                  */
     uint64_t bytes_tier;             /* sizes of the files served from tiers */
     uint64_t fallbacks;              /* copy vanished between lookup and open */
-    uint64_t writes;                 /* write opens that reached catalogued
-                                        files (by path or by identity)      */
+    uint64_t writes;                 /* write opens, renames, unlinks,
+                                        truncates and inherited write fds
+                                        that reached catalogued files (by
+                                        path or by identity)                */
     uint64_t events_dropped;         /* ring full (counted by the daemon)   */
     /* NOTE [read counters], docs/design.md: the bytes read through the
        descriptors of catalogued files, by their file position when they
@@ -189,7 +203,10 @@ struct tiering_header {
     uint64_t wlog_head;      /* atomic; identities logged (more than wlog_size: lost) */
     uint32_t fill_writers;   /* atomic; write opens between their load of
                                 filling and the end of their log entry */
-    uint32_t reserved;
+    uint32_t scan_caps;      /* the scan's effective capabilities that pass
+                                permission checks (TIERING_CAP_*): a copy is
+                                served only to a process that has them all
+                                (NOTE [served descriptors]) */
     struct tiering_root roots[16];
     struct tiering_root tiers[4];  /* physical prefixes, fastest first */
     struct tiering_counters counters;
@@ -234,6 +251,7 @@ uint64_t tiering_groups_hash(const uint32_t *groups, uint64_t n);
 #define TIERING_COPY_NO_STAGING 7    /* the staging directory is gone (ENOENT) */
 #define TIERING_COPY_TARGET_ERROR 8  /* the staging file or the rename failed: errno in error */
 #define TIERING_COPY_IO_ERROR 9      /* reading or writing failed (ENOSPC...): errno in error */
+#define TIERING_COPY_REPLACED 10     /* the path names another file, or none, after the copy */
 
 struct tiering_copy {
     uint64_t size;       /* in: the catalog's size and mtime of the source  */
@@ -244,6 +262,11 @@ struct tiering_copy {
     int64_t blocks;      /* out: st_blocks of the finished copy             */
     int32_t fd_in;       /* out of tiering_copy_open: the source's fd ...    */
     int32_t fd_out;      /* ... and the staging file's, until finish        */
+    uint64_t dev;        /* out of tiering_copy_open: the source's identity, */
+    uint64_t ino;        /* which its path must still name at finish        */
+    struct tiering_file *record; /* in: the file's record in the index, whose */
+                         /* TIERING_FILE_VERIFIED finish sets or clears    */
+                         /* (NULL: none)                                   */
 };
 
 /* Called after each step of a copy with the bytes it read; non-zero stops it. */
@@ -256,10 +279,11 @@ int tiering_copy_file(const char *src, int staging_fd, const char *name, int dst
 /* The steps of tiering_copy_file around its copy, for a copy made in parts
  * (NOTE [chunked copy]): open and check the source and create the staging
  * file; then, with the bytes copied (-1: failed, errno in c->error; -2:
- * stopped), check, make read-only, close and rename (or remove). */
+ * stopped), check (the fd, and that the path src still names the file
+ * copied), close and rename (or remove). */
 int tiering_copy_open(const char *src, int staging_fd, const char *name, struct tiering_copy *c);
-int tiering_copy_finish(struct tiering_copy *c, int64_t copied, int staging_fd, const char *name,
-                        int dst_fd, const char *leaf);
+int tiering_copy_finish(struct tiering_copy *c, int64_t copied, const char *src, int staging_fd,
+                        const char *name, int dst_fd, const char *leaf);
 /* Many small files copied in one call (NOTE [batch copy]): the catalog's
  * columns (paths blob cut by offsets, root ids, sizes, mtimes, link flags),
  * the data roots by id, the tier's staging and data/ directories.  Each copy
@@ -283,6 +307,7 @@ struct tiering_batch {
     int64_t waits;           /* out: times the calling thread waited in the call (voluntary context
                               * switches: a PFS or a device to answer), NOTE [batch share] */
     const char *name;        /* the staging file's name */
+    struct tiering_file *records; /* the index's file records by id (TIERING_FILE_VERIFIED), or NULL */
     const int32_t *stop;
     tiering_progress_fn progress;
     void *arg;

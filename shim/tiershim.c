@@ -9,7 +9,9 @@
  * Rules (docs/design.md): never block, never allocate or lock on the hot
  * path, keep no fd of our own open, fall back to the original path with errno
  * untouched on any failure, pass writes through and invalidate the file under
- * every path it has (NOTE [alias invalidation]).
+ * every path it has (NOTE [alias invalidation]), and so renames, unlinks and
+ * truncates by path (NOTE [namespace changes]) and descriptors inherited open
+ * for writing (NOTE [inherited writes]).
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -28,13 +30,21 @@
 #include <unistd.h>
 #include <dirent.h>
 #include <grp.h>
+#include <sys/file.h>
+#include <sys/statfs.h>
+#include <sys/statvfs.h>
+#include <sys/time.h>
+#include <sys/xattr.h>
+#include <utime.h>
 
 #include "tiering.h"
 
 #define EXPORT __attribute__((visibility("default")))
 #define LIKELY(x) __builtin_expect(!!(x), 1)
 #define UNLIKELY(x) __builtin_expect(!!(x), 0)
-#define MAX_TRACKED_FDS 65536
+#ifndef MAX_TRACKED_FDS
+#define MAX_TRACKED_FDS 65536 /* the fd book's size (a test build makes it small) */
+#endif
 
 #ifndef CLOSE_RANGE_CLOEXEC
 #define CLOSE_RANGE_CLOEXEC (1U << 2)
@@ -77,8 +87,35 @@
     X(dup3, int, (int, int, int))                              \
     X(fcntl, int, (int, int, ...))                             \
     X(fcntl64, int, (int, int, ...))                           \
+    NAMESPACE(X)                                               \
     METADATA(X)                                                \
+    FD_OPERATIONS(X)                                           \
     CREDENTIALS(X)
+
+/* NOTE [namespace changes]: calls that change what a path names, or a file
+ * (its bytes, mode, owner, times, attributes) by its path, without opening
+ * it: they invalidate what they reach. */
+#define NAMESPACE(X)                                                      \
+    X(rename, int, (const char *, const char *))                          \
+    X(renameat, int, (int, const char *, int, const char *))              \
+    X(renameat2, int, (int, const char *, int, const char *, unsigned int)) \
+    X(unlink, int, (const char *))                                        \
+    X(unlinkat, int, (int, const char *, int))                            \
+    X(remove, int, (const char *))                                        \
+    X(truncate, int, (const char *, off_t))                               \
+    X(truncate64, int, (const char *, off64_t))                           \
+    X(chmod, int, (const char *, mode_t))                                 \
+    X(fchmodat, int, (int, const char *, mode_t, int))                    \
+    X(chown, int, (const char *, uid_t, gid_t))                           \
+    X(lchown, int, (const char *, uid_t, gid_t))                          \
+    X(utime, int, (const char *, const struct utimbuf *))                 \
+    X(utimes, int, (const char *, const struct timeval *))                \
+    X(lutimes, int, (const char *, const struct timeval *))               \
+    X(futimesat, int, (int, const char *, const struct timeval *))        \
+    X(setxattr, int, (const char *, const char *, const void *, size_t, int)) \
+    X(lsetxattr, int, (const char *, const char *, const void *, size_t, int)) \
+    X(removexattr, int, (const char *, const char *))                     \
+    X(lremovexattr, int, (const char *, const char *))
 
 /* NOTE [stat from the index]: the stat family and access, answered from the
  * index for catalogued paths (and for descriptors opened on a tier copy). */
@@ -105,8 +142,32 @@
     X(euidaccess, int, (const char *, int))                                \
     X(eaccess, int, (const char *, int))
 
+/* NOTE [served descriptors]: operations on a descriptor that a tier copy
+ * cannot stand for (locks, changes of mode, owner, times or extended
+ * attributes, extended attributes read, the file system's figures): a
+ * served descriptor is moved onto the data file first. */
+#define FD_OPERATIONS(X)                                                      \
+    X(fchmod, int, (int, mode_t))                                             \
+    X(fchown, int, (int, uid_t, gid_t))                                       \
+    X(fchownat, int, (int, const char *, uid_t, gid_t, int))                  \
+    X(futimens, int, (int, const struct timespec *))                          \
+    X(futimes, int, (int, const struct timeval *))                            \
+    X(utimensat, int, (int, const char *, const struct timespec *, int))      \
+    X(fsetxattr, int, (int, const char *, const void *, size_t, int))         \
+    X(fremovexattr, int, (int, const char *))                                 \
+    X(fgetxattr, ssize_t, (int, const char *, void *, size_t))                \
+    X(flistxattr, ssize_t, (int, char *, size_t))                             \
+    X(flock, int, (int, int))                                                 \
+    X(lockf, int, (int, int, off_t))                                          \
+    X(lockf64, int, (int, int, off64_t))                                      \
+    X(fstatfs, int, (int, struct statfs *))                                   \
+    X(fstatfs64, int, (int, struct statfs64 *))                               \
+    X(fstatvfs, int, (int, struct statvfs *))                                 \
+    X(fstatvfs64, int, (int, struct statvfs64 *))
+
 /* Calls that change the process's credentials: afterwards it may no longer
- * reach what the scan reached, so it answers no stat from the index. */
+ * reach what the scan reached, so it answers no stat from the index and is
+ * served no copy (NOTE [served descriptors]). */
 #define CREDENTIALS(X)                                      \
     X(setuid, int, (uid_t))                                 \
     X(setgid, int, (gid_t))                                 \
@@ -119,7 +180,8 @@
     X(setgroups, int, (size_t, const gid_t *))              \
     X(initgroups, int, (const char *, gid_t))               \
     X(setfsuid, int, (uid_t))                               \
-    X(setfsgid, int, (gid_t))
+    X(setfsgid, int, (gid_t))                               \
+    X(capset, int, (void *, const void *))
 
 #define POINTER_TYPE(name, ret, params) typedef ret(*name##_fn) params;
 INTERPOSED(POINTER_TYPE)
@@ -158,6 +220,15 @@ static uint64_t fd_book[MAX_TRACKED_FDS];
  * its real and effective ids and its groups are the scanner's; cleared for
  * good by a call that changes them. */
 static int scanners_ids;
+
+/* A wrapper whose libc function was not found and that has no one system
+ * call to stand for it (it would change one thread only, or libc computes
+ * the answer): ENOSYS. */
+static int without_libc(void)
+{
+    errno = ENOSYS;
+    return -1;
+}
 
 static void logmsg(const char *fmt, ...)
 {
@@ -564,6 +635,11 @@ struct open_file {
 static inline uint32_t refs(uint64_t held) { return (uint32_t)held; }
 static struct open_file open_files[MAX_TRACKED_FDS];
 static uint32_t fd_cell[MAX_TRACKED_FDS];
+/* fd_cell is read and written atomically (relaxed): a dup of a descriptor
+ * reads its source's word while another thread closes the source and an
+ * open takes its number again (NOTE [sanitizers]). */
+static inline uint32_t cell_of(int fd) { return __atomic_load_n(&fd_cell[fd], __ATOMIC_RELAXED); }
+static inline void set_cell(int fd, uint32_t k) { __atomic_store_n(&fd_cell[fd], k, __ATOMIC_RELAXED); }
 
 /* fd (booked, in range) is an open file of its own, opened here: it takes
  * a free cell, fd's own number first.  A cell is held by a booked fd each,
@@ -577,18 +653,18 @@ static inline void file_opened(int fd)
                                                     __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) {
             open_files[k].owner = my_pid;
             __atomic_store_n(&open_files[k].credited, 0, __ATOMIC_RELAXED);
-            fd_cell[fd] = k;
+            set_cell(fd, k);
             return;
         }
     }
-    fd_cell[fd] = NO_CELL;
+    set_cell(fd, NO_CELL);
 }
 
 /* The cell of fd (booked as s) and its generation, before a dup of fd:
  * generation << 32 | cell (NO_SEEN: none) */
 static inline uint64_t cell_seen(int fd, uint64_t s)
 {
-    uint32_t k = s && fd >= 0 && fd < MAX_TRACKED_FDS ? __atomic_load_n(&fd_cell[fd], __ATOMIC_RELAXED) : NO_CELL;
+    uint32_t k = s && fd >= 0 && fd < MAX_TRACKED_FDS ? cell_of(fd) : NO_CELL;
     if (k == NO_CELL)
         return NO_SEEN;
     return (__atomic_load_n(&open_files[k].held, __ATOMIC_ACQUIRE) >> 32) << 32 | k;
@@ -621,11 +697,11 @@ static inline int drop_cell(uint32_t k)
 static inline void file_duplicated(int newfd, int oldfd, uint64_t s, uint64_t seen)
 {
     uint32_t k = (uint32_t)seen;
-    fd_cell[newfd] = NO_CELL;
+    set_cell(newfd, NO_CELL);
     if (seen == NO_SEEN || !hold_cell(seen))
         return;
-    if (tracked(oldfd) == s && fd_cell[oldfd] == k)
-        fd_cell[newfd] = k;
+    if (tracked(oldfd) == s && cell_of(oldfd) == k)
+        set_cell(newfd, k);
     else
         drop_cell(k);
 }
@@ -635,7 +711,7 @@ static inline void file_duplicated(int newfd, int oldfd, uint64_t s, uint64_t se
  * process (a descriptor inherited from the parent books nothing) */
 static inline int books_bytes(int fd)
 {
-    uint32_t k = fd_cell[fd];
+    uint32_t k = cell_of(fd);
     return k != NO_CELL && open_files[k].owner == my_pid;
 }
 
@@ -655,7 +731,7 @@ static inline uint64_t position(int fd)
  * the parent's own close does. */
 static __attribute__((noinline)) void closed_at(int fd, uint64_t v, uint64_t pos)
 {
-    uint32_t slot = (uint32_t)v - 1, where = (uint32_t)(v >> 32), k = fd_cell[fd];
+    uint32_t slot = (uint32_t)v - 1, where = (uint32_t)(v >> 32), k = cell_of(fd);
     uint64_t bytes = 0;
     if (k != NO_CELL) {
         struct open_file *o = &open_files[k];
@@ -716,7 +792,7 @@ static inline void untrack(int fd)
 {
     uint64_t v = unbook(fd);
     if ((uint32_t)v) {
-        uint32_t k = fd_cell[fd];
+        uint32_t k = cell_of(fd);
         if (k != NO_CELL)
             drop_cell(k);
         post(TIERING_EV_CLOSE, (uint32_t)v - 1, (uint16_t)(v >> 32), 0);
@@ -763,6 +839,18 @@ static const char *tier_root_flaw(const struct tiering_root *t)
     return NULL;
 }
 
+/* The TIERING_CAP_* capabilities in the process's effective set (a root
+ * process that dropped CAP_DAC_OVERRIDE no longer reads other users' files). */
+static uint32_t dac_capabilities(void)
+{
+    struct { uint32_t version; int pid; } head = {0x20080522, 0}; /* _LINUX_CAPABILITY_VERSION_3 */
+    struct { uint32_t effective, permitted, inheritable; } data[2];
+    if (syscall(SYS_capget, &head, data) != 0)
+        return 0;
+    return ((data[0].effective >> 1) & 1 ? TIERING_CAP_DAC_OVERRIDE : 0) |
+           ((data[0].effective >> 2) & 1 ? TIERING_CAP_DAC_READ_SEARCH : 0);
+}
+
 /* NOTE [stat from the index]: a stat is answered from the index only to a
  * process with the credentials of the scan (the same user, group and
  * supplementary groups reach the same paths), real and effective alike:
@@ -786,9 +874,10 @@ static void same_credentials(const struct tiering_header *h)
         k++;
     }
     scanners_ids = n >= 0 && tiering_groups_hash(sorted, k) == h->scan_groups && geteuid() == h->scan_uid &&
-                   getuid() == h->scan_uid && getegid() == h->scan_gid && getgid() == h->scan_gid;
+                   getuid() == h->scan_uid && getegid() == h->scan_gid && getgid() == h->scan_gid &&
+                   (dac_capabilities() & h->scan_caps) == h->scan_caps;
     if (!scanners_ids)
-        logmsg("credentials differ from the scan's: stat of catalogued paths goes to the PFS");
+        logmsg("credentials differ from the scan's: catalogued paths are opened and stat'ed on the PFS");
 }
 
 static void map_index(const char *path)
@@ -869,6 +958,8 @@ static void map_index(const char *path)
            (unsigned long long)h->nentries, h->nroots, h->ntiers);
 }
 
+static void inherited_writes(void); /* NOTE [inherited writes] */
+
 static void init(void)
 {
     in_init = 1;
@@ -884,6 +975,8 @@ static void init(void)
         logmsg("no TIERING_INDEX, passing through");
     else
         map_index(path);
+    if (idx)
+        inherited_writes();
     ready = 1;
     in_init = 0;
 }
@@ -1012,6 +1105,37 @@ static inline int maybe_catalogued(const struct tiering_header *h, const char *p
     return h && path && (path[0] != '/' || (*root = root_prefix(h, path, rl)) >= 0);
 }
 
+/* The absolute path of path (relative to atfd) into abs_path (*len its
+ * length), resolved by text as append_components does: 0, or -1 when the
+ * text cannot tell it (a ".." of its own, too long, no cwd; errno untouched). */
+static int absolute(int atfd, const char *path, char *abs_path, size_t *len)
+{
+    *len = 1;
+    abs_path[0] = '/';
+    abs_path[1] = '\0';
+    if (path[0] != '/') {
+        char base[PATH_MAX];
+        int saved = errno; /* a failure here leaves the call to the kernel, errno untouched */
+        if (atfd == AT_FDCWD) {
+            if (!getcwd(base, sizeof base)) {
+                errno = saved;
+                return -1;
+            }
+        } else {
+            char fd_link[32];
+            snprintf(fd_link, sizeof fd_link, "/proc/self/fd/%d", atfd);
+            ssize_t n = readlink(fd_link, base, sizeof base - 1);
+            errno = saved;
+            if (n <= 0 || base[0] != '/')
+                return -1;
+            base[n] = '\0';
+        }
+        if (append_components(abs_path, len, base) != 0)
+            return -1;
+    }
+    return append_components(abs_path, len, path) != 0 ? -1 : 0; /* too long, or a ".." of its own */
+}
+
 /* Finds the catalogued entry that path (relative to atfd) names; root is
  * root_prefix()'s answer (root length rl) for an absolute path.  An absolute
  * path outside every root is not looked up: "//root/x" or "/a/../root/x" may
@@ -1038,33 +1162,9 @@ static int64_t lookup(int atfd, const char *path, int root, size_t rl, char *abs
         if (plain_len(r) == n)
             return -1; /* plain, and not catalogued */
     }
-    if (names_directory(path))
+    size_t len;
+    if (names_directory(path) || absolute(atfd, path, abs_path, &len) < 0)
         return -1;
-    size_t len = 1;
-    abs_path[0] = '/';
-    abs_path[1] = '\0';
-    if (path[0] != '/') {
-        char base[PATH_MAX];
-        int saved = errno; /* a failure here leaves the call to the kernel, errno untouched */
-        if (atfd == AT_FDCWD) {
-            if (!getcwd(base, sizeof base)) {
-                errno = saved;
-                return -1;
-            }
-        } else {
-            char fd_link[32];
-            snprintf(fd_link, sizeof fd_link, "/proc/self/fd/%d", atfd);
-            ssize_t n = readlink(fd_link, base, sizeof base - 1);
-            errno = saved;
-            if (n <= 0 || base[0] != '/')
-                return -1;
-            base[n] = '\0';
-        }
-        if (append_components(abs_path, &len, base) != 0)
-            return -1;
-    }
-    if (append_components(abs_path, &len, path) != 0)
-        return -1; /* too long, or a ".." the text alone cannot resolve */
     int r = root_prefix(idx, abs_path, &rl);
     if (r < 0 || len == rl + 1)
         return -1; /* outside every root, or the root itself */
@@ -1132,6 +1232,122 @@ static inline const struct tiering_file *record(int64_t slot)
     if (f >= nfiles || !(__atomic_load_n(&files[f].flags, __ATOMIC_ACQUIRE) & TIERING_FILE_COMPLETE))
         return NULL;
     return &files[f];
+}
+
+/* ---- served descriptors: NOTE [served descriptors] ------------------------ */
+
+/* The data path of the tier copy phys names (tier root + "/" + data-root id
+ * + "/" + rel, tier_path's form) into out, and its entry in *slot (-1: not
+ * catalogued); 1 when phys is under a tier root in that form, else 0. */
+static int copy_to_data(const char *phys, char *out, int64_t *slot)
+{
+    *slot = -1;
+    for (uint32_t t = 0; t < idx->ntiers; t++) {
+        const struct tiering_root *r = &idx->tiers[t];
+        if (strncmp(phys, r->path, r->len) != 0 || phys[r->len] != '/')
+            continue;
+        const char *p = phys + r->len + 1;
+        uint64_t id = 0;
+        int nd = 0;
+        while (*p >= '0' && *p <= '9' && nd < 10)
+            id = id * 10 + (uint64_t)(*p++ - '0'), nd++;
+        if (!nd || *p != '/' || !p[1])
+            return 0;
+        const char *rel = p + 1;
+        size_t rel_len = strlen(rel);
+        for (uint32_t i = 0; i < idx->nroots; i++) {
+            const struct tiering_root *d = &idx->roots[i];
+            size_t l = d->len == 1 ? 0 : d->len;
+            if (d->id != id || l + 1 + rel_len >= PATH_MAX)
+                continue;
+            memcpy(out, d->path, l);
+            out[l] = '/';
+            memcpy(out + l + 1, rel, rel_len + 1);
+            *slot = probe((uint32_t)id, rel, rel_len);
+            return 1;
+        }
+        return 0;
+    }
+    return 0;
+}
+
+/* readlink of link into buf (PATH_MAX), errno untouched; its length or -1. */
+static ssize_t link_text(const char *name, char *buf)
+{
+    int saved = errno;
+    ssize_t n = syscall(SYS_readlinkat, AT_FDCWD, name, buf, PATH_MAX - 1);
+    errno = saved;
+    if (n <= 0 || buf[0] != '/')
+        return -1;
+    buf[n] = '\0';
+    return n;
+}
+
+/* copy_to_data of what the kernel's link (/proc/self/fd/N and the like)
+ * names: the copy, or, once evicted, the copy's name + " (deleted)". */
+static int link_to_data(const char *name, char *out, int64_t *slot)
+{
+    static const char deleted[] = " (deleted)";
+    const size_t dl = sizeof deleted - 1;
+    char phys[PATH_MAX];
+    ssize_t n = link_text(name, phys);
+    if (n < 0)
+        return 0;
+    if (copy_to_data(phys, out, slot))
+        return 1;
+    if ((size_t)n > dl && strcmp(phys + n - dl, deleted) == 0) {
+        phys[n - dl] = '\0';
+        return copy_to_data(phys, out, slot);
+    }
+    return 0;
+}
+
+/* The data path of the copy fd is open on, as link_to_data. */
+static int fd_to_data(int fd, char *out, int64_t *slot)
+{
+    char fd_link[32];
+    snprintf(fd_link, sizeof fd_link, "/proc/self/fd/%d", fd);
+    return link_to_data(fd_link, out, slot);
+}
+
+/* Might fd (the kernel's stat st) be open on a tier copy?  A regular file
+ * on a tier's device, booked as opened from a tier, or else (a descriptor
+ * inherited across exec, or above the fd book) of this user and of mode
+ * 0400, as every copy is. */
+static int maybe_copy(int fd, uint64_t dev, int is_reg, uint32_t mode, uint32_t uid)
+{
+    if (!is_reg)
+        return 0;
+    int on_tier = 0;
+    for (uint32_t t = 0; t < idx->ntiers; t++)
+        on_tier |= idx->tiers[t].dev == dev;
+    return on_tier && ((tracked(fd) >> 32) != 0 || ((mode & 07777) == 0400 && uid == geteuid()));
+}
+
+/* Is path a link of /proc that names a descriptor (/proc/self/fd/N,
+ * /proc/PID/fd/N, /proc/thread-self/fd/N, /dev/fd/N, /dev/stdin...)?  The
+ * text alone says: such a link is never under a data root. */
+static inline int fd_link_path(const char *path)
+{
+    return path[0] == '/' && (path[1] == 'p' || path[1] == 'd') &&
+           ((strncmp(path, "/proc/", 6) == 0 && strstr(path + 6, "/fd/")) ||
+            strncmp(path, "/dev/fd/", 8) == 0 || strncmp(path, "/dev/std", 8) == 0);
+}
+
+/* The data path a reopen through a descriptor's link reaches (into out), or
+ * NULL when the link does not lead to a tier copy: a reopen of a served
+ * file through /proc/self/fd/N opens the data file, as without the shim.
+ * /dev/stdin and /dev/fd/N lead to /proc/self/fd/N first. */
+static __attribute__((noinline)) const char *reopened_copy(const char *path, char *out)
+{
+    char hop[PATH_MAX];
+    int64_t slot;
+    if (strncmp(path, "/dev/std", 8) == 0) {
+        if (link_text(path, hop) < 0 || !fd_link_path(hop))
+            return NULL;
+        path = hop;
+    }
+    return link_to_data(path, out, &slot) ? out : NULL;
 }
 
 /* ---- write opens: NOTE [alias invalidation] ------------------------------- */
@@ -1239,6 +1455,19 @@ static void reached(struct written *wr, int64_t slot)
     post(TIERING_EV_WRITE, (uint32_t)slot, 0, 0);
 }
 
+/* The catalogued entry path (relative to atfd; NULL: none) names, or -1. */
+static int64_t path_entry(int atfd, const char *path)
+{
+    int root;
+    size_t rl;
+    if (!maybe_catalogued(idx, path, &root, &rl))
+        return -1;
+    char abs_path[PATH_MAX];
+    const char *rel;
+    size_t rel_len;
+    return lookup(atfd, path, root, rl, abs_path, &rel, &rel_len);
+}
+
 /* Before a write open of path (NULL: the file open on oldfd, as freopen
  * without a path): the catalogued entry the path names and, when the open
  * truncates, the file it is about to truncate, invalidated now since the
@@ -1247,15 +1476,7 @@ static __attribute__((noinline)) int64_t write_begin(struct written *wr, int atf
                                                      int oldfd, int flags)
 {
     int saved = errno;
-    int64_t by_path = -1;
-    int root;
-    size_t rl;
-    if (maybe_catalogued(idx, path, &root, &rl)) {
-        char abs_path[PATH_MAX];
-        const char *rel;
-        size_t rel_len;
-        by_path = lookup(atfd, path, root, rl, abs_path, &rel, &rel_len);
-    }
+    int64_t by_path = path_entry(atfd, path);
     /* O_CREAT | O_EXCL fails on an existing file: nothing to truncate */
     if ((flags & O_TRUNC) && (flags & (O_CREAT | O_EXCL)) != (O_CREAT | O_EXCL)) {
         struct stat st;
@@ -1292,6 +1513,243 @@ static __attribute__((noinline)) int open_write(enum which w, int atfd, const ch
     return fd;
 }
 
+/* NOTE [inherited writes]: a descriptor the process was started with, open
+ * for writing on a catalogued file (a shell's `>> D/train.log`, a file
+ * action of posix_spawn): the file is invalidated as a write open would,
+ * before the program can write through it.  Raw system calls: the
+ * descriptors of /proc/self/fd, one fcntl each, an fstat of each writable
+ * one.  Without /proc nothing is seen. */
+static void inherited_writes(void)
+{
+    int dir = (int)syscall(SYS_openat, AT_FDCWD, "/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dir < 0) {
+        logmsg("/proc/self/fd cannot be read (errno %d): inherited write descriptors are not seen", errno);
+        return;
+    }
+    char buf[4096] __attribute__((aligned(8)));
+    long n;
+    while ((n = syscall(SYS_getdents64, dir, buf, sizeof buf)) > 0) {
+        for (long off = 0; off < n;) {
+            const struct dirent64 *d = (const struct dirent64 *)(buf + off);
+            off += d->d_reclen;
+            int fd = 0;
+            const char *c = d->d_name;
+            for (; *c >= '0' && *c <= '9' && fd < (1 << 24); c++)
+                fd = fd * 10 + (*c - '0');
+            if (*c || c == d->d_name || fd == dir)
+                continue; /* ".", "..", our own */
+            int flags = (int)syscall(SYS_fcntl, fd, F_GETFL);
+            struct stat st;
+            if (flags < 0 || (flags & O_PATH) || (flags & O_ACCMODE) == O_RDONLY || stat_fd(fd, &st) != 0)
+                continue;
+            int64_t slot = written_identity(&st);
+            if (slot >= 0 && __atomic_load_n(&entries[slot].state, __ATOMIC_SEQ_CST) != TIERING_STATE_INVALID) {
+                struct written wr = {.n = 0};
+                reached(&wr, slot);
+                logmsg("descriptor %d, inherited open for writing, is a data-set file: invalidated", fd);
+            }
+        }
+    }
+    syscall(SYS_close, dir);
+}
+
+/* ---- namespace changes: NOTE [namespace changes] ---------------------------- */
+
+/* May the directory path (relative to atfd) hold data-set paths: is it a
+ * data root, above one or below one?  Yes when its absolute path cannot be
+ * told from the text. */
+static int holds_data(int atfd, const char *path)
+{
+    char abs_path[PATH_MAX];
+    size_t len;
+    if (absolute(atfd, path, abs_path, &len) < 0)
+        return 1;
+    for (uint32_t i = 0; i < idx->nroots; i++) {
+        const struct tiering_root *r = &idx->roots[i];
+        size_t l = r->len, m = len < l ? len : l;
+        if (l == 1 || len == 1 || (memcmp(abs_path, r->path, m) == 0 &&
+                                   (len == l || (len < l ? r->path[len] : abs_path[l]) == '/')))
+            return 1;
+    }
+    return 0;
+}
+
+/* Before a call that changes what path (relative to atfd) names, or the
+ * file it names: invalidates the path's entry and the file it names now
+ * (symlinks followed: a path that reaches the file through this one has its
+ * identity).  When a directory is moved (moves: a rename's source, or either
+ * side of an exchange) that may hold data-set paths, the shim redirects
+ * nothing more for the rest of the job: the index has no directories to find
+ * the entries below it by. */
+static __attribute__((noinline)) void name_changes(struct written *wr, int atfd, const char *path, int moves)
+{
+    if (!path)
+        return;
+    int saved = errno;
+    reached(wr, path_entry(atfd, path));
+    struct stat st;
+    if (stat_at(atfd, path, &st, 0) == 0) {
+        reached(wr, written_identity(&st));
+        if (moves && S_ISDIR(st.st_mode) && holds_data(atfd, path) &&
+            !__atomic_exchange_n(&idx->disabled, 1, __ATOMIC_SEQ_CST))
+            logmsg("directory %s renamed: redirecting nothing more in this job", path);
+    }
+    errno = saved;
+}
+
+static void renamed(int olddir, const char *old, int newdir, const char *new_, unsigned int flags)
+{
+    ensure_init();
+    if (!idx)
+        return;
+    struct written wr = {.n = 0};
+    name_changes(&wr, olddir, old, 1);
+    name_changes(&wr, newdir, new_, (flags & RENAME_EXCHANGE) != 0); /* else an empty directory */
+}
+
+static void name_changed(int atfd, const char *path)
+{
+    ensure_init();
+    if (!idx)
+        return;
+    struct written wr = {.n = 0};
+    name_changes(&wr, atfd, path, 0); /* a directory removed is empty */
+}
+
+/* Each wrapper invalidates before the call: the call itself changes what
+ * later opens find (NOTE [linearizable redirect]); a call that fails has
+ * only cost the copies.  Without libc's function, the system call. */
+EXPORT int rename(const char *old, const char *new_)
+{
+    renamed(AT_FDCWD, old, AT_FDCWD, new_, 0);
+    return real.rename ? real.rename(old, new_) : (int)syscall(SYS_renameat2, AT_FDCWD, old, AT_FDCWD, new_, 0);
+}
+
+EXPORT int renameat(int olddir, const char *old, int newdir, const char *new_)
+{
+    renamed(olddir, old, newdir, new_, 0);
+    return real.renameat ? real.renameat(olddir, old, newdir, new_)
+                         : (int)syscall(SYS_renameat2, olddir, old, newdir, new_, 0);
+}
+
+EXPORT int renameat2(int olddir, const char *old, int newdir, const char *new_, unsigned int flags)
+{
+    renamed(olddir, old, newdir, new_, flags);
+    return real.renameat2 ? real.renameat2(olddir, old, newdir, new_, flags)
+                          : (int)syscall(SYS_renameat2, olddir, old, newdir, new_, flags);
+}
+
+EXPORT int unlink(const char *path)
+{
+    name_changed(AT_FDCWD, path);
+    return real.unlink ? real.unlink(path) : (int)syscall(SYS_unlinkat, AT_FDCWD, path, 0);
+}
+
+EXPORT int unlinkat(int atfd, const char *path, int flags)
+{
+    name_changed(atfd, path);
+    return real.unlinkat ? real.unlinkat(atfd, path, flags) : (int)syscall(SYS_unlinkat, atfd, path, flags);
+}
+
+/* libc's remove calls its own unlink and rmdir, not ours */
+EXPORT int remove(const char *path)
+{
+    name_changed(AT_FDCWD, path);
+    if (real.remove)
+        return real.remove(path);
+    int r = (int)syscall(SYS_unlinkat, AT_FDCWD, path, 0);
+    return r < 0 && errno == EISDIR ? (int)syscall(SYS_unlinkat, AT_FDCWD, path, AT_REMOVEDIR) : r;
+}
+
+EXPORT int truncate(const char *path, off_t length)
+{
+    name_changed(AT_FDCWD, path);
+    return real.truncate ? real.truncate(path, length) : (int)syscall(SYS_truncate, path, length);
+}
+
+EXPORT int truncate64(const char *path, off64_t length)
+{
+    name_changed(AT_FDCWD, path);
+    return real.truncate64 ? real.truncate64(path, length) : (int)syscall(SYS_truncate, path, length);
+}
+
+/* A change of a file's mode, owner, times or attributes by path: a stat
+ * answered from its record would no longer be the kernel's. */
+EXPORT int chmod(const char *path, mode_t mode)
+{
+    name_changed(AT_FDCWD, path);
+    return real.chmod ? real.chmod(path, mode) : (int)syscall(SYS_fchmodat, AT_FDCWD, path, mode);
+}
+
+EXPORT int fchmodat(int atfd, const char *path, mode_t mode, int flags)
+{
+    name_changed(atfd, path);
+    return real.fchmodat ? real.fchmodat(atfd, path, mode, flags) : without_libc();
+}
+
+EXPORT int chown(const char *path, uid_t u, gid_t g)
+{
+    name_changed(AT_FDCWD, path);
+    return real.chown ? real.chown(path, u, g) : (int)syscall(SYS_fchownat, AT_FDCWD, path, u, g, 0);
+}
+
+EXPORT int lchown(const char *path, uid_t u, gid_t g)
+{
+    name_changed(AT_FDCWD, path);
+    return real.lchown ? real.lchown(path, u, g)
+                       : (int)syscall(SYS_fchownat, AT_FDCWD, path, u, g, AT_SYMLINK_NOFOLLOW);
+}
+
+EXPORT int utime(const char *path, const struct utimbuf *ub)
+{
+    name_changed(AT_FDCWD, path);
+    return real.utime ? real.utime(path, ub) : without_libc();
+}
+
+EXPORT int utimes(const char *path, const struct timeval tv[2])
+{
+    name_changed(AT_FDCWD, path);
+    return real.utimes ? real.utimes(path, tv) : without_libc();
+}
+
+EXPORT int lutimes(const char *path, const struct timeval tv[2])
+{
+    name_changed(AT_FDCWD, path);
+    return real.lutimes ? real.lutimes(path, tv) : without_libc();
+}
+
+EXPORT int futimesat(int atfd, const char *path, const struct timeval tv[2])
+{
+    name_changed(atfd, path);
+    return real.futimesat ? real.futimesat(atfd, path, tv) : without_libc();
+}
+
+EXPORT int setxattr(const char *path, const char *name, const void *value, size_t size, int flags)
+{
+    name_changed(AT_FDCWD, path);
+    return real.setxattr ? real.setxattr(path, name, value, size, flags)
+                         : (int)syscall(SYS_setxattr, path, name, value, size, flags);
+}
+
+EXPORT int lsetxattr(const char *path, const char *name, const void *value, size_t size, int flags)
+{
+    name_changed(AT_FDCWD, path);
+    return real.lsetxattr ? real.lsetxattr(path, name, value, size, flags)
+                          : (int)syscall(SYS_lsetxattr, path, name, value, size, flags);
+}
+
+EXPORT int removexattr(const char *path, const char *name)
+{
+    name_changed(AT_FDCWD, path);
+    return real.removexattr ? real.removexattr(path, name) : (int)syscall(SYS_removexattr, path, name);
+}
+
+EXPORT int lremovexattr(const char *path, const char *name)
+{
+    name_changed(AT_FDCWD, path);
+    return real.lremovexattr ? real.lremovexattr(path, name) : (int)syscall(SYS_lremovexattr, path, name);
+}
+
 /* ---- read opens: NOTE [linearizable redirect] ---------------------------- */
 
 /* Decides where a catalogued read-only open goes: fills phys and returns
@@ -1301,8 +1759,8 @@ static int route(int64_t slot, int flags, const char *rel, size_t rel_len, char 
     struct tiering_entry *e = &entries[slot];
     uint32_t st = __atomic_load_n(&e->state, __ATOMIC_ACQUIRE);
     if ((flags & REDIRECT_DENY) || st == TIERING_STATE_NONE || st > redirect_tiers ||
-        __atomic_load_n(&idx->disabled, __ATOMIC_RELAXED))
-        return -1;
+        __atomic_load_n(&idx->disabled, __ATOMIC_RELAXED) || !__atomic_load_n(&scanners_ids, __ATOMIC_RELAXED))
+        return -1; /* a process without the scan's credentials may not read the file: NOTE [served descriptors] */
     const struct tiering_file *f = record(slot);
     if (!f)
         return -1; /* not complete yet: not catalogued for redirects */
@@ -1404,6 +1862,9 @@ static inline int do_open(enum which w, int atfd, const char *path, int flags, m
     struct tiering_header *h = __atomic_load_n(&idx, __ATOMIC_ACQUIRE);
     int root;
     size_t rl;
+    char data[PATH_MAX];
+    if (h && path && UNLIKELY(fd_link_path(path)) && reopened_copy(path, data))
+        return do_open(w, AT_FDCWD, data, flags, mode);
     if (h && UNLIKELY(opens_for_writing(flags)))
         return open_write(w, atfd, path, flags, mode);
     if (maybe_catalogued(h, path, &root, &rl))
@@ -1547,6 +2008,12 @@ static FILE *do_fopen(int is64, const char *path, const char *mode, FILE *stream
 {
     ensure_init();
     struct tiering_header *h = __atomic_load_n(&idx, __ATOMIC_ACQUIRE);
+    char data[PATH_MAX];
+    int64_t slot;
+    if (h && path && UNLIKELY(fd_link_path(path)) && reopened_copy(path, data))
+        path = data;
+    else if (h && !path && stream && fd_to_data(fileno(stream), data, &slot))
+        path = data; /* freopen(NULL) reopens the file: the data file, not the copy */
     if (stream && path && h)
         closing(fileno(stream)); /* freopen closes the old fd */
     int flags = mode_flags(mode), root;
@@ -1684,8 +2151,19 @@ EXPORT int dup3(int oldfd, int newfd, int flags) { return dup_to(oldfd, newfd, f
 
 /* fcntl's third argument is an int or a pointer; both travel in one register
  * on the ABIs glibc supports, so it is forwarded as a pointer-sized value. */
+static void unserve(int fd);
+
+/* fcntl's commands that act on the file, not the descriptor: locks and leases */
+static inline int locks(int cmd)
+{
+    return cmd == F_GETLK || cmd == F_SETLK || cmd == F_SETLKW || cmd == F_OFD_GETLK || cmd == F_OFD_SETLK ||
+           cmd == F_OFD_SETLKW || cmd == F_SETLEASE || cmd == F_GETLEASE;
+}
+
 static int do_fcntl(fcntl_fn f, int fd, int cmd, void *arg)
 {
+    if (UNLIKELY(locks(cmd)) && idx)
+        unserve(fd);
     uint64_t s = tracked(fd), seen = cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC ? cell_seen(fd, s) : NO_SEEN;
     int r = f ? f(fd, cmd, arg) : (int)syscall(SYS_fcntl, fd, cmd, arg);
     if (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC)
@@ -1844,18 +2322,52 @@ static __attribute__((noinline)) int64_t answering_slot(int atfd, const char *pa
     return slot;
 }
 
-/* The slot of the catalogued file whose tier copy fd was opened on, when
- * the kernel's stat of fd (is_reg, dev, size) still shows that copy and the
- * scan's record of the file can stand for it; else -1. */
-static int64_t copy_on_fd(int fd, int is_reg, uint64_t dev, uint64_t size)
+/* NOTE [served descriptors]: the catalogued file whose tier copy fd is
+ * open on (the kernel's stat of fd: dev, size), or -1; *mapped says whether
+ * path holds its data path already.  Booked opens are known by the fd book;
+ * the others (inherited across exec, above the book) by their link. */
+static int64_t copy_on_fd(int fd, uint64_t dev, uint64_t size, char *path, int *mapped)
 {
     uint64_t v = tracked(fd);
     uint32_t tier = (uint32_t)(v >> 32), s = (uint32_t)v;
-    if (!tier || !s || tier > idx->ntiers || !is_reg || dev != idx->tiers[tier - 1].dev)
+    int64_t slot = -1;
+    *mapped = 0;
+    if (tier && s && tier <= idx->ntiers && dev == idx->tiers[tier - 1].dev)
+        slot = (int64_t)(s - 1);
+    else if (!(*mapped = fd_to_data(fd, path, &slot)))
         return -1;
-    int64_t slot = (int64_t)(s - 1);
-    const struct tiering_file *f = record(slot);
-    return f && (f->flags & TIERING_FILE_STAT) && entries[slot].size == size ? slot : -1;
+    return slot >= 0 && entries[slot].size == size ? slot : -1;
+}
+
+/* The record that answers the stat of a descriptor open on slot's copy:
+ * this job's scan made it, or the copy found its source as it says; else
+ * NULL (then the data path is stat'ed). */
+static const struct tiering_file *exact_record(int64_t slot)
+{
+    const struct tiering_file *f = slot >= 0 ? record(slot) : NULL;
+    return f && (f->flags & (TIERING_FILE_STAT | TIERING_FILE_VERIFIED)) ? f : NULL;
+}
+
+/* fd's stat, which the kernel gave as st: when it is a tier copy's, the
+ * data file's instead. */
+static __attribute__((noinline)) void served_stat(int fd, struct stat *st)
+{
+    char path[PATH_MAX];
+    int mapped;
+    int64_t slot;
+    if (!maybe_copy(fd, (uint64_t)st->st_dev, S_ISREG(st->st_mode), st->st_mode, st->st_uid) ||
+        ((slot = copy_on_fd(fd, (uint64_t)st->st_dev, (uint64_t)st->st_size, path, &mapped)) < 0 && !mapped))
+        return;
+    const struct tiering_file *f = exact_record(slot);
+    if (f) {
+        fill_stat(st, &entries[slot], f);
+        return;
+    }
+    int saved = errno;
+    struct stat ds;
+    if ((mapped || fd_to_data(fd, path, &slot)) && stat_at(AT_FDCWD, path, &ds, 0) == 0 && S_ISREG(ds.st_mode))
+        *st = ds;
+    errno = saved;
 }
 
 static inline int do_stat(enum stat_which w, int ver, int atfd, const char *path, struct stat *st, int flags)
@@ -1864,6 +2376,9 @@ static inline int do_stat(enum stat_which w, int ver, int atfd, const char *path
     struct tiering_header *h = __atomic_load_n(&idx, __ATOMIC_ACQUIRE);
     int root;
     size_t rl;
+    char data[PATH_MAX];
+    if (h && path && UNLIKELY(fd_link_path(path)) && !(flags & AT_SYMLINK_NOFOLLOW) && reopened_copy(path, data))
+        return do_stat(w, ver, AT_FDCWD, data, st, flags);
     if (maybe_catalogued(h, path, &root, &rl) && path[0] && ver == STAT_VER && !(flags & ~STAT_FLAGS)) {
         int64_t slot = answering_slot(atfd, path, root, rl, flags & AT_SYMLINK_NOFOLLOW);
         if (slot >= 0) {
@@ -1872,11 +2387,8 @@ static inline int do_stat(enum stat_which w, int ver, int atfd, const char *path
         }
     }
     int r = real_stat(w, ver, atfd, path, st, flags);
-    if (r == 0 && h && ver == STAT_VER && (!path || (!path[0] && (flags & AT_EMPTY_PATH)))) {
-        int64_t slot = copy_on_fd(atfd, S_ISREG(st->st_mode), (uint64_t)st->st_dev, (uint64_t)st->st_size);
-        if (slot >= 0)
-            fill_stat(st, &entries[slot], record(slot));
-    }
+    if (r == 0 && h && ver == STAT_VER && (!path || (!path[0] && (flags & AT_EMPTY_PATH))))
+        served_stat(atfd, st);
     return r;
 }
 
@@ -1930,6 +2442,36 @@ EXPORT int __fxstat64(int ver, int fd, struct stat64 *st)
     return do_stat(SW_FXSTAT64, ver, fd, NULL, (struct stat *)st, 0);
 }
 
+static int real_statx(int atfd, const char *path, int flags, unsigned int mask, struct statx *sx)
+{
+    return real.statx ? real.statx(atfd, path, flags, mask, sx) : (int)syscall(SYS_statx, atfd, path, flags, mask, sx);
+}
+
+/* served_stat for statx: the record answers the basic fields; more (birth
+ * time, mount id, attributes) the data path's statx does. */
+static __attribute__((noinline)) void served_statx(int fd, int flags, unsigned int mask, struct statx *sx)
+{
+    const unsigned int need = STATX_TYPE | STATX_MODE | STATX_UID | STATX_SIZE;
+    char path[PATH_MAX];
+    int mapped;
+    int64_t slot;
+    uint64_t dev = (uint64_t)makedev(sx->stx_dev_major, sx->stx_dev_minor);
+    if ((sx->stx_mask & need) != need || !maybe_copy(fd, dev, S_ISREG(sx->stx_mode), sx->stx_mode, sx->stx_uid) ||
+        ((slot = copy_on_fd(fd, dev, sx->stx_size, path, &mapped)) < 0 && !mapped))
+        return;
+    const struct tiering_file *f = exact_record(slot);
+    if (f && !(mask & ~(unsigned int)STATX_BASIC_STATS)) {
+        fill_statx(sx, &entries[slot], f);
+        return;
+    }
+    int saved = errno;
+    struct statx dx;
+    if ((mapped || fd_to_data(fd, path, &slot)) && real_statx(AT_FDCWD, path, flags & ~AT_EMPTY_PATH, mask, &dx) == 0 &&
+        S_ISREG(dx.stx_mode))
+        *sx = dx;
+    errno = saved;
+}
+
 /* statx: answered when the caller asks for no more than the basic fields
  * (birth time, mount id, attributes and AT_STATX_FORCE_SYNC are the PFS's) */
 EXPORT int statx(int atfd, const char *path, int flags, unsigned int mask, struct statx *sx)
@@ -1938,6 +2480,9 @@ EXPORT int statx(int atfd, const char *path, int flags, unsigned int mask, struc
     struct tiering_header *h = __atomic_load_n(&idx, __ATOMIC_ACQUIRE);
     int root;
     size_t rl;
+    char data[PATH_MAX];
+    if (h && path && UNLIKELY(fd_link_path(path)) && !(flags & AT_SYMLINK_NOFOLLOW) && reopened_copy(path, data))
+        return statx(AT_FDCWD, data, flags, mask, sx);
     if (!(mask & ~(unsigned int)STATX_BASIC_STATS) && !(flags & ~STATX_FLAGS) &&
         maybe_catalogued(h, path, &root, &rl) && path[0]) {
         int64_t slot = answering_slot(atfd, path, root, rl, flags & AT_SYMLINK_NOFOLLOW);
@@ -1946,15 +2491,9 @@ EXPORT int statx(int atfd, const char *path, int flags, unsigned int mask, struc
             return 0;
         }
     }
-    int r = real.statx ? real.statx(atfd, path, flags, mask, sx)
-                       : (int)syscall(SYS_statx, atfd, path, flags, mask, sx);
-    if (r == 0 && h && path && !path[0] && (flags & AT_EMPTY_PATH)) {
-        unsigned int need = STATX_TYPE | STATX_SIZE;
-        int64_t slot = copy_on_fd(atfd, (sx->stx_mask & need) == need && S_ISREG(sx->stx_mode),
-                                  (uint64_t)makedev(sx->stx_dev_major, sx->stx_dev_minor), sx->stx_size);
-        if (slot >= 0)
-            fill_statx(sx, &entries[slot], record(slot)); /* the copy's birth time is no answer */
-    }
+    int r = real_statx(atfd, path, flags, mask, sx);
+    if (r == 0 && h && path && !path[0] && (flags & AT_EMPTY_PATH))
+        served_statx(atfd, flags, mask, sx);
     return r;
 }
 
@@ -1969,6 +2508,9 @@ static int do_access(enum access_which w, int atfd, const char *path, int mode, 
     struct tiering_header *h = __atomic_load_n(&idx, __ATOMIC_ACQUIRE);
     int root;
     size_t rl;
+    char data[PATH_MAX];
+    if (h && path && UNLIKELY(fd_link_path(path)) && !(flags & AT_SYMLINK_NOFOLLOW) && reopened_copy(path, data))
+        return do_access(w, AT_FDCWD, data, mode, flags);
     if (mode == F_OK && !(flags & ~ACCESS_FLAGS) && maybe_catalogued(h, path, &root, &rl) && path[0] &&
         answering_slot(atfd, path, root, rl, flags & AT_SYMLINK_NOFOLLOW) >= 0)
         return 0;
@@ -1990,6 +2532,170 @@ EXPORT int faccessat(int atfd, const char *path, int mode, int flags)
 EXPORT int euidaccess(const char *path, int mode) { return do_access(AW_EUIDACCESS, AT_FDCWD, path, mode, AT_EACCESS); }
 EXPORT int eaccess(const char *path, int mode) { return do_access(AW_EACCESS, AT_FDCWD, path, mode, AT_EACCESS); }
 
+/* ---- operations on a descriptor: NOTE [served descriptors] ----------------- */
+
+/* Before an operation on fd that the copy cannot stand for: when fd is open
+ * on a tier copy, it is moved onto the data file, opened with fd's access
+ * mode and status flags, at fd's offset, dup3'ed over fd with its
+ * close-on-exec flag (the reads after it come from the PFS, the same bytes).
+ * When that fails nothing changes: the operation acts on the copy. */
+static __attribute__((noinline)) void unserve(int fd)
+{
+    int saved = errno;
+    struct stat st;
+    char path[PATH_MAX];
+    int64_t slot;
+    if (stat_fd(fd, &st) == 0 && maybe_copy(fd, (uint64_t)st.st_dev, S_ISREG(st.st_mode), st.st_mode, st.st_uid) &&
+        fd_to_data(fd, path, &slot)) {
+        int fl = (int)syscall(SYS_fcntl, fd, F_GETFL), fdfl = (int)syscall(SYS_fcntl, fd, F_GETFD);
+        off_t pos = (off_t)syscall(SYS_lseek, fd, 0, SEEK_CUR);
+        int nfd = fl < 0 || fdfl < 0 ? -1
+                                     : (int)syscall(SYS_openat, AT_FDCWD, path,
+                                                    (fl & (O_ACCMODE | O_NONBLOCK)) | O_CLOEXEC | O_NOCTTY);
+        if (nfd >= 0) {
+            if ((pos <= 0 || syscall(SYS_lseek, nfd, pos, SEEK_SET) == pos) &&
+                syscall(SYS_dup3, nfd, fd, (fdfl & FD_CLOEXEC) ? O_CLOEXEC : 0) == fd)
+                logmsg("fd %d moved from its tier copy to %s", fd, path);
+            syscall(SYS_close, nfd);
+        }
+    }
+    errno = saved;
+}
+
+/* After fd's file changed (mode, owner, times, attributes): its record no
+ * longer answers a stat, nor may a copy stand for it. */
+static __attribute__((noinline)) void changed(int fd)
+{
+    int saved = errno;
+    struct stat st;
+    struct written wr = {.n = 0};
+    if (stat_fd(fd, &st) == 0)
+        reached(&wr, written_identity(&st));
+    errno = saved;
+}
+
+#define ON_DATA(fd) (ensure_init(), idx ? unserve(fd) : (void)0)
+#define CHANGED(r, fd) ((r) == 0 && idx ? changed(fd) : (void)0, (r))
+
+EXPORT int fchmod(int fd, mode_t mode)
+{
+    ON_DATA(fd);
+    int r = real.fchmod ? real.fchmod(fd, mode) : (int)syscall(SYS_fchmod, fd, mode);
+    return CHANGED(r, fd);
+}
+
+EXPORT int fchown(int fd, uid_t u, gid_t g)
+{
+    ON_DATA(fd);
+    int r = real.fchown ? real.fchown(fd, u, g) : (int)syscall(SYS_fchown, fd, u, g);
+    return CHANGED(r, fd);
+}
+
+EXPORT int fchownat(int atfd, const char *path, uid_t u, gid_t g, int flags)
+{
+    int on_fd = path && !path[0] && (flags & AT_EMPTY_PATH);
+    if (on_fd)
+        ON_DATA(atfd);
+    else
+        name_changed(atfd, path);
+    int r = real.fchownat ? real.fchownat(atfd, path, u, g, flags) : (int)syscall(SYS_fchownat, atfd, path, u, g, flags);
+    return on_fd ? CHANGED(r, atfd) : r;
+}
+
+EXPORT int futimens(int fd, const struct timespec ts[2])
+{
+    ON_DATA(fd);
+    int r = real.futimens ? real.futimens(fd, ts) : (int)syscall(SYS_utimensat, fd, NULL, ts, 0);
+    return CHANGED(r, fd);
+}
+
+EXPORT int futimes(int fd, const struct timeval tv[2])
+{
+    ON_DATA(fd);
+    int r = real.futimes ? real.futimes(fd, tv) : without_libc();
+    return CHANGED(r, fd);
+}
+
+EXPORT int utimensat(int atfd, const char *path, const struct timespec ts[2], int flags)
+{
+    if (!path)
+        ON_DATA(atfd);
+    else
+        name_changed(atfd, path);
+    int r = real.utimensat ? real.utimensat(atfd, path, ts, flags)
+                           : (int)syscall(SYS_utimensat, atfd, path, ts, flags);
+    return !path ? CHANGED(r, atfd) : r;
+}
+
+EXPORT int fsetxattr(int fd, const char *name, const void *value, size_t size, int flags)
+{
+    ON_DATA(fd);
+    int r = real.fsetxattr ? real.fsetxattr(fd, name, value, size, flags)
+                           : (int)syscall(SYS_fsetxattr, fd, name, value, size, flags);
+    return CHANGED(r, fd);
+}
+
+EXPORT int fremovexattr(int fd, const char *name)
+{
+    ON_DATA(fd);
+    int r = real.fremovexattr ? real.fremovexattr(fd, name) : (int)syscall(SYS_fremovexattr, fd, name);
+    return CHANGED(r, fd);
+}
+
+EXPORT ssize_t fgetxattr(int fd, const char *name, void *value, size_t size)
+{
+    ON_DATA(fd);
+    return real.fgetxattr ? real.fgetxattr(fd, name, value, size) : syscall(SYS_fgetxattr, fd, name, value, size);
+}
+
+EXPORT ssize_t flistxattr(int fd, char *list, size_t size)
+{
+    ON_DATA(fd);
+    return real.flistxattr ? real.flistxattr(fd, list, size) : syscall(SYS_flistxattr, fd, list, size);
+}
+
+EXPORT int flock(int fd, int op)
+{
+    ON_DATA(fd);
+    return real.flock ? real.flock(fd, op) : (int)syscall(SYS_flock, fd, op);
+}
+
+EXPORT int lockf(int fd, int cmd, off_t len)
+{
+    ON_DATA(fd);
+    return real.lockf ? real.lockf(fd, cmd, len) : without_libc();
+}
+
+EXPORT int lockf64(int fd, int cmd, off64_t len)
+{
+    ON_DATA(fd);
+    return real.lockf64 ? real.lockf64(fd, cmd, len) : without_libc();
+}
+
+EXPORT int fstatfs(int fd, struct statfs *buf)
+{
+    ON_DATA(fd);
+    return real.fstatfs ? real.fstatfs(fd, buf) : (int)syscall(SYS_fstatfs, fd, buf);
+}
+
+EXPORT int fstatfs64(int fd, struct statfs64 *buf)
+{
+    ON_DATA(fd);
+    return real.fstatfs64 ? real.fstatfs64(fd, buf) : (int)syscall(SYS_fstatfs, fd, buf);
+}
+
+EXPORT int fstatvfs(int fd, struct statvfs *buf)
+{
+    ON_DATA(fd);
+    return real.fstatvfs ? real.fstatvfs(fd, buf) : without_libc();
+}
+
+EXPORT int fstatvfs64(int fd, struct statvfs64 *buf)
+{
+    ON_DATA(fd);
+    return real.fstatvfs64 ? real.fstatvfs64(fd, buf) : without_libc();
+}
+
 /* ---- credentials ------------------------------------------------------------- */
 
 /* The process is changing its credentials: from now on it may reach other
@@ -2002,11 +2708,6 @@ static void credentials_change(void)
         __atomic_store_n(&scanners_ids, 0, __ATOMIC_RELAXED);
 }
 
-static int without_libc(void)
-{
-    errno = ENOSYS; /* a system call would change one thread only: only libc can do it */
-    return -1;
-}
 
 #define CALL_REAL(name, ...) (credentials_change(), real.name ? real.name(__VA_ARGS__) : without_libc())
 EXPORT int setuid(uid_t u) { return CALL_REAL(setuid, u); }
@@ -2021,3 +2722,8 @@ EXPORT int setgroups(size_t n, const gid_t *list) { return CALL_REAL(setgroups, 
 EXPORT int initgroups(const char *user, gid_t g) { return CALL_REAL(initgroups, user, g); }
 EXPORT int setfsuid(uid_t u) { return CALL_REAL(setfsuid, u); }
 EXPORT int setfsgid(gid_t g) { return CALL_REAL(setfsgid, g); }
+EXPORT int capset(void *head, const void *data)
+{
+    credentials_change();
+    return real.capset ? real.capset(head, data) : (int)syscall(SYS_capset, head, data);
+}

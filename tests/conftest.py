@@ -4,7 +4,6 @@ figures of the reliability tests.  Helpers the test modules import are in
 helpers.py."""
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import subprocess
@@ -14,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from helpers import C_DIR, ShimEnv, build_index, dead_job_dir, leftovers, make_data, private_dir, wait_for
-from tiering.placement.index import Root, library_path
+from sanitizers import PLAIN, Flavour, build
+from tiering.placement.index import Root
 
 # The tests start tier-run as a user's terminal does.  A run of the suite
 # started under nohup, or in the background by a shell without job control,
@@ -26,32 +26,57 @@ for _sig in (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT):
         signal.signal(_sig, signal.default_int_handler if _sig == signal.SIGINT else signal.SIG_DFL)
 
 
+def compiler() -> str:
+    cc = shutil.which("cc") or shutil.which("gcc")
+    assert cc, "a C compiler is needed for the shim tests"
+    return cc
+
+
+@pytest.fixture(scope="session")
+def flavour(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Flavour:
+    """plain, or the sanitizer a test marked `sanitizers` runs under
+    (tests/sanitizers.py): its shim built once per session."""
+    kind = getattr(request, "param", "plain")
+    return PLAIN if kind == "plain" else build(compiler(), kind, tmp_path_factory.mktemp(kind))
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A test marked sanitizers("asan", "tsan") runs plain and under each
+    sanitizer named (marked asan, tsan: `make sanitize` runs those)."""
+    marker = metafunc.definition.get_closest_marker("sanitizers")
+    if marker:
+        kinds = [pytest.param(k, marks=getattr(pytest.mark, k)) for k in marker.args]
+        metafunc.parametrize("flavour", ["plain", *kinds], indirect=True, scope="session")
+
+
 @pytest.fixture
-def shimenv(tmp_path: Path):
+def shimenv(tmp_path: Path, flavour: Flavour):
     root = tmp_path / "pfs" / "data"
     contents = make_data(root)
     tier = private_dir(tmp_path / "tier" / "data")  # as tier-run makes it: 0700
     index, slots = build_index(tmp_path, [Root(str(root), 0)], root, contents, tier)
-    env = dict(os.environ)
-    env["LD_PRELOAD"] = str(library_path())
-    env["TIERING_INDEX"] = str(index.path)
-    env.pop("TIERING_DISABLE", None)
-    se = ShimEnv(root, tier, index, slots, contents, env)
+    se = ShimEnv(root, tier, index, slots, contents, flavour.env(index.path), flavour)
     yield se
     index.close()
 
 
+_CBIN: dict[str, Path] = {}   # each flavour's programs, built once (plain serves both kinds of test)
+
+
 @pytest.fixture(scope="session")
-def cbin(tmp_path_factory) -> Path:
-    """The C test programs (lib*.c: shared libraries), built once per session."""
-    out = tmp_path_factory.mktemp("cbin")
-    cc = shutil.which("cc") or shutil.which("gcc")
-    assert cc, "a C compiler is needed for the shim tests"
+def cbin(tmp_path_factory: pytest.TempPathFactory, flavour: Flavour) -> Path:
+    """The C test programs (lib*.c: shared libraries), built once per
+    session and flavour (a sanitizer's: with it)."""
+    if flavour.name in _CBIN:
+        return _CBIN[flavour.name]
+    out = tmp_path_factory.mktemp(f"cbin-{flavour.name}")
+    cc = compiler()
     for src in C_DIR.glob("*.c"):
         lib_args = ["-shared", "-fPIC"] if src.stem.startswith("lib") else []
         name = src.stem + (".so" if lib_args else "")
         subprocess.run([cc, "-O1", "-Wall", "-U_FORTIFY_SOURCE", "-D_FORTIFY_SOURCE=0", "-pthread", *lib_args,
-                        "-o", str(out / name), str(src)], check=True)
+                        *flavour.cflags, "-o", str(out / name), str(src)], check=True)
+    _CBIN[flavour.name] = out
     return out
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from sanitizers import PLAIN, Flavour
 from tiering.placement.index import FileStats, Root, SharedIndex, lib, library_path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -72,6 +73,7 @@ class ShimEnv:
     slots: dict[str, int]
     contents: dict[str, bytes]
     env: dict[str, str] = field(default_factory=dict)
+    flavour: Flavour = PLAIN   # a sanitizer's: each run fails on its report
 
     def place(self, rel: str, data: bytes | None = None) -> Path:
         dst = self.tier / "0" / rel
@@ -88,8 +90,10 @@ class ShimEnv:
         return self.index.state(self.slots[rel])
 
     def run(self, args: list[str], env: dict[str, str] | None = None, **kw) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(args, env=self.env if env is None else env, capture_output=True,
-                              text=True, timeout=120, **kw)
+        r = subprocess.run(args, env=self.env if env is None else env, capture_output=True,
+                           text=True, timeout=120, **kw)
+        self.flavour.check(r)
+        return r
 
 
 def build_index(tmp: Path, roots: list[Root], data_root: Path, contents: dict[str, bytes],
@@ -265,6 +269,29 @@ def dead_job_dir(name: str) -> bool:
         return not psutil.pid_exists(int(name.split("-")[-2]))
     except ValueError:
         return True
+
+
+def dead_job_dirs(parent: Path, user: str, n: int = 1) -> list[Path]:
+    """Private directories, each with a copy in it, made in parent by a
+    process that has exited: the leftovers of a dead job."""
+    code = ("import sys\n"
+            "from tiering.rundirs import make_private_dir\n"
+            "for _ in range(int(sys.argv[3])):\n"
+            "    d = make_private_dir(sys.argv[1], sys.argv[2])\n"
+            "    (d / 'data').mkdir()\n"
+            "    (d / 'data' / 'copy.bin').write_bytes(b'x' * 100)\n"
+            "    print(d)\n")
+    r = subprocess.run([sys.executable, "-c", code, str(parent), user, str(n)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    return [Path(line) for line in r.stdout.splitlines()]
+
+
+def rewrite_owner(d: Path, **change: object) -> Path:
+    """d's owner record with some fields changed (its marker kept)."""
+    record = json.loads((d / "owner.json").read_text())
+    (d / "owner.json").write_text(json.dumps({**record, **change}))
+    return d
 
 
 def sweep_with_boot_time_off(parent: Path, user: str, seconds: float = 1.0) -> list[str]:

@@ -9,8 +9,11 @@ import random
 import threading
 from pathlib import Path
 
+import pytest
+
 from helpers import PYTHON, ShimEnv, build_index, make_data, private_dir
-from tiering.placement.index import Root, lib, library_path
+from sanitizers import Flavour
+from tiering.placement.index import Root, lib
 
 STRESS = Path(__file__).resolve().parent / "workloads" / "stress.py"
 
@@ -38,6 +41,7 @@ def churn(se: ShimEnv, stop: threading.Event, counts: dict[str, int]) -> None:
                 counts["placed"] += 1
 
 
+@pytest.mark.sanitizers("asan")   # under TSan too slow for the counts it asserts
 def test_threads_and_processes_read_the_right_bytes_while_copies_come_and_go(shimenv, tmp_path):
     expected = {str(shimenv.root / r): hashlib.sha256(d).hexdigest() for r, d in shimenv.contents.items()}
     exp_file = tmp_path / "expected.json"
@@ -63,6 +67,7 @@ def test_threads_and_processes_read_the_right_bytes_while_copies_come_and_go(shi
     assert c["opens"] == res["reads"]
 
 
+@pytest.mark.sanitizers("asan", "tsan")
 def test_events_from_many_processes_are_all_accounted(shimenv, tmp_path):
     shimenv.place_all()
     expected = {str(shimenv.root / r): hashlib.sha256(d).hexdigest() for r, d in shimenv.contents.items()}
@@ -89,7 +94,7 @@ RACE_FILES = 600
 RACE_READERS = 4
 
 
-def racer_env(tmp_path: Path, n: int) -> ShimEnv:
+def racer_env(tmp_path: Path, n: int, flavour: Flavour) -> ShimEnv:
     """n files of 4096 bytes b'o', each with a published copy."""
     root = tmp_path / "pfs" / "data"
     contents = make_data(root, {f"f{i:05d}.bin": 0 for i in range(n)})
@@ -98,19 +103,18 @@ def racer_env(tmp_path: Path, n: int) -> ShimEnv:
         (root / rel).write_bytes(data)
     tier = private_dir(tmp_path / "tier")
     index, slots = build_index(tmp_path, [Root(str(root), 0)], root, contents, tier)
-    env = dict(os.environ, LD_PRELOAD=str(library_path()), TIERING_INDEX=str(index.path))
-    env.pop("TIERING_DISABLE", None)
-    se = ShimEnv(root, tier, index, slots, contents, env)
+    se = ShimEnv(root, tier, index, slots, contents, flavour.env(index.path), flavour)
     se.place_all()
     return se
 
 
-def test_no_read_is_served_a_copy_opened_after_a_write_was_done(tmp_path, cbin):
+@pytest.mark.sanitizers("asan", "tsan")
+def test_no_read_is_served_a_copy_opened_after_a_write_was_done(tmp_path, cbin, flavour):
     """NOTE [linearizable redirect]: a write open invalidates before it
     returns, and a reader re-checks the entry after opening the copy.  A reader
     may keep the old bytes only when its open reached the copy before the
     write; one that began after the write was done always reads the new bytes."""
-    se = racer_env(tmp_path, RACE_FILES)
+    se = racer_env(tmp_path, RACE_FILES, flavour)
     r = se.run([str(cbin / "racer"), str(se.root), str(se.tier), str(RACE_FILES), str(RACE_READERS)])
     assert r.returncode == 0, r.stderr
     got = dict(kv.split("=") for kv in r.stdout.split())

@@ -147,6 +147,39 @@ def test_a_source_growing_or_shrinking_while_copied_is_refused(tmp_path, reads, 
     assert staged(tier.staging) == []
 
 
+def _replace(path: Path, change: str) -> None:
+    """What another process does to a source while its copy is in flight:
+    renames a new file over it (the atomic-save idiom) or removes it."""
+    if change == "renamed over":
+        new = path.with_suffix(".tmp")
+        new.write_bytes(b"new bytes")
+        os.replace(new, path)
+    else:
+        path.unlink()
+
+
+@pytest.mark.parametrize("chunked_mb", [1, 64], ids=["chunks", "one-call"])
+@pytest.mark.parametrize("change", ["renamed over", "removed"])
+def test_a_source_renamed_over_while_copied_is_not_published(tmp_path, reads, chunked_mb, change):
+    """NOTE [renamed while copied]: the copy read the old file to its end
+    through its fd, whose size and mtime still match; the path names
+    another file (or none) by the time the copy would be renamed into place."""
+    data, _ = _source(tmp_path, {"big.bin": 3 * MIB})
+    tier = _tier(tmp_path, chunked_mb=chunked_mb)
+    f = _file(data, "big.bin")
+    changed = threading.Event()
+
+    def on_read(n: int) -> None:         # between a step of the copy and its finish
+        if not changed.is_set():
+            changed.set()
+            _replace(data / "big.bin", change)
+    with pytest.raises(SourceChanged, match="big.bin was renamed over or removed while it was copied"):
+        copy_file(str(data / "big.bin"), f, tier, threading.Event(), on_read, reads)
+    assert changed.is_set()
+    assert not tier.copy_path(f).exists()
+    assert staged(tier.staging) == []
+
+
 def test_a_chunked_copy_that_fails_to_start_a_helper_ends_only_when_no_helper_copies(tmp_path, reads, monkeypatch):
     """A helper of the chunk pool that cannot be started (a limit on threads)
     fails the copy; the copy ends (closing its descriptors) only once no
@@ -366,6 +399,30 @@ def test_a_batch_goes_on_past_files_that_cannot_be_copied(tmp_path):
         assert copy.exists() == (out["status"][k] == lib.TIERING_COPY_OK)
         if copy.exists():
             assert copy.read_bytes() == contents[(0, rel)]
+    assert staged(tier.staging) == []
+
+
+def test_a_batch_does_not_publish_a_source_renamed_over_while_copied(tmp_path):
+    """NOTE [renamed while copied], in a batch: the file after the one being
+    copied is renamed over from the copy's progress call."""
+    sizes = {f"d/f{k}.bin": 1000 + k for k in range(3)}
+    cat, contents, tier, source, _ = _batch(tmp_path, sizes)
+    root = Path(cat.roots[0])
+    ids = np.array([next(i for i, f in enumerate(cat.files) if f.rel == rel) for rel in sizes], np.int64)
+    calls: list[int] = []
+
+    @ffi.callback("int(void *, uint64_t)")
+    def progress(arg, n):  # type: ignore[no-untyped-def]
+        calls.append(n)
+        if len(calls) == 2:           # in the middle file's copy
+            _replace(root / "d/f1.bin", "renamed over")
+        return 0
+    source.fields["progress"] = progress
+    out = _copied(ids, source, tier)
+    assert out["status"].tolist() == [lib.TIERING_COPY_OK, lib.TIERING_COPY_REPLACED, lib.TIERING_COPY_OK]
+    assert not (tier.data / "0/d/f1.bin").exists()
+    for rel in ("d/f0.bin", "d/f2.bin"):
+        assert (tier.data / "0" / rel).read_bytes() == contents[(0, rel)]
     assert staged(tier.staging) == []
 
 

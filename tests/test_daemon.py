@@ -125,6 +125,35 @@ def test_source_changed_since_the_scan_is_not_published(setup_factory):
     assert s.tier.used == allocated_on_disk(s.tier.data)
 
 
+def test_a_source_renamed_over_while_copied_is_a_changed_source(setup_factory, monkeypatch, reliability):
+    """NOTE [renamed while copied]: another process renames a new file over
+    a/x.bin while its batch copies it (from the copy's progress call, after
+    its bytes were read); the old bytes are not published."""
+    import tiering.placement.tiers as tiers
+    s = setup_factory(files=FILES)
+    src = s.data / "a/x.bin"
+    real = tiers._transfer_many
+
+    @ffi.callback("int(void *, uint64_t)")
+    def progress(arg, n):  # type: ignore[no-untyped-def]
+        if src.read_bytes() != b"new bytes":
+            (s.data / "a/x.tmp").write_bytes(b"new bytes")
+            os.replace(s.data / "a/x.tmp", src)
+        return 0
+
+    def transfer_many(b, files, n):  # type: ignore[no-untyped-def]
+        b.progress = progress
+        return real(b, files, n)
+    monkeypatch.setattr(tiers, "_transfer_many", transfer_many)
+    assert s.d.place(s.i["a/x.bin"], 0)
+    s.wait()
+    assert s.state("a/x.bin") == lib.TIERING_STATE_NONE
+    assert s.d.stats.changed_sources == 1
+    assert not (s.tier.data / "0" / "a/x.bin").exists()
+    assert s.tier.used == 0 and s.tier.files == 0
+    reliability.survived("a data file renamed over while its copy was in flight (not published)")
+
+
 def test_write_invalidation_wins_over_a_copy_in_flight(setup_factory):
     s = setup_factory(files=FILES)
     slot = s.d.slots[s.i["big.bin"]]

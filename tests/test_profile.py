@@ -741,6 +741,40 @@ def test_an_optional_tier_under_a_hostile_parent_is_dropped_with_a_warning(tmp_p
     assert [r.getMessage() for r in caplog.records] == [f"{p.notes[0]}; {rundirs.SAFE_PARENT_FIX}"]
 
 
+def test_profile_check_with_data_reports_a_tier_inside_a_data_root(tmp_path):
+    from click.testing import CliRunner
+
+    from tiering.cli import main
+    data = tmp_path / "pfs"
+    (data / "cache").mkdir(parents=True)
+    (tmp_path / "elsewhere").mkdir()
+    text = (one_tier(tmp_path, path=str(data / "cache"))
+            + f"  - {{name: whole, kind: filesystem, path: {data}, capacity: 1MiB}}\n")
+    path = write(tmp_path, text)
+    r = CliRunner().invoke(main, ["profile", "check", str(path), "--data", str(tmp_path / "elsewhere"),
+                                  "--data", str(data)])
+    assert r.exit_code == 1, r.output
+    lines = [ln for ln in r.output.splitlines() if "data root" in ln]
+    assert lines == [f"Error: {path}: tier 'disk': path {data / 'cache'} is inside the data root {data}: tier-run's "
+                     "directory there, and the copies in it, would be part of the data set (COMMAND would list "
+                     "them); put the tier's path outside every --data directory, or give --data a directory that "
+                     "does not hold it",
+                     f"{path}: tier 'whole': path {data} is the data root {data}: tier-run's "
+                     "directory there, and the copies in it, would be part of the data set (COMMAND would list "
+                     "them); put the tier's path outside every --data directory, or give --data a directory that "
+                     "does not hold it"]
+    assert "OK" not in r.output
+    # a data root inside a tier path is another matter: the tier's directory is made beside it
+    r = CliRunner().invoke(main, ["profile", "check", str(path), "--data", str(data / "cache" / ".." / "..")])
+    assert r.exit_code == 1 and "is inside the data root" in r.output
+    (data / "cache" / "mydata").mkdir()
+    r = CliRunner().invoke(main, ["profile", "check", str(path), "--data", str(data / "cache" / "mydata")])
+    assert r.exit_code == 0 and r.output.endswith(f"{path}: OK\n"), r.output
+    # without --data there is nothing to compare the tiers with
+    r = CliRunner().invoke(main, ["profile", "check", str(path)])
+    assert r.exit_code == 0 and r.output.endswith(f"{path}: OK\n"), r.output
+
+
 @pytest.mark.parametrize("name", SHIPPED)
 def test_profile_check_takes_a_shipped_name_as_profile_show_does(name, tmp_path, monkeypatch):
     from click.testing import CliRunner

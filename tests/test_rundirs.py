@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -13,7 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from helpers import OTHER_UID, as_other_user, dataset, sweep_with_boot_time_off, tier_run, wait_for
+from helpers import (
+    OTHER_UID,
+    as_other_user,
+    dataset,
+    dead_job_dirs,
+    rewrite_owner,
+    sweep_with_boot_time_off,
+    tier_run,
+    wait_for,
+)
 from tiering import rundirs
 from tiering.rundirs import (
     UnsafeParent,
@@ -113,6 +123,7 @@ def test_owner_record_has_the_exact_start_time(base):
     owner = json.loads((d / "owner.json").read_text())
     assert owner["pid"] == os.getpid() and owner["start"] == start_ticks(os.getpid()) is not None
     assert owner["host"] == socket.gethostname()
+    assert owner["made_by"] == "tier-run" and owner["name"] == d.name and owner["inode"] == d.stat().st_ino
     assert sorted(p.name for p in d.iterdir()) == ["owner.json"]
 
 
@@ -139,40 +150,90 @@ def test_a_live_job_survives_a_sweep_that_sees_boot_time_one_second_off(base):
 
 
 def write_owner(d: Path, **record: object) -> Path:
+    """A directory with an owner record written by hand, as older versions wrote it (no marker)."""
     d.mkdir(mode=0o700)
     (d / "owner.json").write_text(json.dumps(record))
     return d
 
 
 def test_the_sweep_removes_dead_jobs_only(base):
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    dead_pid = int(dead.stdout)
-    me = rundirs.owner_record()
-    here = {k: me[k] for k in ("host", "boot", "pidns")}
+    dead, reused, last_boot, no_start, other_host, other_pidns, dead_no_start = dead_job_dirs(base, "u", 7)
+    dead_pid = json.loads((dead / "owner.json").read_text())["pid"]
+    me = {"pid": os.getpid(), "start": start_ticks(os.getpid())}
     keep = [
         make_private_dir(str(base), "u"),                                            # this process
-        write_owner(base / "tiering-u-1-other-host", **{**me, "host": "elsewhere", "pid": dead_pid}),
-        write_owner(base / "tiering-u-1-other-pidns", **{**me, "pidns": -1, "pid": dead_pid}),
-        write_owner(base / "tiering-u-1-old-record", pid=os.getpid(), create_time=1.0),  # no start: the pid alone
-        mkdir(base / "tiering-u-1-being-made", 0o700),                               # no record yet, young
+        rewrite_owner(other_host, host="elsewhere"),
+        rewrite_owner(other_pidns, pidns=-1),
+        rewrite_owner(no_start, pid=os.getpid(), start=None),                        # no start: the pid alone
+        mkdir(base / "tiering-u-1-being-made", 0o700),                               # no record yet
     ]
     gone = [
-        write_owner(base / "tiering-u-1-dead", pid=dead_pid, start=1, **here),
-        write_owner(base / "tiering-u-1-reused-pid", **{**me, "start": int(me["start"]) - 1}),  # type: ignore[call-overload]
-        write_owner(base / "tiering-u-1-last-boot", **{**me, "boot": "another-boot"}),
-        write_owner(base / "tiering-u-1-old-dead", pid=dead_pid, create_time=1.0),
-        mkdir(base / "tiering-u-1-lost-record", 0o700),
+        dead,
+        rewrite_owner(reused, **{**me, "start": int(me["start"]) - 1}),               # type: ignore[call-overload]
+        rewrite_owner(last_boot, **me, boot="another-boot"),
+        rewrite_owner(dead_no_start, start=None),
     ]
-    hour_ago = time.time() - 3600
-    os.utime(gone[-1], (hour_ago, hour_ago))
+    assert all(json.loads((d / "owner.json").read_text())["pid"] == dead_pid for d in (other_host, dead_no_start))
     (base / "tiering-u-1-partial").mkdir(mode=0o700)
-    (base / "tiering-u-1-partial" / "owner.json").write_text('{"pid": ')          # being written: young
+    (base / "tiering-u-1-partial" / "owner.json").write_text('{"pid": ')          # being written
     keep.append(base / "tiering-u-1-partial")
     (base / "tiering-u-1-a-file").write_text("not a directory")
     removed = sweep_leftovers([str(base), str(base)], "u")
     assert sorted(removed) == sorted(gone)
     assert all(d.exists() for d in keep) and not any(d.exists() for d in gone)
     assert (base / "tiering-u-1-a-file").exists()
+
+
+def _tree(d: Path) -> dict[str, bytes | None]:
+    return {str(p.relative_to(d)): (p.read_bytes() if p.is_file() else None) for p in sorted(d.rglob("*"))}
+
+
+def test_a_directory_tier_run_did_not_provably_make_is_never_swept(base):
+    """Only a directory whose owner record carries the marker, and names
+    that directory itself (its name and inode), is tier-run's: whatever the
+    name and age of any other, it stays."""
+    hour_ago = time.time() - 3600
+    staged = base / "tiering-u-mydata"                         # a data set staged by hand
+    dataset(staged, n=5)
+    lost = mkdir(base / "tiering-u-1-lost-record", 0o700)      # a forged-looking name, no record
+    first = dead_job_dirs(base, "u")[0]
+    dead_pid = json.loads((first / "owner.json").read_text())["pid"]
+    older = write_owner(base / f"tiering-u-{dead_pid}-oldversion", pid=dead_pid, start=1,
+                        **{k: rundirs._where()[k] for k in ("host", "boot", "pidns")})
+    (older / "data").mkdir()
+    (older / "data" / "keep.bin").write_bytes(b"k" * 10)
+    a, b, c = dead_job_dirs(base, "u", 3)
+    copied = base / "tiering-u-1-copied"                       # a copy of a dead job's directory
+    shutil.copytree(a, copied)
+    elsewhere = mkdir(base / "elsewhere", 0o700)
+    shutil.copytree(b, elsewhere / b.name)                     # same name, another inode
+    renamed = base / "tiering-u-mydata2"                       # a dead job's directory renamed
+    os.rename(c, renamed)
+    strays = [staged, lost, older, copied, elsewhere / b.name, renamed]
+    for d in strays:
+        os.utime(d, (hour_ago, hour_ago))
+    before = {d: _tree(d) for d in strays}
+    assert sorted(sweep_leftovers([str(base), str(elsewhere)], "u")) == sorted([first, a, b])
+    assert {d: _tree(d) for d in strays} == before
+
+
+def test_an_owner_record_that_is_not_a_plain_file_is_not_read(base):
+    """A fifo where the record would be: a sweep that opened it would wait forever."""
+    d = mkdir(base / "tiering-u-1-fifo", 0o700)
+    os.mkfifo(d / "owner.json")
+    dead = dead_job_dirs(base, "u")
+    assert sweep_with_boot_time_off(base, "u", 0.0) == [str(dead[0])]
+    assert (d / "owner.json").exists()
+
+
+def test_the_sweep_leaves_data_roots_and_what_holds_them_or_is_in_them(base):
+    a, b, c, d = dead_job_dirs(base, "u", 4)
+    (base / "to-c").symlink_to(c)
+    assert sweep_leftovers([str(base)], "u", data=[str(base)]) == []             # every candidate is in it
+    assert sweep_leftovers([str(base)], "u", data=["/"]) == []
+    data = [str(a), str(b / "data"), str(base / "to-c")]                         # is one; holds one; one by a link
+    assert sweep_leftovers([str(base)], "u", data=data) == [d]
+    assert all((p / "data" / "copy.bin").read_bytes() == b"x" * 100 for p in (a, b, c))
 
 
 def test_the_index_goes_to_the_first_safe_writable_parent(base, monkeypatch):
@@ -247,6 +308,10 @@ def test_the_remover_leaves_other_users_and_non_directories_alone(tmp_path: Path
     other.mkdir()
     (other / "keep").write_text("k")
     os.chown(other, 54321, 54321)
-    proc = remove_in_background([f, other])
+    unmarked = tmp_path / "tiering-me-3-unmarked"       # the user's, but tier-run did not make it
+    unmarked.mkdir()
+    (unmarked / "keep").write_text("k")
+    proc = remove_in_background([f, other, unmarked])
     assert proc is not None and proc.wait(timeout=120) == 0
     assert f.read_text() == "not a directory" and (other / "keep").read_text() == "k"
+    assert sorted(p.name for p in unmarked.iterdir()) == ["keep"]

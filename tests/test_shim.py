@@ -38,6 +38,7 @@ def read_via(se: ShimEnv, cbin: Path, entry: str, path: str, tmp: Path, dir_: st
 
 
 @pytest.mark.parametrize("entry", ENTRIES)
+@pytest.mark.sanitizers("asan")   # one thread: nothing for TSan
 def test_every_entry_point_serves_the_tier_copy_with_the_same_bytes(shimenv, cbin, tmp_path, entry):
     shimenv.place_all()
     for rel, data in shimenv.contents.items():
@@ -91,6 +92,7 @@ def test_paths_outside_the_catalog_pass_through_uncounted(shimenv, cbin, tmp_pat
 
 
 @pytest.mark.parametrize("path_form", ["{root}/a/./two.bin", "{root}//a//two.bin", "{root}/./a/.//two.bin"])
+@pytest.mark.sanitizers("asan")   # one thread: nothing for TSan
 def test_dot_and_double_slash_paths_resolve_to_the_entry(shimenv, cbin, tmp_path, path_form):
     shimenv.place("a/two.bin")
     got, target = read_via(shimenv, cbin, "open", path_form.format(root=shimenv.root), tmp_path)
@@ -102,6 +104,7 @@ def test_dot_and_double_slash_paths_resolve_to_the_entry(shimenv, cbin, tmp_path
     "{root}/a/deep/../two.bin", "{root}/a/deep/er/../../two.bin", "{root}/b/../a/two.bin",
     "{root}/missing/../a/two.bin", "{root}/a/one.bin/../two.bin",
 ])
+@pytest.mark.sanitizers("asan")   # one thread: nothing for TSan
 def test_dotdot_in_the_path_itself_goes_to_the_pfs(shimenv, cbin, tmp_path, path_form):
     """By text these name a/two.bin, but the kernel walks them: "missing/.."
     fails with ENOENT, "one.bin/.." with ENOTDIR, a linked directory's ".."
@@ -117,6 +120,7 @@ def test_dotdot_in_the_path_itself_goes_to_the_pfs(shimenv, cbin, tmp_path, path
 
 
 @pytest.mark.parametrize("suffix", ["/", "/.", "/..", "//"])
+@pytest.mark.sanitizers("asan")   # one thread: nothing for TSan
 def test_paths_that_name_a_directory_fail_as_on_the_pfs(shimenv, cbin, tmp_path, suffix):
     shimenv.place("a/two.bin")
     path = f"{shimenv.root}/a/two.bin{suffix}"
@@ -142,6 +146,7 @@ def test_dotdot_that_climbs_out_of_the_root_is_not_redirected(shimenv, cbin, tmp
     assert target == str(shimenv.root / "a/two.bin")
 
 
+@pytest.mark.sanitizers("asan")   # one thread: nothing for TSan
 def test_relative_paths_from_the_cwd(shimenv, cbin, tmp_path):
     shimenv.place("a/deep/er/three.bin")
     for cwd, rel in ((shimenv.root, "a/deep/er/three.bin"), (shimenv.root / "a" / "deep", "er/three.bin"),
@@ -151,6 +156,7 @@ def test_relative_paths_from_the_cwd(shimenv, cbin, tmp_path):
         assert target == str(shimenv.tier / "0" / "a/deep/er/three.bin"), (cwd, rel)
 
 
+@pytest.mark.sanitizers("asan")   # one thread: nothing for TSan
 def test_openat_relative_to_a_subdirectory(shimenv, cbin, tmp_path):
     shimenv.place("a/deep/er/three.bin")
     got, target = read_via(shimenv, cbin, "openat", "er/three.bin", tmp_path, dir_=str(shimenv.root / "a/deep"))
@@ -255,6 +261,7 @@ def test_failed_write_opens_leave_the_copy_in_service(shimenv, cbin, tmp_path, h
     assert target.startswith(str(shimenv.tier)) and got == shimenv.contents[rel]
 
 
+@pytest.mark.sanitizers("asan")   # one thread: nothing for TSan
 def test_evicted_copy_falls_back_to_the_pfs_with_errno_untouched(shimenv, cbin, tmp_path):
     rel = "a/two.bin"
     copy = shimenv.place(rel)
@@ -337,6 +344,7 @@ def test_index_readable_by_others_is_refused(shimenv, cbin, tmp_path, target):
 
 
 @pytest.mark.parametrize("damage", ["magic", "version", "truncated", "nroots", "tier_path"])
+@pytest.mark.sanitizers("asan")   # one thread: nothing for TSan
 def test_malformed_index_is_refused(shimenv, cbin, tmp_path, damage):
     h = shimenv.index.header
     if damage == "magic":
@@ -374,6 +382,7 @@ def test_python_open_and_numpy_fromfile_read_the_copy(shimenv, tmp_path):
     assert lines == [str(copy), want, want]
 
 
+@pytest.mark.sanitizers("asan", "tsan")
 def test_fd_bookkeeping_posts_one_close_per_descriptor(shimenv, cbin):
     rel = "a/one.bin"
     shimenv.place(rel)
@@ -426,6 +435,7 @@ def test_a_whole_file_reader_counts_the_file_size(shimenv, cbin, placed):
 
 
 @pytest.mark.parametrize("placed", [False, True], ids=["pfs", "tier"])
+@pytest.mark.sanitizers("asan", "tsan")
 def test_duplicated_descriptors_count_their_open_file_once(shimenv, cbin, placed):
     n, c, closes = read_through(shimenv, cbin, "a/two.bin", "dups", placed=placed)
     assert n == 2000
@@ -434,6 +444,7 @@ def test_duplicated_descriptors_count_their_open_file_once(shimenv, cbin, placed
     assert len(closes) == 5 and sum(e.bytes for e in closes) == 2000
 
 
+@pytest.mark.sanitizers("asan", "tsan")
 def test_a_file_closed_by_fclose_counts_once_at_its_position(shimenv, cbin):
     rel = "c/big.bin"
     n, c, closes = read_through(shimenv, cbin, rel, "stdio")
@@ -450,6 +461,7 @@ def test_a_pread_reader_is_counted_as_closed_at_position_0_with_its_file_size(sh
     assert [e.bytes for e in closes] == [0]
 
 
+@pytest.mark.sanitizers("asan", "tsan")
 def test_a_forked_child_closing_an_inherited_descriptor_leaves_the_count_to_the_parent(shimenv, cbin):
     rel = "a/two.bin"
     n, c, closes = read_through(shimenv, cbin, rel, "fork")
@@ -458,6 +470,7 @@ def test_a_forked_child_closing_an_inherited_descriptor_leaves_the_count_to_the_
     assert sorted(e.bytes for e in closes) == [0, 200] and len({e.pid for e in closes}) == 2
 
 
+@pytest.mark.sanitizers("asan", "tsan")
 def test_a_forked_child_closing_an_inherited_descriptor_asks_for_no_position(shimenv, cbin):
     """The child's close counts nothing, so it makes no lseek; the parent's does."""
     rel = "a/two.bin"
@@ -468,6 +481,7 @@ def test_a_forked_child_closing_an_inherited_descriptor_asks_for_no_position(shi
     assert read_figures(shimenv.index.counters()) == (200, 0, 0)
 
 
+@pytest.mark.sanitizers("asan", "tsan")
 def test_threads_duplicating_and_closing_one_file_at_once_count_its_bytes_once(shimenv, cbin):
     """Threads that dup, read and close one open file at once: every
     descriptor posts exactly one close, and the bytes read through the file
@@ -484,6 +498,7 @@ def test_threads_duplicating_and_closing_one_file_at_once_count_its_bytes_once(s
         booked = c["read_pfs"]
 
 
+@pytest.mark.sanitizers("asan", "tsan")
 def test_a_dup_racing_with_a_close_of_its_source_leaks_no_cell_and_books_no_byte_twice(shimenv, cbin):
     """Rounds of a dup of a descriptor while another thread closes it and a
     third opens the file again (taking a cell as soon as one is let go):
@@ -500,6 +515,7 @@ def test_a_dup_racing_with_a_close_of_its_source_leaks_no_cell_and_books_no_byte
     assert c["read_tier"] == 0
 
 
+@pytest.mark.sanitizers("asan", "tsan")
 def test_a_dup_whose_source_is_closed_and_opened_again_meanwhile_books_no_byte_twice(shimenv, cbin):
     """Between a dup's system call and its bookkeeping, the source is closed
     and the file opened again on the same descriptor, taking the same cell:
@@ -908,6 +924,7 @@ def test_wrappers_work_when_libc_functions_are_unresolved(cbin):
     assert (r.returncode, r.stdout.strip()) == (0, "ok"), r.stdout + r.stderr
 
 
+@pytest.mark.sanitizers("asan")   # TSan makes a vfork a fork
 def test_a_vfork_child_leaves_the_parents_fd_bookkeeping_alone(shimenv, cbin):
     rel = "a/one.bin"
     shimenv.place(rel)
@@ -922,8 +939,14 @@ METADATA = {"stat", "stat64", "lstat", "lstat64", "fstat", "fstat64", "fstatat",
             "__xstat", "__xstat64", "__lxstat", "__lxstat64", "__fxstat", "__fxstat64", "__fxstatat",
             "__fxstatat64", "access", "faccessat", "euidaccess", "eaccess"}
 CREDENTIALS = {"setuid", "setgid", "seteuid", "setegid", "setreuid", "setregid", "setresuid", "setresgid",
-               "setgroups", "initgroups", "setfsuid", "setfsgid"}
-INTERPOSED = set(ENTRIES) | METADATA | CREDENTIALS | {
+               "setgroups", "initgroups", "setfsuid", "setfsgid", "capset"}
+FD_OPERATIONS = {"fchmod", "fchown", "fchownat", "futimens", "futimes", "utimensat", "fsetxattr", "fremovexattr",
+                 "fgetxattr", "flistxattr", "flock", "lockf", "lockf64", "fstatfs", "fstatfs64", "fstatvfs",
+                 "fstatvfs64"}
+NAMESPACE = {"rename", "renameat", "renameat2", "unlink", "unlinkat", "remove", "truncate", "truncate64", "chmod",
+             "fchmodat", "chown", "lchown", "utime", "utimes", "lutimes", "futimesat", "setxattr", "lsetxattr",
+             "removexattr", "lremovexattr"}
+INTERPOSED = set(ENTRIES) | METADATA | CREDENTIALS | FD_OPERATIONS | NAMESPACE | {
     "creat", "creat64", "close", "fclose", "closedir", "close_range", "dup", "dup2", "dup3", "fcntl", "fcntl64"}
 HELPERS = {"tiering_fingerprint", "tiering_index_fill", "tiering_index_complete", "tiering_index_filled", "tiering_state_cas", "tiering_state_cas_many", "tiering_ring_drain",
            "tiering_groups_hash", "tiering_set_tag", "tiering_get_tag", "tiering_where", "tiering_copy_file", "tiering_copy_batch",

@@ -66,6 +66,7 @@ def touch_after_the_scan(path: Path) -> None:
 
 
 @pytest.mark.parametrize("placed", [True, False])
+@pytest.mark.sanitizers("asan")   # one thread: nothing for TSan
 def test_every_stat_entry_point_answers_as_the_pfs_does_from_the_index(shimenv, cbin, placed):
     """Field by field what the PFS answers, errno untouched; after the file
     changed behind the job's back, the calls answered from the index still
@@ -135,6 +136,7 @@ def test_a_catalog_from_the_scan_cache_is_stat_by_the_kernel(tmp_path, cbin):
     cached.index.close()
 
 
+@pytest.mark.sanitizers("asan")   # one thread: nothing for TSan
 def test_access_answers_only_existence(shimenv, cbin):
     """access(F_OK) is a stat; R_OK is a permission, always the kernel's."""
     src = shimenv.root / REL

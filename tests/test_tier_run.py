@@ -17,6 +17,7 @@ from helpers import (
     USER,
     age,
     dataset,
+    dead_job_dirs,
     digest,
     job_dirs,
     leftovers,
@@ -24,12 +25,14 @@ from helpers import (
     patched_tier_run,
     profile,
     read_line,
+    rewrite_owner,
     run_reader,
     running,
     tier_run,
     wait_for,
     wait_job_dirs_removed,
 )
+from tiering.rundirs import index_parent, make_private_dir
 
 pytestmark = pytest.mark.usefixtures("no_leftovers")
 
@@ -181,6 +184,43 @@ assert where == p, where
     reliability.checked(reads=1, nbytes=len(contents["c0/f0000.bin"]))
 
 
+def test_a_data_file_the_shell_opened_for_writing_is_read_as_it_is(tmp_path, reliability):
+    """`tier-run --data D -- job >> D/x`: the shell opened x before tier-run
+    started, COMMAND inherits it on stdout (NOTE [inherited writes]).  The
+    stage policy copies every file at start; COMMAND waits until all the
+    others are served from the tier, appends to x and reads it back."""
+    data = tmp_path / "pfs"
+    contents = dataset(data, n=8)
+    target = data / "c0" / "f0000.bin"
+    others = [str(data / rel) for rel in contents if data / rel != target]
+    script = f"""
+import ctypes, os, sys, time
+where = ctypes.CDLL(None).tiering_where
+deadline = time.monotonic() + 120
+while any(where(p.encode()) < 0 for p in {others!r}):
+    if time.monotonic() > deadline:
+        sys.exit('never placed')
+    time.sleep(0.02)
+os.write(1, b'NEW')
+with open({str(target)!r}, 'rb') as f:
+    where = os.readlink(f'/proc/self/fd/{{f.fileno()}}')
+    assert f.read() == {contents["c0/f0000.bin"] + b"NEW"!r}, 'stale copy served'
+assert where == {str(target)!r}, where
+"""
+    stats_file = tmp_path / "s.json"
+    with open(target, "ab") as out:
+        r = subprocess.run([PYTHON, "-m", "tiering", "run", "--profile", str(profile(tmp_path)), "--data", str(data),
+                            "--policy", "stage", "--stats-json", str(stats_file), "--", PYTHON, "-c", script],
+                           stdout=out, stderr=subprocess.PIPE, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert target.read_bytes().startswith(contents["c0/f0000.bin"] + b"NEW")
+    stats = json.loads(stats_file.read_text())
+    assert stats["placement"]["write_opens"] == 1
+    assert stats["tiers"][0]["files"] == len(others)
+    reliability.survived("a data-set file COMMAND inherited open for writing (its copy is never served)")
+    reliability.checked(reads=1, nbytes=len(contents["c0/f0000.bin"]) + 3)
+
+
 @pytest.mark.parametrize("umask", [0o000, 0o022])
 def test_tier_directories_are_private_whatever_the_umask(tmp_path, umask):
     """NOTE [tier roots]: the shim redirects only into 0700 tier roots."""
@@ -286,40 +326,95 @@ def test_a_stopped_and_continued_tier_run_goes_on(tmp_path, reliability):
 def test_leftovers_of_dead_jobs_are_swept(tmp_path, reliability):
     data = tmp_path / "pfs"
     dataset(data, n=2)
-    dead = subprocess.run([PYTHON, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    pid = int(dead.stdout)
-    import socket
-    here = {"host": socket.gethostname(), "pidns": os.stat("/proc/self/ns/pid").st_ino}
-    stale = Path("/dev/shm") / f"tiering-{USER}-{pid}-zzzz1234"
-    stale.mkdir(mode=0o700)
-    (stale / "owner.json").write_text(json.dumps({"pid": pid, "create_time": 1.0, **here}))
-    (stale / "junk").write_bytes(b"x" * 100)
-    old = Path("/dev/shm") / f"tiering-{USER}-{pid}-wwww1234"   # an owner file without host: same rule
-    old.mkdir(mode=0o700)
-    (old / "owner.json").write_text(json.dumps({"pid": pid, "create_time": 1.0}))
-    alive = Path("/dev/shm") / f"tiering-{USER}-{os.getpid()}-yyyy1234"   # this test process: alive
-    alive.mkdir(mode=0o700)
-    import psutil
-    (alive / "owner.json").write_text(json.dumps({"pid": os.getpid(), "create_time": psutil.Process().create_time()}))
+    shm = Path("/dev/shm")
+    stale, other_host, other_pidns = dead_job_dirs(shm, USER, 3)
+    alive = make_private_dir(str(shm), USER)              # this test process: alive
     # a dead pid here, but of a job on another node (a tier on a shared file system)
     # or in another PID namespace: its pid means nothing here, so it is left alone
-    foreign = []
-    for k, other in (("host", "another-node"), ("pidns", here["pidns"] + 1)):
-        d = Path("/dev/shm") / f"tiering-{USER}-{pid}-{k}1234"
-        d.mkdir(mode=0o700)
-        (d / "owner.json").write_text(json.dumps({"pid": pid, "create_time": 1.0, **here, k: other}))
-        foreign.append(d)
+    foreign = [rewrite_owner(other_host, host="another-node"), rewrite_owner(other_pidns, pidns=-1)]
+    pid = json.loads((stale / "owner.json").read_text())["pid"]
+    older = shm / f"tiering-{USER}-{pid}-wwww1234"        # a record of an older version, without the marker
+    older.mkdir(mode=0o700)
+    (older / "owner.json").write_text(json.dumps({"pid": pid, "create_time": 1.0}))
     try:
         r = tier_run(["--profile", str(profile(tmp_path)), "--data", str(data), "--", "true"])
         assert r.returncode == 0, r.stderr
-        assert not stale.exists() and not old.exists()
-        assert alive.exists()
+        assert not stale.exists()
+        assert alive.exists() and older.exists()
         assert all(d.exists() for d in foreign)
-        reliability.survived("directories of 2 dead jobs swept, of a live one and of 2 other hosts or "
-                             "PID namespaces kept")
+        reliability.survived("the directory of a dead job swept, of a live one, of an older version and of "
+                             "2 other hosts or PID namespaces kept")
     finally:
-        for d in (stale, old, alive, *foreign):
+        for d in (stale, older, alive, *foreign):
             shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.parametrize("given", [True, False], ids=["given-as-data", "not-given"])
+def test_a_data_set_staged_by_hand_where_tier_run_sweeps_survives(tmp_path, given, reliability):
+    """A data set staged at <tier path>/tiering-$USER-mydata (as at
+    /tmp/tiering-$USER-mydata, /tmp being the auto profile's disk tier) an
+    hour ago, and a directory named like a dead job's: no owner record of
+    tier-run's, so no sweep removes them, whatever their name and age."""
+    prof = profile(tmp_path, second="1GiB")
+    staged = tmp_path / "ssd" / f"tiering-{USER}-mydata"
+    contents = dataset(staged, n=20)
+    dead = subprocess.run([PYTHON, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    forged = tmp_path / "ssd" / f"tiering-{USER}-{int(dead.stdout)}-abcd1234"
+    (forged / "data").mkdir(parents=True)
+    (forged / "data" / "mine.bin").write_bytes(b"m" * 50)
+    age(staged, forged)
+    data = staged if given else tmp_path / "pfs"
+    if not given:
+        dataset(data, n=2)
+    r = tier_run(["--profile", str(prof), "--data", str(data), "--", PYTHON, "-c", READ_ALL, str(data)])
+    assert r.returncode == 0, r.stderr
+    assert {str(p.relative_to(staged)): p.read_bytes() for p in staged.rglob("*") if p.is_file()} == contents
+    assert (forged / "data" / "mine.bin").read_bytes() == b"m" * 50
+    if given:
+        assert r.stdout.strip() == digest(contents)
+    reliability.survived("a data set staged by hand under a sweep's name, an hour old"
+                         + (", given as --data" if given else "") + " (kept), and a forged dead job's name (kept)")
+    reliability.checked(reads=len(contents), nbytes=sum(map(len, contents.values())))
+
+
+@pytest.mark.parametrize("where", ["inside", "equal", "by-a-link"])
+def test_a_tier_inside_a_data_root_is_refused_before_command(tmp_path, where, reliability):
+    """tier-run's directory in a tier inside a data root would be part of
+    the data set: COMMAND would list it and the copies."""
+    data = tmp_path / "pfs"
+    dataset(data, n=2)
+    tier = data if where == "equal" else data / "cache"
+    tier.mkdir(exist_ok=True)
+    given = data
+    if where == "by-a-link":
+        given = tmp_path / "link"
+        given.symlink_to(data)
+    before = sorted(p.name for p in data.iterdir())
+    prof = tmp_path / "p.yaml"
+    prof.write_text(f"name: t\ntiers:\n  - {{name: ram, kind: memory, path: /dev/shm, capacity: 1MiB}}\n"
+                    f"  - {{name: ssd, kind: filesystem, path: {tier}, capacity: 1MiB}}\n")
+    ran = tmp_path / "ran"
+    r = tier_run(["--profile", str(prof), "--data", str(given), "--", "touch", str(ran)])
+    assert r.returncode == 2, r.stderr
+    assert not ran.exists()
+    relation = "is the data root" if where == "equal" else "is inside the data root"
+    shown = f"{given} ({data})" if where == "by-a-link" else f"{given}"
+    assert f"tier-run: {prof}: tier 'ssd': path {tier} {relation} {shown}: tier-run's directory" in r.stderr, r.stderr
+    assert "put the tier's path outside every --data directory" in r.stderr
+    assert sorted(p.name for p in data.iterdir()) == before and list(tier.glob("tiering-*")) == []
+    reliability.survived(f"a tier {where.replace('-', ' ')} a data root (refused before COMMAND)")
+
+
+def test_a_data_root_that_holds_the_index_parent_is_refused_before_command(tmp_path):
+    parent = index_parent()
+    (tmp_path / "ssd").mkdir()
+    prof = tmp_path / "p.yaml"
+    prof.write_text(f"name: t\ntiers:\n  - {{name: ssd, kind: filesystem, path: {tmp_path / 'ssd'}, capacity: 1MiB}}\n")
+    ran = tmp_path / "ran"
+    r = tier_run(["--profile", str(prof), "--data", parent, "--", "touch", str(ran)])
+    assert r.returncode == 2 and not ran.exists(), r.stderr
+    assert (f"tier-run: the index's directory goes to {parent}, which is the data root {parent}: it would be part "
+            f"of the data set (COMMAND would list it); stage the data set in a directory of its own") in r.stderr
 
 
 def test_existing_ld_preload_is_kept_and_nesting_loads_the_shim_once(tmp_path):

@@ -19,7 +19,15 @@ from .cluster.rendezvous import DEFAULT_RENDEZVOUS_TIMEOUT
 from .console import flush_quietly, reserve_standard_fds, say, setup_logging
 from .job import POLICY_NAMES, Job, JobError, JobOptions, map_large_blocks, run
 from .observe.live import choose_display
-from .profile import NoUsableTier, ProfileError, check_profile, format_profile, list_profiles, load_profile
+from .profile import (
+    NoUsableTier,
+    ProfileError,
+    check_profile,
+    data_root_problems,
+    format_profile,
+    list_profiles,
+    load_profile,
+)
 from .units import human_bytes
 
 RUN_HELP = """Run COMMAND with the data set under each --data DIR served from local tiers.
@@ -381,12 +389,18 @@ def profile_show(name: str) -> None:
 
 @profile.command("check")
 @click.argument("file", type=click.Path(dir_okay=False))
-def profile_check(file: str) -> None:
-    """Validate a profile FILE; exit status 0 when it can be used here."""
+@click.option("--data", "data", multiple=True, metavar="DIR", type=click.Path(file_okay=False, exists=True),
+              help="A data-set directory tier-run will be given (repeatable): no tier path may be it or be "
+                   "inside it.")
+def profile_check(file: str, data: tuple[str, ...]) -> None:
+    """Validate a profile FILE; exit status 0 when it can be used here (with
+    the data sets of --data)."""
     try:
         p = check_profile(file)
     except ProfileError as e:
         raise InputError(str(e)) from None
+    if problems := data_root_problems(p, data):
+        raise InputError("\n".join(problems))
     click.echo(format_profile(p))
     click.echo(f"{file}: OK")
 

@@ -47,13 +47,14 @@ from .placement.daemon import Daemon, DaemonSnapshot
 from .placement.index import Root, SharedIndex, library_path
 from .placement.policies import POLICIES as SIMPLE_POLICIES
 from .placement.tiers import TierState
-from .profile import Network, Profile
+from .profile import Network, Profile, data_root_problems
 from .report import JobRecord, stats_path_problem, summary_text, to_json, write_stats
 from .rundirs import (
     current_user,
     index_parent,
     make_private_dir,
     own_unheld,
+    relation,
     remove_in_background,
     remove_tree,
     sweep_leftovers,
@@ -218,7 +219,7 @@ def setup(job: Job, names_first: bool = False) -> None:
     and the daemon is made once the sizes are read (job.fill, started with
     COMMAND)."""
     opts = job.opts
-    sweep_leftovers([index_parent()] + [t.path for t in opts.profile.tiers], job.user)
+    sweep_leftovers([index_parent()] + [t.path for t in opts.profile.tiers], job.user, opts.data)
     try:
         job.run_dir = make_private_dir(index_parent(), job.user)
     except OSError as e:
@@ -445,15 +446,33 @@ def _say_writer_output(path: Path) -> None:
 # -- running COMMAND -----------------------------------------------------------
 
 def check_command(opts: JobOptions) -> str:
-    """COMMAND's executable, and the --stats-json path checked: both before
-    anything is set up (a typo costs no scan)."""
+    """COMMAND's executable, the --stats-json path and the private
+    directories' parents against the data roots checked: all before anything
+    is set up (a typo costs no scan)."""
     try:
         exe = resolve_command(opts.command)
     except CommandError as e:
         raise JobError(str(e), e.exit_code) from None
     if opts.stats_json is not None and (problem := stats_path_problem(opts.stats_json)):
         raise JobError(problem)
+    if problems := in_data_problems(opts):
+        raise JobError("\n".join(problems))
     return exe
+
+
+def in_data_problems(opts: JobOptions) -> list[str]:
+    """Where a private directory of the job would be inside a data root
+    (NOTE [tier directories]): a tier's path, or the index's parent, that is
+    a data root or inside one."""
+    problems = data_root_problems(opts.profile, opts.data)
+    parent = index_parent()
+    for root in opts.data:
+        if (how := relation(parent, root)) in ("is", "is inside"):
+            problems.append(f"the index's directory goes to {parent}, which {how} the data root {root}: it would "
+                            f"be part of the data set (COMMAND would list it); stage the data set in a directory "
+                            f"of its own (e.g. {os.path.join(parent, 'mydata')}) and give that as --data")
+            break
+    return problems
 
 
 def run_command(command: list[str], exe: str, env: dict[str, str], ignored: set[int],

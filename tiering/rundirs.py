@@ -4,11 +4,12 @@ record in each, and the sweep of directories that dead jobs left behind.
 A private directory is made with a random name and mode 0700 under its
 parent: tiering-<user>-<pid>-<random>.  The parent must be one that no other
 user can rename entries in (NOTE [tier directories] in docs/design.md:
-`parent_problem`).  The directory's owner.json says which process made it
-(its pid and its start time in clock ticks since boot, exact and immune to
-clock changes), on which host, in which boot and in which PID namespace; the
-next tier-run of the same user removes the directories of processes that
-are gone.
+`parent_problem`).  The directory's owner.json, written before anything else
+in it, is the mark that tier-run made it (the directory's own name and inode
+in it) and says which process did (its pid and its start time in clock ticks
+since boot, exact and immune to clock changes), on which host, in which boot
+and in which PID namespace; the next tier-run of the same user removes the
+marked directories of processes that are gone, and nothing else.
 """
 from __future__ import annotations
 
@@ -22,13 +23,15 @@ import stat
 import subprocess
 import sys
 import tempfile
-import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import psutil
 
 OWNER_FILE = "owner.json"
-YOUNG_SECONDS = 60      # a directory without a readable owner record is left alone this long
+MARKER = "tier-run"     # an owner record's made_by: tier-run made the directory (NOTE [tier directories])
+RECORD_MAX = 4096       # bytes of an owner record read at most
 MAX_LINKS = 40          # symlinks followed while checking a parent (the kernel's limit)
 
 
@@ -153,40 +156,67 @@ def _where() -> dict[str, object]:
     return {"host": socket.gethostname(), "boot": _read("/proc/sys/kernel/random/boot_id"), "pidns": pidns}
 
 
-def owner_record() -> dict[str, object]:
+def owner_record(path: Path) -> dict[str, object]:
+    """The owner record of private directory path for this process: the
+    marker (made by tier-run, path's name and inode: a copy of the directory
+    or a renamed one is not it) and who owns it."""
     pid = os.getpid()
-    return {"pid": pid, "start": start_ticks(pid), **_where()}
+    return {"made_by": MARKER, "name": path.name, "inode": path.lstat().st_ino,
+            "pid": pid, "start": start_ticks(pid), **_where()}
+
+
+def _write_owner(path: Path) -> None:
+    """path's owner record for this process, under a temporary name and
+    renamed: a reader finds the whole record or none."""
+    tmp = path / f".{OWNER_FILE}.tmp"
+    tmp.write_text(json.dumps(owner_record(path)))
+    tmp.rename(path / OWNER_FILE)
 
 
 def make_private_dir(parent: str, user: str) -> Path:
     """A new 0700 directory with a random name in parent, its owner record
-    written before any other job can read a partial one."""
+    (the mark that tier-run made it) written before anything else in it."""
     problem = parent_problem(parent)
     if problem is not None:
         raise UnsafeParent(f"{parent}: {problem}: {SAFE_PARENT_FIX}")
     path = Path(tempfile.mkdtemp(prefix=f"tiering-{user}-{os.getpid()}-", dir=parent))  # 0700, random name
     try:
-        tmp = path / f".{OWNER_FILE}.tmp"
-        tmp.write_text(json.dumps(owner_record()))
-        tmp.rename(path / OWNER_FILE)
-    except OSError:
+        _write_owner(path)
+    except BaseException:      # a signal too: nothing marks the directory as tier-run's yet
         remove_tree(path)
         raise
     return path
 
 
-def _owner_alive(path: Path) -> bool:
-    """False only when the job that made path is known to be gone: a
-    directory of another host or PID namespace counts as alive."""
+def proven_owner(path: Path) -> dict[str, Any] | None:
+    """path's owner record when it proves that tier-run made path: a plain
+    file of at most RECORD_MAX bytes holding a whole record with the marker,
+    path's name and path's inode.  None for anything else (no record, one
+    being written, of an older version, a copy of another directory's): such
+    a directory is never removed (NOTE [tier directories])."""
     try:
-        owner = json.loads((path / OWNER_FILE).read_text())
-        pid = int(owner["pid"])
-    except (OSError, ValueError, KeyError, TypeError):
-        # no readable owner record: being written, or lost; wait before judging
-        try:
-            return time.time() - path.stat().st_mtime < YOUNG_SECONDS
-        except OSError:
-            return False
+        st = path.lstat()
+        fd = os.open(path / OWNER_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        owner = json.loads(os.read(fd, RECORD_MAX))
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
+    if (not isinstance(owner, dict) or owner.get("made_by") != MARKER or owner.get("name") != path.name
+            or owner.get("inode") != st.st_ino or not isinstance(owner.get("pid"), int)):
+        return None
+    return owner
+
+
+def _owner_alive(owner: dict[str, Any]) -> bool:
+    """False only when the job of this owner record is known to be gone: a
+    directory of another host or PID namespace counts as alive."""
+    pid = owner["pid"]
     here = _where()
     if owner.get("host", here["host"]) != here["host"]:
         return True
@@ -194,7 +224,7 @@ def _owner_alive(path: Path) -> bool:
         return False                     # made before this machine last booted
     if owner.get("pidns", here["pidns"]) != here["pidns"]:
         return True
-    if owner.get("start") is None:       # a record without a start time: the pid alone
+    if owner.get("start") is None:       # a record without a start time (no /proc): the pid alone
         return psutil.pid_exists(pid)
     return start_ticks(pid) == owner["start"]
 
@@ -217,11 +247,29 @@ def _my_dirs(parents: list[str], pattern: str) -> list[Path]:
     return found
 
 
-def sweep_leftovers(parents: list[str], user: str) -> list[Path]:
-    """Removes private directories of this user's dead jobs."""
+def relation(path: str, other: str) -> str | None:
+    """How path stands to other once symlinks are resolved: "is", "is
+    inside", "holds", or None when neither holds the other."""
+    a, b = os.path.realpath(path), os.path.realpath(other)
+    if a == b:
+        return "is"
+    if a.startswith(b.rstrip("/") + "/"):
+        return "is inside"
+    if b.startswith(a.rstrip("/") + "/"):
+        return "holds"
+    return None
+
+
+def sweep_leftovers(parents: list[str], user: str, data: Sequence[str] = ()) -> list[Path]:
+    """Removes private directories of this user's dead jobs: only those
+    tier-run provably made (`proven_owner`), and none that is, is inside or
+    holds a data root (data)."""
     removed = []
     for p in _my_dirs(parents, f"tiering-{user}-*"):
-        if not _owner_alive(p):
+        if any(relation(str(p), root) for root in data):
+            continue
+        owner = proven_owner(p)
+        if owner is not None and not _owner_alive(owner):
             remove_tree(p)
             removed.append(p)
     return removed
@@ -231,10 +279,16 @@ def own_unheld(parents: list[str], user: str, held: list[Path]) -> list[Path]:
     """This process's private directories in parents that its job does not
     hold: made by a set-up that a signal cut short between making one and
     recording it (the set-up's signal interrupts the main thread wherever it
-    is, command.SetupWatch).  Names carry the maker's pid, so another job's
-    directory is never among them."""
-    names = {p.name for p in held}
-    return [p for p in _my_dirs(parents, f"tiering-{user}-{os.getpid()}-*") if p.name not in names]
+    is, command.SetupWatch).  Names carry the maker's pid, and the owner
+    record must name this process, so another job's directory (or one that
+    tier-run did not make) is never among them."""
+    names, me = {p.name for p in held}, (os.getpid(), start_ticks(os.getpid()))
+    found = []
+    for p in _my_dirs(parents, f"tiering-{user}-{os.getpid()}-*"):
+        owner = proven_owner(p)
+        if p.name not in names and owner is not None and (owner["pid"], owner.get("start")) == me:
+            found.append(p)
+    return found
 
 
 def remove_tree(path: Path) -> None:
@@ -261,14 +315,13 @@ def remove_in_background(paths: list[Path]) -> subprocess.Popen[bytes] | None:
 
 def _take_over(path: Path) -> bool:
     """Rewrites path's owner record for this process; False when path is not
-    a private directory of this user's (then it is left alone)."""
+    a private directory of this user's that tier-run made (then it is left
+    alone)."""
     try:
         st = path.lstat()
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or proven_owner(path) is None:
             return False
-        tmp = path / f".{OWNER_FILE}.tmp"
-        tmp.write_text(json.dumps(owner_record()))
-        tmp.rename(path / OWNER_FILE)
+        _write_owner(path)
     except OSError:
         return False
     return True

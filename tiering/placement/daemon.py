@@ -205,7 +205,7 @@ class Daemon:
         self._reads = PfsReads(self.pfs_threads)   # NOTE [chunked copy]
         self._stop = threading.Event()
         self._stop_flag = ffi.new("int32_t *")    # the same, for copies in C (NOTE [batch copy])
-        self._batch = BatchSource(catalog.files, catalog.roots, self._stop_flag)
+        self._batch = BatchSource(catalog.files, catalog.roots, self._stop_flag, index.records())
         # catalog index by slot, and where each file is (tier or NOT_PLACED)
         self.file_of_slot = np.full(int(index.header.nslots), -1, np.int32)
         self.file_of_slot[np.asarray(slots, np.int64)] = np.arange(len(slots), dtype=np.int32)

@@ -134,10 +134,27 @@ class Credentials:
     uid: int
     gid: int
     groups: tuple[int, ...]
+    caps: int = 0   # TIERING_CAP_* it holds (NOTE [served descriptors])
 
     @classmethod
     def current(cls) -> Credentials:
-        return cls(os.geteuid(), os.getegid(), tuple(sorted(set(os.getgroups()))))
+        return cls(os.geteuid(), os.getegid(), tuple(sorted(set(os.getgroups()))), dac_capabilities())
+
+
+def dac_capabilities() -> int:
+    """The TIERING_CAP_* bits of this process's effective capabilities
+    (CAP_DAC_OVERRIDE is capability 1, CAP_DAC_READ_SEARCH 2: the kernel's
+    bits 1 and 2 of CapEff); 0 when /proc does not say."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    eff = int(line.split()[1], 16)
+                    return ((lib.TIERING_CAP_DAC_OVERRIDE if eff >> 1 & 1 else 0)
+                            | (lib.TIERING_CAP_DAC_READ_SEARCH if eff >> 2 & 1 else 0))
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 _NUMPY_OF_C = {"uint64_t": "<u8", "int64_t": "<i8", "uint32_t": "<u4", "uint16_t": "<u2", "uint8_t": "|u1"}
@@ -293,6 +310,12 @@ class SharedIndex:
         self._dropped = ffi.new("uint64_t *", 0)
         self._out = ffi.new("struct tiering_event[]", DRAIN)
 
+    def records(self) -> Any:
+        """The file records as a C pointer (struct tiering_file *), by
+        catalog id: what the daemon's copies verify (NOTE [served
+        descriptors])."""
+        return ffi.cast("struct tiering_file *", self._buf + self.header.files_offset)
+
     # -- creation ---------------------------------------------------------
     @classmethod
     def create(cls, path: Path, roots: Sequence[Root], tiers: Sequence[str],
@@ -367,6 +390,7 @@ class SharedIndex:
         who = scanner or Credentials.current()
         h.scan_uid, h.scan_gid = who.uid, who.gid
         h.scan_groups = lib.tiering_groups_hash(ffi.new("uint32_t[]", list(who.groups) or [0]), len(who.groups))
+        h.scan_caps = who.caps
         h.nroots = len(roots)
         for i, r in enumerate(roots):
             _set_prefix(h.roots[i], r.path, r.id, lib.TIERING_ROOT_HAS_DIR_LINKS if r.has_dir_links else 0)

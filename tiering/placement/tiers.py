@@ -466,7 +466,8 @@ def _changed() -> dict[int, str]:
     return {lib.TIERING_COPY_NOT_REGULAR: "is no longer the regular file the scan saw",
             lib.TIERING_COPY_CHANGED: "changed since the scan",
             lib.TIERING_COPY_GREW: "grew while it was copied",
-            lib.TIERING_COPY_SHRANK: "shrank while it was copied"}
+            lib.TIERING_COPY_SHRANK: "shrank while it was copied",
+            lib.TIERING_COPY_REPLACED: "was renamed over or removed while it was copied"}
 
 
 def _raise_for(status: int, err: int, src: str) -> None:
@@ -485,7 +486,7 @@ class BatchSource:
     by id, and the daemon's stop flag (an int32 set by Daemon.stop).  Made
     once per daemon; it keeps the arrays it points into alive."""
 
-    def __init__(self, files: FileTable, roots: list[str], stop: Any):
+    def __init__(self, files: FileTable, roots: list[str], stop: Any, records: Any = None):
         c = files.columns
         self._arrays = (files.paths, files.offsets, files.root, c["size"], c["mtime_ns"], c["link"].view(np.uint8))
         self._roots = [ffi.new("char[]", os.fsencode(r)) for r in roots]
@@ -496,7 +497,10 @@ class BatchSource:
             "size": ffi.from_buffer("int64_t[]", self._arrays[3]),
             "mtime_ns": ffi.from_buffer("int64_t[]", self._arrays[4]),
             "link": ffi.from_buffer("uint8_t[]", self._arrays[5]),
-            "roots": ffi.new("char *[]", self._roots), "nroots": len(roots), "stop": stop}
+            "roots": ffi.new("char *[]", self._roots), "nroots": len(roots), "stop": stop,
+            # the index's records, by the same ids: each copy sets or clears
+            # TIERING_FILE_VERIFIED (NOTE [served descriptors])
+            "records": ffi.NULL if records is None else records}
 
 
 class _BatchCall:
@@ -640,11 +644,11 @@ def _copy_chunked(src: str, f: CopySource, tier: TierState, stop: threading.Even
         if done:
             dst_fd = tier.dirs.data.acquire(key, create=True)
     except BaseException:
-        lib.tiering_copy_finish(c, -2, staging_fd, name.encode(), -1, b"")
+        lib.tiering_copy_finish(c, -2, os.fsencode(src), staging_fd, name.encode(), -1, b"")
         raise
     try:
-        status = int(lib.tiering_copy_finish(c, copied if done else -2, staging_fd, name.encode(),
-                                             dst_fd, leaf.encode()))
+        status = int(lib.tiering_copy_finish(c, copied if done else -2, os.fsencode(src), staging_fd,
+                                             name.encode(), dst_fd, leaf.encode()))
     finally:
         if dst_fd >= 0:
             tier.dirs.data.release(key)

@@ -13,6 +13,7 @@ from ..units import human_bytes, parse_size
 from .expand import expand_vars, job_id
 from .load import check_profile, list_profiles, load_profile
 from .model import MAX_TIERS, Network, NoUsableTier, Pfs, Profile, ProfileError, Tier
+from .resolve import data_root_problems
 from .show import format_profile
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "ProfileError",
     "Tier",
     "check_profile",
+    "data_root_problems",
     "expand_vars",
     "format_profile",
     "human_bytes",

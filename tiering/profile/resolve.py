@@ -7,13 +7,13 @@ import difflib
 import logging
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import psutil
 
-from ..rundirs import SAFE_PARENT_FIX, parent_problem
+from ..rundirs import SAFE_PARENT_FIX, parent_problem, relation
 from ..units import human_bytes, parse_size
 from . import node
 from .expand import _ExpansionError, expand_vars
@@ -150,6 +150,33 @@ def _tier_path(raw: dict, name: str, optional: bool, local_only: bool, ctx: _Con
         ctx.notes.append(f"tier '{name}' dropped: {problem}")
         return None
     raise _error(ctx.source, key, problem, fix)
+
+
+IN_DATA_FIX = ("tier-run's directory there, and the copies in it, would be part of the data set (COMMAND would "
+               "list them); put the tier's path outside every --data directory, or give --data a directory that "
+               "does not hold it")
+
+
+def _shown(path: str) -> str:
+    """path, and where it leads when symlinks take it elsewhere."""
+    real = os.path.realpath(path)
+    return path if real == os.path.normpath(path) else f"{path} ({real})"
+
+
+def data_root_problems(profile: Profile, data: Sequence[str]) -> list[str]:
+    """One line for each tier whose path is a data root or inside one
+    (symlinks resolved): the tier's private directory would be in the data
+    set.  A data root inside a tier's path is fine: the private directory is
+    made new beside it (NOTE [tier directories])."""
+    problems = []
+    for t in profile.tiers:
+        for root in data:
+            if (how := relation(t.path, root)) in ("is", "is inside"):
+                what = "is the data root" if how == "is" else "is inside the data root"
+                problems.append(f"{profile.source}: tier '{t.name}': path {_shown(t.path)} {what} {_shown(root)}: "
+                                f"{IN_DATA_FIX}")
+                break
+    return problems
 
 
 def _tier_name(name: Any, source: str, key: str) -> str:

@@ -1,0 +1,409 @@
+"""A descriptor served from a tier copy is the data file's to the program
+(NOTE [served descriptors] in docs/design.md): its stat on every path (a
+catalog from the scan cache, a descriptor inherited across exec or numbered
+above the fd book), reopens through /proc/self/fd and freopen(NULL), the
+f-operations and locks, and only where the caller could have opened the
+data file itself.
+
+Each test places the copies as the daemon does (read-only, times of their
+own), so that an answer taken from the copy differs from the data file's."""
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import subprocess
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from test_shim_meta import BY_FD, statall
+
+from helpers import OTHER_UID, PYTHON, REPO, ShimEnv, catalog_shimenv, make_data
+from tiering.placement.index import lib
+
+REL = "a/two.bin"
+FIELDS = ("st_dev", "st_ino", "st_mode", "st_nlink", "st_uid", "st_gid", "st_size", "st_mtime_ns", "st_ctime_ns")
+
+
+def cached_shimenv(tmp_path: Path, data_parent: Path | None = None) -> ShimEnv:
+    """An index of a catalog taken from the scan cache (its records are not
+    this job's scan: TIERING_FILE_STAT unset), the copies placed as the
+    daemon places them (in tmp_path; the data under data_parent, tmp_path
+    by default)."""
+    root = (data_parent or tmp_path) / "pfs" / "data"
+    make_data(root, {REL: 5000, "b/one.bin": 3000, "b/three.bin": 700})
+    os.chmod(root / REL, 0o640)
+    for d in (root, root / "a", root / "b"):     # old enough to be cached
+        os.utime(d, ns=(1_400_000_000 * 10**9,) * 2)
+    cache = tmp_path / "cache"
+    catalog_shimenv(tmp_path / "first", root, cache_dir=cache).index.close()
+    se = catalog_shimenv(tmp_path / "cached", root, cache_dir=cache)
+    assert not any(se.index.files["flags"] & lib.TIERING_FILE_STAT)
+    for rel in se.contents:     # placed by catalog_shimenv; made as the daemon makes them
+        copy = se.tier / "0" / rel
+        os.chmod(copy, 0o400)
+        os.utime(copy, ns=(10**9, 10**9))
+    return se
+
+
+def stat_fields(out: str) -> dict[str, int]:
+    return dict(zip(FIELDS, map(int, out.split())))
+
+
+def python_stat(path: Path) -> dict[str, int]:
+    st = os.stat(path)
+    return {f: getattr(st, f) for f in FIELDS}
+
+
+PRINT_FSTAT = "import os, sys; st = os.fstat({fd}); print(*(getattr(st, f) for f in {fields!r}))"
+
+
+def test_a_served_descriptor_of_a_cached_catalog_is_the_data_files(tmp_path, cbin):
+    """Every descriptor form of stat answers as the data file does, although
+    the index's records came from the cache (they are not trusted for it):
+    the data path is stat'ed, not the copy."""
+    se = cached_shimenv(tmp_path)
+    src = se.root / REL
+    live, got = statall(se, cbin, src, shim=False), statall(se, cbin, src)
+    for call in BY_FD:
+        assert got[call] == live[call], call
+    assert "mode=100640" in got["fstat"]
+    assert se.index.counters()["opens_tier"][0] > 0      # the descriptors were the copy's
+    se.index.close()
+
+
+def test_a_verified_record_answers_the_descriptor_without_a_stat_of_the_pfs(tmp_path, cbin):
+    """Once a copy found its source as the record says (TIERING_FILE_VERIFIED),
+    the record answers: a change after it does not show (as with this job's
+    own scan), so the PFS is not asked."""
+    se = cached_shimenv(tmp_path)
+    src = se.root / REL
+    before = statall(se, cbin, src, shim=False)
+    se.index.files["flags"] |= lib.TIERING_FILE_VERIFIED
+    os.utime(src, ns=(time.time_ns() + 3600 * 10**9, 1_600_000_000_987_654_321))
+    live, got = statall(se, cbin, src, shim=False), statall(se, cbin, src)
+    for call in BY_FD:
+        assert got[call] == before[call] != live[call], call
+    se.index.close()
+
+
+def test_a_descriptor_inherited_across_exec_is_the_data_files(tmp_path):
+    """`prog < datafile` in a shell under the shim: the shell's open was
+    served, the program's fstat of its stdin (not in its fd book) is the
+    data file's."""
+    se = cached_shimenv(tmp_path)
+    src = se.root / REL
+    prog = PRINT_FSTAT.format(fd=0, fields=FIELDS)
+    r = se.run(["sh", "-c", 'exec "$0" -c "$1" < "$2"', PYTHON, prog, str(src)])
+    assert r.returncode == 0, r.stderr
+    assert stat_fields(r.stdout) == python_stat(src)
+    assert se.index.counters()["opens_tier"][0] == 1   # the shell's open was served
+    se.index.close()
+
+
+@pytest.fixture(scope="module")
+def small_book_shim(tmp_path_factory) -> Path:
+    """The shim built with a fd book of 64 descriptors: the descriptors past
+    it are those of a process whose limit is above 65,536 with the real
+    book (this machine may not let a test raise its limit that far)."""
+    out = tmp_path_factory.mktemp("shim64") / "libtiershim.so"
+    shim = REPO / "shim"
+    subprocess.run(["cc", "-shared", "-fPIC", "-O2", "-fvisibility=hidden", "-fno-delete-null-pointer-checks",
+                    "-Wno-nonnull-compare", "-DMAX_TRACKED_FDS=64", "-o", str(out), str(shim / "tiershim.c"),
+                    str(shim / "tiercopy.c"), str(shim / "tierscan.c"), "-ldl"], check=True)
+    return out
+
+
+def test_a_descriptor_above_the_fd_book_is_the_data_files(tmp_path, small_book_shim):
+    """A descriptor numbered past the shim's fd book (opened there, and
+    duplicated there from a booked one) answers as the data file."""
+    se = cached_shimenv(tmp_path)
+    src = se.root / REL
+    prog = textwrap.dedent(f"""
+        import fcntl, os
+        fd = os.open({str(src)!r}, os.O_RDONLY)
+        high = fcntl.fcntl(fd, fcntl.F_DUPFD, 100)
+        os.dup2(fd, 200)
+        os.close(fd)
+        for one in (high, 200):
+            st = os.fstat(one)
+            print(*(getattr(st, f) for f in {FIELDS!r}))
+        """)
+    r = se.run([PYTHON, "-c", prog], env=dict(se.env, LD_PRELOAD=str(small_book_shim)))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert len(lines) == 2 and all(stat_fields(line) == python_stat(src) for line in lines)
+    assert se.index.counters()["opens_tier"][0] == 1
+    se.index.close()
+
+
+@pytest.mark.parametrize("how", ["/proc/self/fd/{fd}", "/dev/fd/{fd}", "/proc/{pid}/fd/{fd}", "freopen"])
+def test_a_reopen_of_a_served_descriptor_for_writing_reaches_the_data_file(tmp_path, how, reliability):
+    """The job runs as root here, so the read-only copy could be written:
+    the write must land in the data file, whose entry is then invalid."""
+    se = cached_shimenv(tmp_path)
+    src = se.root / REL
+    copy = se.tier / "0" / REL
+    if how == "freopen":
+        prog = textwrap.dedent(f"""
+            import ctypes
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.fopen.restype = libc.freopen.restype = ctypes.c_void_p
+            libc.freopen.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_void_p]
+            libc.fwrite.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_void_p]
+            libc.fclose.argtypes = [ctypes.c_void_p]
+            f = libc.fopen({str(src).encode()!r}, b"r")
+            assert f
+            f = libc.freopen(None, b"r+", f)
+            assert f, ctypes.get_errno()
+            assert libc.fwrite(b"XYZ", 1, 3, f) == 3
+            assert libc.fclose(f) == 0
+            """)
+    else:
+        prog = textwrap.dedent(f"""
+            import os
+            fd = os.open({str(src)!r}, os.O_RDONLY)
+            with open({how!r}.format(fd=fd, pid=os.getpid()), "r+b") as f:
+                f.write(b"XYZ")
+            """)
+    r = se.run([PYTHON, "-c", prog])
+    assert r.returncode == 0, r.stderr
+    assert src.read_bytes() == b"XYZ" + se.contents[REL][3:]
+    assert copy.read_bytes() == se.contents[REL]
+    assert se.state(REL) == lib.TIERING_STATE_INVALID
+    assert se.index.counters()["opens_tier"][0] == 1
+    reliability.survived(f"a served file reopened for writing through {how} (the data file written)")
+    reliability.checked(reads=1, nbytes=len(se.contents[REL]))
+    se.index.close()
+
+
+def test_a_stat_through_proc_self_fd_is_the_data_files(tmp_path):
+    se = cached_shimenv(tmp_path)
+    src = se.root / REL
+    prog = textwrap.dedent(f"""
+        import os
+        fd = os.open({str(src)!r}, os.O_RDONLY)
+        st = os.stat(f"/proc/self/fd/{{fd}}")
+        print(*(getattr(st, f) for f in {FIELDS!r}))
+        """)
+    r = se.run([PYTHON, "-c", prog])
+    assert r.returncode == 0, r.stderr
+    assert stat_fields(r.stdout) == python_stat(src)
+    se.index.close()
+
+
+def test_fchmod_and_futimens_of_a_served_descriptor_change_the_data_file(tmp_path):
+    """They act on the data file (the copy stays as it was), and the file's
+    record no longer answers: its entry is invalid."""
+    se = cached_shimenv(tmp_path)
+    src = se.root / REL
+    copy = se.tier / "0" / REL
+    prog = textwrap.dedent(f"""
+        import os
+        fd = os.open({str(src)!r}, os.O_RDONLY)
+        head = os.read(fd, 10)
+        os.chmod(fd, 0o604)
+        os.utime(fd, ns=(1_500_000_000_000_000_001, 1_500_000_000_000_000_002))
+        assert os.read(fd, 10) == {se.contents[REL][10:20]!r}, "the offset is kept"
+        st = os.fstat(fd)
+        print(*(getattr(st, f) for f in {FIELDS!r}))
+        """)
+    r = se.run([PYTHON, "-c", prog])
+    assert r.returncode == 0, r.stderr
+    st = src.stat()
+    assert (st.st_mode & 0o7777, st.st_mtime_ns) == (0o604, 1_500_000_000_000_000_002)
+    assert stat_fields(r.stdout) == python_stat(src)
+    assert copy.stat().st_mode & 0o7777 == 0o400
+    assert se.state(REL) == lib.TIERING_STATE_INVALID
+    se.index.close()
+
+
+@pytest.mark.parametrize("how", ["flock", "lockf", "fcntl"])
+def test_a_lock_on_a_served_descriptor_is_a_lock_on_the_data_file(tmp_path, how, reliability):
+    """Another process holds an exclusive lock on the data file: the job's
+    lock on its served descriptor is refused, as without the shim."""
+    se = cached_shimenv(tmp_path)
+    src = se.root / REL
+    with open(src, "rb+") as held:
+        if how == "flock":
+            fcntl.flock(held, fcntl.LOCK_EX)
+            call = "fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)"
+        else:
+            fcntl.lockf(held, fcntl.LOCK_EX)   # a POSIX lock, held by this process
+            call = ("fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)" if how == "lockf" else
+                    "fcntl.fcntl(fd, fcntl.F_SETLK, struct.pack('hhqqi', fcntl.F_RDLCK, 0, 0, 0, 0))")
+        prog = textwrap.dedent(f"""
+            import fcntl, os, struct, sys
+            fd = os.open({str(src)!r}, os.O_RDONLY)
+            try:
+                {call}
+            except OSError as e:
+                print("refused", e.errno)
+            else:
+                print("granted")
+            """)
+        r = se.run([PYTHON, "-c", prog])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split()[0] == "refused", r.stdout
+    assert se.index.counters()["opens_tier"][0] == 1
+    reliability.survived(f"a {how} lock on a served file held by another process (refused, as without tier-run)")
+    se.index.close()
+
+
+def test_extended_attributes_of_a_served_descriptor_are_the_data_files(tmp_path):
+    se = cached_shimenv(tmp_path)
+    src = se.root / REL
+    try:
+        os.setxattr(src, "user.tiering-test", b"value")
+    except OSError as e:
+        pytest.fail(f"the test's file system keeps no user xattrs ({e}): run it on one that does")
+    prog = textwrap.dedent(f"""
+        import os
+        fd = os.open({str(src)!r}, os.O_RDONLY)
+        print(os.getxattr(fd, "user.tiering-test").decode(), "user.tiering-test" in os.listxattr(fd))
+        """)
+    r = se.run([PYTHON, "-c", prog])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["value", "True"]
+    se.index.close()
+
+
+def test_fstatfs_of_a_served_descriptor_is_the_data_files_file_system(tmp_path):
+    """The data on /dev/shm, the tier on the test's own file system: the
+    figures are the data file's file system's."""
+    shm = Path(tempfile.mkdtemp(prefix="served-fd-", dir="/dev/shm"))
+    try:
+        se = cached_shimenv(tmp_path, data_parent=shm)
+        src = se.root / REL
+        assert os.statvfs(src).f_fsid != os.statvfs(se.tier).f_fsid
+        prog = f"import os; s = os.fstatvfs(os.open({str(src)!r}, os.O_RDONLY)); print(s.f_fsid, s.f_blocks)"
+        r = se.run([PYTHON, "-c", prog])
+        assert r.returncode == 0, r.stderr
+        s = os.statvfs(src)
+        assert r.stdout.split() == [str(s.f_fsid), str(s.f_blocks)]
+        assert se.index.counters()["opens_tier"][0] == 1
+        se.index.close()
+    finally:
+        shutil.rmtree(shm)
+
+
+def _without_dac(prog: str) -> list[str]:
+    setpriv = shutil.which("setpriv")
+    assert setpriv, "setpriv (util-linux) is needed"
+    return [setpriv, "--bounding-set", "-dac_override,-dac_read_search", "--inh-caps", "-all",
+            PYTHON, "-c", prog]
+
+
+@pytest.mark.parametrize("how", ["setpriv", "capset"])
+def test_a_root_process_without_dac_capabilities_is_not_served_another_users_file(tmp_path, how, reliability):
+    """Root reads a 0600 file of another user only with CAP_DAC_OVERRIDE or
+    CAP_DAC_READ_SEARCH; without them it gets EACCES, under the shim too
+    (the copy is root's own)."""
+    assert os.geteuid() == 0, "the test needs root"
+    se = cached_shimenv(tmp_path)
+    src = se.root / REL
+    os.chown(src, OTHER_UID, OTHER_UID)
+    os.chmod(src, 0o600)
+    read = f"""
+try:
+    open({str(src)!r}, "rb").read()
+except PermissionError:
+    print("EACCES")
+else:
+    print("read")
+"""
+    if how == "setpriv":
+        args = _without_dac(read)
+    else:
+        drop = textwrap.dedent("""
+            import ctypes
+            class Head(ctypes.Structure):
+                _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+            class Data(ctypes.Structure):
+                _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                            ("inheritable", ctypes.c_uint32)]
+            libc = ctypes.CDLL(None, use_errno=True)
+            head, data = Head(0x20080522, 0), (Data * 2)()
+            assert libc.capget(ctypes.byref(head), data) == 0
+            data[0].effective &= ~0b110
+            assert libc.capset(ctypes.byref(head), data) == 0, ctypes.get_errno()
+            """)
+        args = [PYTHON, "-c", drop + read]
+    r = se.run(args)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["EACCES"]
+    with_caps = se.run([PYTHON, "-c", read])
+    assert with_caps.stdout.split() == ["read"] and se.index.counters()["opens_tier"][0] == 1
+    reliability.survived(f"a root command without the DAC capabilities ({how}) reading another user's 0600 file")
+    se.index.close()
+
+
+def test_a_copy_sets_the_verified_flag_only_when_the_source_is_as_recorded(tmp_path):
+    """The daemon's copy compares its source's fstat with the record: equal,
+    the flag is set; a record that says otherwise (a mode changed without a
+    change of size or mtime) clears it."""
+    from tiering.placement.index import ffi
+    se = cached_shimenv(tmp_path)
+    recs = se.index.files
+    src = se.root / REL
+    rec_id = int(se.index.entries[se.slots[REL]].file)
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    out = tmp_path / "out"
+    out.mkdir()
+    c = ffi.new("struct tiering_copy *")
+    st = src.stat()
+    c.size, c.mtime_ns, c.follow = st.st_size, st.st_mtime_ns, 0
+    c.record = se.index.records() + rec_id
+    sfd, dfd = os.open(staging, os.O_RDONLY | os.O_DIRECTORY), os.open(out, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        def copy() -> int:
+            return int(lib.tiering_copy_file(str(src).encode(), sfd, b"x.part", dfd, b"x", c, ffi.NULL, ffi.NULL))
+        assert copy() == lib.TIERING_COPY_OK
+        assert recs["flags"][rec_id] & lib.TIERING_FILE_VERIFIED
+        os.chmod(src, 0o644)       # ctime and mode change, size and mtime do not
+        assert copy() == lib.TIERING_COPY_OK
+        assert not recs["flags"][rec_id] & lib.TIERING_FILE_VERIFIED
+        assert (out / "x").read_bytes() == se.contents[REL]
+    finally:
+        os.close(sfd)
+        os.close(dfd)
+    se.index.close()
+
+
+def test_the_daemons_batch_copies_verify_their_records(tmp_path):
+    """Every small file the daemon copies in a batch has its record verified
+    before it is published; a file copied on its own (BATCH_BYTES or more)
+    is not (its descriptors' stat is the data path's)."""
+    from helpers import private_dir
+    from tiering.catalog import scan
+    from tiering.placement.daemon import Daemon
+    from tiering.placement.index import Root, SharedIndex
+    from tiering.placement.policies import POLICIES
+    from tiering.placement.tiers import BATCH_BYTES, TierState
+    data = tmp_path / "pfs"
+    files = {f"d{k % 3}/f{k}.bin": 100 + k for k in range(40)} | {"large.bin": BATCH_BYTES}
+    make_data(data, files)
+    cat = scan([str(data)])
+    tier = TierState("ram", "memory", private_dir(tmp_path / "tier"), 1 << 30, 2)
+    index, slots = SharedIndex.for_catalog(private_dir(tmp_path / "run") / "index", [Root(cat.roots[0], 0)],
+                                           [str(tier.data)], cat)
+    d = Daemon(index, cat, slots, [tier], 2, POLICIES["off"])
+    d.start()
+    try:
+        ids = {f.rel: k for k, f in enumerate(cat.files)}
+        for rel in files:
+            assert d.place(ids[rel], 0)
+        deadline = time.monotonic() + 120
+        while d.copies_in_flight() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert d.stats.copies == len(files)
+        verified = {rel: bool(index.files["flags"][int(index.entries[int(slots[ids[rel]])].file)]
+                              & lib.TIERING_FILE_VERIFIED) for rel in files}
+        assert verified == {rel: rel != "large.bin" for rel in files}
+    finally:
+        d.stop()
+        index.close()
