@@ -753,7 +753,7 @@ def test_profile_check_with_data_reports_a_tier_inside_a_data_root(tmp_path):
     path = write(tmp_path, text)
     r = CliRunner().invoke(main, ["profile", "check", str(path), "--data", str(tmp_path / "elsewhere"),
                                   "--data", str(data)])
-    assert r.exit_code == 1, r.output
+    assert r.exit_code == 2, r.output
     lines = [ln for ln in r.output.splitlines() if "data root" in ln]
     assert lines == [f"Error: {path}: tier 'disk': path {data / 'cache'} is inside the data root {data}: tier-run's "
                      "directory there, and the copies in it, would be part of the data set (COMMAND would list "
@@ -766,7 +766,7 @@ def test_profile_check_with_data_reports_a_tier_inside_a_data_root(tmp_path):
     assert "OK" not in r.output
     # a data root inside a tier path is another matter: the tier's directory is made beside it
     r = CliRunner().invoke(main, ["profile", "check", str(path), "--data", str(data / "cache" / ".." / "..")])
-    assert r.exit_code == 1 and "is inside the data root" in r.output
+    assert r.exit_code == 2 and "is inside the data root" in r.output
     (data / "cache" / "mydata").mkdir()
     r = CliRunner().invoke(main, ["profile", "check", str(path), "--data", str(data / "cache" / "mydata")])
     assert r.exit_code == 0 and r.output.endswith(f"{path}: OK\n"), r.output
