@@ -364,6 +364,11 @@ void tiering_scan_list_free(struct tiering_scan_list *l);
  * errno of opening dir (then every entry has ok = 0). */
 int tiering_scan_stat(const char *dir, const char *names, const uint8_t *types, uint64_t count,
                       struct tiering_scan_stat *out);
+/* The first k (0 <= k < n - 1) whose path is not below path k + 1 in byte
+ * order (bytes compared unsigned, a prefix first), or -1 when the n paths
+ * (path k: blob[offsets[k]..offsets[k + 1])) ascend strictly: a cached catalog
+ * names no file twice (NOTE [catalog cache format]). */
+int64_t tiering_scan_ascending(const uint8_t *blob, const int64_t *offsets, int64_t n);
 /* The calling thread's tag, posted with each of its events (NOTE [open tags]). */
 void tiering_set_tag(uint32_t tag);
 uint32_t tiering_get_tag(void);

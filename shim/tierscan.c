@@ -172,3 +172,14 @@ EXPORT int tiering_scan_stat(const char *dir, const char *names, const uint8_t *
     syscall(SYS_close, fd);
     return 0;
 }
+
+EXPORT int64_t tiering_scan_ascending(const uint8_t *blob, const int64_t *offsets, int64_t n)
+{
+    for (int64_t k = 0; k + 1 < n; k++) {
+        uint64_t a = (uint64_t)(offsets[k + 1] - offsets[k]), b = (uint64_t)(offsets[k + 2] - offsets[k + 1]);
+        int c = memcmp(blob + offsets[k], blob + offsets[k + 1], a < b ? a : b);
+        if (c > 0 || (c == 0 && a >= b))
+            return k;
+    }
+    return -1;
+}

@@ -555,12 +555,31 @@ def encode_doc(doc: dict[str, Any], meta: bytes | None = None, offsets_reversed:
     for k, dtype in {"dir": "<i4", **FILE_COLUMNS}.items():
         try:
             arrays[k] = np.asarray(files[k], dtype)
-        except ValueError:
+        except (ValueError, OverflowError, TypeError):
             arrays[k] = np.asarray(files[k])
     head = json.dumps({**{k: v for k, v in doc.items() if k != "files"}, "files": len(data)}).encode()
     out = io.BytesIO()
     np.savez(out, meta=np.frombuffer(meta if meta is not None else head, np.uint8), **arrays)
     return out.getvalue()
+
+
+def zip_damaged(data: bytes, what: str) -> bytes:
+    """A cache file with its zip directory or a member's .npy header damaged."""
+    b = bytearray(data)
+    entry = b.rfind(b"PK\x01\x02")          # the central directory entry of the last member
+    if what == "compression":
+        b[entry + 10:entry + 12] = (99).to_bytes(2, "little")
+    elif what == "deflated":
+        b[entry + 10:entry + 12] = (8).to_bytes(2, "little")
+    elif what == "sizes":
+        b[entry + 20:entry + 28] = (0xFFFFFFF0).to_bytes(4, "little") * 2
+    elif what == "offset":
+        b[entry + 42:entry + 46] = (len(b) - 10).to_bytes(4, "little")
+    elif what == "shape":                    # the paths member claims 10**12 bytes
+        at = b.index(b"'shape': (", b.index(b"paths.npy"))
+        end = b.index(b")", at)
+        b[at:end + 1] = b"'shape': (999999999999,)".ljust(end + 1 - at)
+    return bytes(b)
 
 
 def test_corrupt_cache_ignored(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -569,7 +588,17 @@ def test_corrupt_cache_ignored(tmp_path: Path, caplog: pytest.LogCaptureFixture)
     good = scan([str(root)], cache_dir=cache)
     path = cache_file(cache, str(root))
     doc = read_doc(path)
+    rels = doc["files"]["rel"]
+    assert len(rels) >= 3
+    raw = path.read_bytes()
     bads = {
+        "a path twice": encode_doc({**doc, "files": {**doc["files"], "rel": [rels[0], *rels[:-1]]}}),
+        "a path twice, apart": encode_doc({**doc, "files": {**doc["files"], "rel": [*rels[:-1], rels[0]]}}),
+        "paths out of order": encode_doc({**doc, "files": {**doc["files"], "rel": [rels[1], rels[0], *rels[2:]]}}),
+        **{f"zip directory: {what}": zip_damaged(raw, what) for what in ("compression", "deflated", "sizes", "offset")},
+        "a member's shape": zip_damaged(raw, "shape"),
+        "meta nested deeply": encode_doc(doc, meta=b"[" * 100_000),
+        "a directory's inode below 0": encode_doc({**doc, "dirs": {**doc["dirs"], "ino": [-1] * len(doc["dirs"]["ino"])}}),
         "garbage": b"not a zip file at all",
         "truncated": path.read_bytes()[:40],
         "not json": encode_doc(doc, meta=b"{"),
@@ -589,6 +618,26 @@ def test_corrupt_cache_ignored(tmp_path: Path, caplog: pytest.LogCaptureFixture)
         assert any("ignoring the catalog cache" in r.getMessage() for r in caplog.records), what
         assert scan([str(root)], cache_dir=cache).from_cache, what    # rewritten
 
+
+
+@pytest.mark.parametrize("what", ["a path twice", "zip directory"])
+def test_tier_run_ignores_a_damaged_cache_and_rewrites_it(tmp_path: Path, what: str) -> None:
+    from helpers import PYTHON, profile, tier_run
+    root, _ = cached_tree(tmp_path)
+    cache = tmp_path / "xdg"
+    env = dict(os.environ, XDG_CACHE_HOME=str(cache))
+    path = cache_file(cache / "tiering" / "catalogs", str(root))
+    scan([str(root)], cache_dir=path.parent)
+    doc = read_doc(path)
+    rels = doc["files"]["rel"]
+    path.write_bytes(encode_doc({**doc, "files": {**doc["files"], "rel": [rels[0], *rels[:-1]]}})
+                     if what == "a path twice" else zip_damaged(path.read_bytes(), "compression"))
+    args = ["--profile", str(profile(tmp_path)), "--data", str(root), "--", PYTHON, "-c", "raise SystemExit(7)"]
+    r = tier_run(args, env=env)
+    assert r.returncode == 7 and "Traceback" not in r.stderr, r.stderr
+    assert len([ln for ln in r.stderr.splitlines() if "ignoring the catalog cache" in ln]) == 1, r.stderr
+    r = tier_run(args, env=env)                           # rewritten by the first run
+    assert r.returncode == 7 and "catalog from cache" in r.stderr and "ignoring" not in r.stderr, r.stderr
 
 def test_cache_per_root_and_unwritable(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     root, _ = cached_tree(tmp_path)

@@ -136,3 +136,28 @@ def test_plan_command_prints_a_table(tmp_path):
     assert lines[4].startswith("predicted seconds per epoch") and "reading the PFS directly" in lines[5]
     r = subprocess.run([PYTHON, "-m", "tiering", "plan", "--data", str(data)], capture_output=True, text=True)
     assert r.returncode == 2 and "give the order" in r.stderr
+
+
+BAD_ORDER_FILES = {
+    "huge index.txt": (b"0\n1\n99999999999999999999999\n", "index 99999999999999999999999 is too large"),
+    "a later epoch out of range.txt": (b"0\n1\n\n0\n50\n", "epoch 2 names index 50, but the data set has 50 samples"),
+    "damaged header.npy": (b"\x93NUMPY\x01\x00v\x00{'descr': '<i8', 'fortran_order': False, 'shape': (9999999999,)}"
+                           .ljust(127) + b"\n" + b"\0" * 24, "its header says 9999999999 values of int64"),
+    "junk header.npy": (b"\x93NUMPY\x01\x00\x10\x00{'descr': '<i8'\n" + b"\0" * 8, "a damaged .npy header"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_ORDER_FILES))
+def test_a_bad_order_file_stops_tier_run_and_plan_with_exit_2(tmp_path, name):
+    data = tmp_path / "pfs"
+    dataset(data, n=50)
+    content, message = BAD_ORDER_FILES[name]
+    order = tmp_path / name
+    order.write_bytes(content)
+    args = ["--profile", str(profile(tmp_path)), "--data", str(data), "--layout", "sorted", "--order-file", str(order)]
+    marker = tmp_path / "ran"
+    r = tier_run([*args, "--", PYTHON, "-c", f"open({str(marker)!r}, 'w')"])
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not marker.exists()
+    r = subprocess.run([PYTHON, "-m", "tiering", "plan", *args], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -810,3 +810,50 @@ def test_the_event_thread_runs_at_a_higher_priority_where_allowed_and_as_before_
         assert _nice_of_thread(t.d._thread.native_id) == base
     finally:
         t.close()
+
+
+def long_rel(data_root: Path, leaf: str = "f.bin") -> str:
+    """A relative path as long as the data root leaves room for (its absolute
+    path 4,094 bytes), in components of at most 200 bytes."""
+    n = 4094 - len(str(data_root)) - 1 - len(leaf)
+    parts, left = [], n
+    while left > 201:
+        parts.append("d" * 200)
+        left -= 201
+    parts.append("e" * (left - 1))
+    return "/".join(parts) + "/" + leaf
+
+
+def test_a_path_too_long_for_the_tier_is_a_counted_failure_not_a_copy_never_served(tmp_path, setup_factory):
+    rel = long_rel(tmp_path / "pfs")
+    assert len(str(tmp_path / "pfs" / rel)) == 4094
+    s = setup_factory(files={rel: 3000, "short.bin": 100})
+    assert len(str(s.tier.data / "0" / rel)) >= 4096      # the shim could not serve it from there
+    assert not s.d.place(s.i[rel], 0)
+    assert not s.d.place(s.i[rel], 0)                     # asked again: counted once
+    assert list(s.d.place_many(np.array([s.i[rel], s.i["short.bin"]]), 0)) == [False, True]
+    s.wait()
+    assert s.d.stats.copy_failures == 1 and s.tier.failures == 1
+    assert s.d.stats.failure_reasons == {"path too long for the tier": 1}
+    assert "PATH_MAX" in s.d.stats.errors[0]
+    assert s.state(rel) == lib.TIERING_STATE_NONE and s.state("short.bin") == 1
+    assert s.d.stats.pfs_opens == 1 and s.d.stats.copies == 1
+
+
+def test_a_copy_that_finds_no_free_descriptor_is_counted_with_its_reason(setup_factory):
+    import resource
+    s = setup_factory(files=FILES)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    lowest = os.dup(0)                 # the lowest free descriptor: none at or above the limit can be had
+    os.close(lowest)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (lowest, hard))
+    try:
+        assert s.d.place(s.i["a/x.bin"], 0)
+        s.wait()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert s.d.stats.copy_failures == 1
+    assert s.d.stats.failure_reasons == {"too many open files": 1}, s.d.stats.errors
+    assert s.d.place(s.i["a/x.bin"], 0)          # descriptors again: the copy is made
+    s.wait()
+    assert s.state("a/x.bin") == 1 and s.d.stats.copy_failures == 1

@@ -295,8 +295,8 @@ def test_quiet_and_off_say_nothing_but_still_write_the_status_file(tmp_path, mon
     ("auto", False, 1, False, None, Display("plain", 5.0)),
     ("plain", False, 0, True, None, Display("plain", 10.0)),
     ("bar", False, 0, False, 2.0, Display("bar", 2.0)),
-    ("auto", True, 1, True, None, Display("off", 0.0)),
-    ("off", False, 0, True, None, Display("off", 0.0)),
+    ("auto", True, 1, True, None, Display("off", 0.0, summary=False)),
+    ("off", False, 0, True, None, Display("off", 0.0, summary=True)),
 ])
 def test_choose_display(progress, quiet, verbose, terminal, every, want):
     assert choose_display(progress, quiet, verbose, every, terminal=terminal) == want

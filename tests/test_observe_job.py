@@ -170,6 +170,19 @@ def test_quiet_prints_nothing_but_the_json_has_everything(tmp_path):
     assert s["opens"]["total"] == 3 * N_FILES and len(s["series"]["t"]) >= 1
 
 
+
+def test_progress_off_drops_the_progress_and_keeps_the_summary(tmp_path):
+    data = tmp_path / "pfs"
+    dataset(data)
+    r = tier_run(["--profile", str(profile(tmp_path)), "--data", str(data), "--policy", "first-touch",
+                  "--progress", "off", "--", *reader_args(data, tmp_path / "r.json")])
+    assert r.returncode == 0, r.stderr
+    lines = r.stderr.splitlines()
+    assert [ln for ln in lines if ln.startswith("tiering: policy first-touch, ")] == lines[:1], r.stderr
+    assert not [ln for ln in lines if "scanned:" in ln or "starting COMMAND" in ln or "tiering 0:" in ln], r.stderr
+    assert any(ln.startswith("  hits ") for ln in lines), r.stderr
+
+
 # -- bytes read: what COMMAND read, not the sizes of the files it opened ---------------------
 
 MIB = 1 << 20
@@ -406,7 +419,7 @@ def test_report_says_what_is_wrong_with_its_input(tmp_path):
     bad = tmp_path / "x.json"
     bad.write_text('{"hello": 1}')
     r = subprocess.run([PYTHON, "-m", "tiering", "report", str(bad)], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 1 and "not a tier-run --stats-json file" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 2 and "not a tier-run --stats-json file" in r.stderr and "Traceback" not in r.stderr
 
 
 # -- make demo ----------------------------------------------------------------------------------------
@@ -451,3 +464,81 @@ def test_the_demo_prints_both_runs_side_by_side(tmp_path, local):
         assert "no slow PFS: FUSE cannot be mounted here (--local)" in out
     else:
         assert "served at" in out and "by slowfs" in out
+
+
+def test_a_path_too_long_for_the_tier_is_a_failure_with_its_reason_in_the_summary_and_json(tmp_path):
+    from test_daemon import long_rel
+    data = tmp_path / "pfs"
+    rel = long_rel(data)
+    contents = make_data(data, {rel: 5000, "short.bin": 700})
+    tier = tmp_path / ("t" * 150)
+    tier.mkdir(mode=0o700)
+    prof = tmp_path / "deep.yaml"
+    prof.write_text(f"name: deep\ntiers:\n  - name: ssd\n    kind: filesystem\n    path: {tier}\n"
+                    "    capacity: 1GiB\n    threads: 2\n")
+    stats = tmp_path / "s.json"
+    read = ("import sys, time\nfor _ in range(2):\n    for p in sys.argv[1:]:\n        open(p, 'rb').read()\n"
+            "    time.sleep(1.0)\n")
+    r = tier_run(["--profile", str(prof), "--data", str(data), "--policy", "stage", "--warm", "--stats-json",
+                  str(stats), "--", PYTHON, "-c", read, str(data / rel), str(data / "short.bin")])
+    assert r.returncode == 0, r.stderr
+    s = json.loads(stats.read_text())
+    pl = s["placement"]
+    assert pl["copy_failures"] == 1 and pl["copy_failures_by_reason"] == {"path too long for the tier": 1}
+    assert pl["copies"] == 1 and s["tiers"][0]["copy_failures"] == 1
+    assert "1 failed (1 path too long for the tier)" in r.stderr, r.stderr
+    assert "before its copy landed" not in r.stderr
+    assert s["opens"]["by_tier"]["ssd"] == 2 and s["opens"]["pfs"] == 2     # short.bin from the tier, twice
+    assert len(contents) == 2
+
+
+def small_stats() -> dict:
+    """The least of a --stats-json that `tiering report` draws."""
+    return {"policy": "first-touch", "policy_reason": None, "exit_code": 0, "command": ["python", "t.py"],
+            "files": 10, "bytes": 10_000, "data": ["/d"],
+            "tiers": [{"name": "ram", "kind": "memory", "path": "/dev/shm/x", "capacity": 1 << 20, "files": 10,
+                       "bytes": 10_000, "used": 40_960, "copy_failures": 0}],
+            "opens": {"total": 20, "pfs": 10, "by_tier": {"ram": 10}}, "hit_ratio": 0.5,
+            "pfs": {"bytes": 10_000, "bytes_without_tiering": 20_000, "bytes_measure": "bytes read"},
+            "epochs": [{"epoch": 1, "start": 0.1, "hit_ratio": 0.0}, {"epoch": 2, "start": 1.0, "hit_ratio": None}],
+            "series": {"interval": 1, "t": [1.0, 2.0], "tier_bytes": {"ram": [5000, 10_000]},
+                       "hit_ratio": [None, 0.5], "pfs_mib_per_s": [0.01, 0.0]},
+            "seconds": {"command": 2.0, "warm": None}}
+
+
+MALFORMED_STATS = {
+    "not json": b"{",
+    "a list": b"[1, 2]",
+    "nested deeply": b"[" * 100_000,
+    "tiers of numbers": {"tiers": [1, 2]},
+    "a tier without its capacity": {"tiers": [{"name": "ram"}]},
+    "bytes a string": {"bytes": "many"},
+    "bytes infinite": {"bytes": float("inf")},
+    "bytes beyond any job": {"bytes": 1e308},
+    "series.t of strings": {"series": {"t": ["a"], "tier_bytes": {}, "hit_ratio": [None], "pfs_mib_per_s": [0]}},
+    "series of unequal lengths": {"series": {"t": [1.0, 2.0], "tier_bytes": {"ram": [1]}, "hit_ratio": [None, None],
+                                             "pfs_mib_per_s": [0, 0]}},
+    "epochs without their start": {"epochs": [{"epoch": 1}]},
+    "epochs an object": {"epochs": {"epoch": 1}},
+    "seconds a list": {"seconds": [1]},
+    "command seconds null": {"seconds": {"command": None}},
+    "pfs a number": {"pfs": 3},
+    "command a string": {"command": 7},
+}
+
+
+@pytest.mark.parametrize("what", sorted(MALFORMED_STATS))
+def test_report_of_a_malformed_stats_file_is_a_clear_error_with_exit_2(tmp_path, what):
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(small_stats()))
+    if what == sorted(MALFORMED_STATS)[0]:       # once: the least file draws
+        r = subprocess.run([PYTHON, "-m", "tiering", "report", str(good), "-o", str(tmp_path / "g.html")],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+    change = MALFORMED_STATS[what]
+    bad = tmp_path / "bad.json"
+    bad.write_bytes(change if isinstance(change, bytes) else json.dumps({**small_stats(), **change}).encode())
+    r = subprocess.run([PYTHON, "-m", "tiering", "report", str(bad), "-o", str(tmp_path / "b.png")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert f"{bad}: not a tier-run --stats-json file" in r.stderr, r.stderr

@@ -314,6 +314,60 @@ def test_order_file_npy(tmp_path: Path) -> None:
         read_order_file(fake)
 
 
+
+def npy_bytes(arr: np.ndarray) -> bytes:
+    import io
+    out = io.BytesIO()
+    np.save(out, arr)
+    return out.getvalue()
+
+
+def damaged_npy() -> dict[str, bytes]:
+    """.npy files as a damaged disk or a wrong writer leave them."""
+    good = npy_bytes(np.array([0, 1, 2], np.int64))
+    head = good[:good.index(b"}") + 1]
+    return {
+        "shape far beyond the file": good.replace(b"'shape': (3,), }", b"'shape': (9999999999,)}"),
+        "shape of 2**62": good.replace(b"'shape': (3,), }", b"'shape': (4611686018427387904,)}"),
+        "an expression for a shape": good.replace(b"'shape': (3,), }", b"'shape': (10**9,), }"),
+        "a negative shape": good.replace(b"'shape': (3,), }", b"'shape': (3, -1),}"),
+        "junk in the header": good[:10] + b"garbage" + good[17:],
+        "a header cut short": good[:30],
+        "values cut short": good[:-3],
+        "more bytes than the shape": good + b"\0" * 8,
+        "an unhashable key": head.replace(b"{'descr'", b"{[1]: 2, 'descr'") + good[len(head):],
+        "objects": good.replace(b"'<i8'", b"'|O' "),
+        "a version 9 header": good[:6] + b"\x09\x00" + good[8:],
+        "unsigned values past int64": npy_bytes(np.array([0, 2**64 - 1], np.uint64)),
+    }
+
+
+@pytest.mark.parametrize("what", sorted(damaged_npy()))
+def test_a_damaged_npy_order_file_is_a_clear_error(tmp_path: Path, what: str) -> None:
+    p = tmp_path / "order.npy"
+    p.write_bytes(damaged_npy()[what])
+    with pytest.raises(OrderError, match=r"order file .*order\.npy: .*(damaged|cut short|object|version|too large)"):
+        read_order_file(p)
+
+
+@pytest.mark.parametrize("token", ["99999999999999999999999", "9" * 5000, str(2**63)])
+def test_an_index_beyond_int64_is_a_clear_error(tmp_path: Path, token: str) -> None:
+    p = tmp_path / "order.txt"
+    p.write_text(f"0\n1\n{token}\n")
+    with pytest.raises(OrderError, match=r"line 3: index [0-9]+(\.\.\.)? is too large"):
+        read_order_file(p)
+    p.write_text(f"0\n{2**63 - 1}\n{'0' * 5000}7\n")
+    assert read_order_file(p) == [[0, 2**63 - 1, 7]]
+
+
+def test_a_fortran_ordered_npy_order_file_is_read_in_its_order(tmp_path: Path) -> None:
+    rows = np.array([[1, 2, 3], [3, 2, 1]], np.int64)
+    p = tmp_path / "order.npy"
+    np.save(p, np.asfortranarray(rows))
+    assert b"'fortran_order': True" in p.read_bytes()
+    assert read_order_file(p) == rows.tolist()
+
+
 # ------------------------------------------------------------ ranks
 
 def test_ranks_from_env_defaults() -> None:

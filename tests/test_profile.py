@@ -753,7 +753,7 @@ def test_profile_check_with_data_reports_a_tier_inside_a_data_root(tmp_path):
     path = write(tmp_path, text)
     r = CliRunner().invoke(main, ["profile", "check", str(path), "--data", str(tmp_path / "elsewhere"),
                                   "--data", str(data)])
-    assert r.exit_code == 1, r.output
+    assert r.exit_code == 2, r.output
     lines = [ln for ln in r.output.splitlines() if "data root" in ln]
     assert lines == [f"Error: {path}: tier 'disk': path {data / 'cache'} is inside the data root {data}: tier-run's "
                      "directory there, and the copies in it, would be part of the data set (COMMAND would list "
@@ -766,7 +766,7 @@ def test_profile_check_with_data_reports_a_tier_inside_a_data_root(tmp_path):
     assert "OK" not in r.output
     # a data root inside a tier path is another matter: the tier's directory is made beside it
     r = CliRunner().invoke(main, ["profile", "check", str(path), "--data", str(data / "cache" / ".." / "..")])
-    assert r.exit_code == 1 and "is inside the data root" in r.output
+    assert r.exit_code == 2 and "is inside the data root" in r.output
     (data / "cache" / "mydata").mkdir()
     r = CliRunner().invoke(main, ["profile", "check", str(path), "--data", str(data / "cache" / "mydata")])
     assert r.exit_code == 0 and r.output.endswith(f"{path}: OK\n"), r.output
@@ -791,3 +791,48 @@ def test_profile_check_takes_a_shipped_name_as_profile_show_does(name, tmp_path,
     assert check_profile("mine").source == "mine" and load_profile("./mine").name == "test"
     with pytest.raises(ProfileError, match="unknown profile 'nosuch'"):
         check_profile("nosuch")
+
+
+# a container's /dev/shm (64 MiB) and TMPDIR on tmpfs, faked in tier-run's process
+SMALL_NODE = """
+import shutil
+from tiering.profile import node
+_usage, _fstype = shutil.disk_usage, node.filesystem_type
+node.shutil.disk_usage = lambda p: (_usage(p)._replace(total=64 << 20, used=1 << 20, free=63 << 20)
+                                    if str(p).startswith("/dev/shm") else _usage(p))
+node.filesystem_type = lambda p: _fstype(p) if str(p).startswith("/dev/shm") else "tmpfs"
+"""
+
+
+def test_with_no_usable_tier_command_runs_unchanged_and_tier_run_says_why_once(tmp_path):
+    import subprocess
+    import sys
+
+    from helpers import leftovers, make_data, patched_tier_run
+    data = tmp_path / "pfs"
+    make_data(data)
+    before = leftovers()
+    show = "import os, sys; print(os.environ.get('LD_PRELOAD'), os.environ.get('TIERING_INDEX')); sys.exit(5)"
+    r = subprocess.run([sys.executable, "-c", patched_tier_run(SMALL_NODE), "--data", str(data),
+                        "--stats-json", str(tmp_path / "s.json"), "--", sys.executable, "-c", show],
+                       capture_output=True, text=True, timeout=120, env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert r.returncode == 5, r.stderr
+    assert r.stdout == "None None\n"                       # no shim, no index: COMMAND as without tier-run
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tier-run: running COMMAND without tiering"), r.stderr
+    assert "tier 'ram' dropped" in lines[0] and "tier 'ssd' dropped" in lines[0] and "tmpfs" in lines[0]
+    assert "--profile FILE" in lines[0] and "s.json is written" in lines[0]
+    assert not (tmp_path / "s.json").exists() and leftovers() == before
+
+
+def test_with_no_usable_tier_a_command_not_found_is_still_127(tmp_path):
+    import subprocess
+    import sys
+
+    from helpers import make_data, patched_tier_run
+    data = tmp_path / "pfs"
+    make_data(data)
+    r = subprocess.run([sys.executable, "-c", patched_tier_run(SMALL_NODE), "--data", str(data), "--",
+                        "no-such-command-here"], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert r.returncode == 127 and "not found on PATH" in r.stderr and "Traceback" not in r.stderr, r.stderr

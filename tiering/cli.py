@@ -19,7 +19,15 @@ from .cluster.rendezvous import DEFAULT_RENDEZVOUS_TIMEOUT
 from .console import flush_quietly, reserve_standard_fds, say, setup_logging
 from .job import POLICY_NAMES, Job, JobError, JobOptions, map_large_blocks, run
 from .observe.live import choose_display
-from .profile import ProfileError, check_profile, data_root_problems, format_profile, list_profiles, load_profile
+from .profile import (
+    NoUsableTier,
+    ProfileError,
+    check_profile,
+    data_root_problems,
+    format_profile,
+    list_profiles,
+    load_profile,
+)
 from .units import human_bytes
 
 RUN_HELP = """Run COMMAND with the data set under each --data DIR served from local tiers.
@@ -111,6 +119,8 @@ def _do_run(profile: str, data: tuple[str, ...], policy: str | None, hook: bool 
             code = run_member(job)
         else:
             code = run(job)
+    except NoUsableTier as e:
+        _without_tiers(list(command), e, stats_json)
     except ProfileError as e:
         _leave(2, f"tier-run: profile error: {e}")
     except JobError as e:
@@ -126,6 +136,24 @@ def _do_run(profile: str, data: tuple[str, ...], policy: str | None, hook: bool 
     sys.exit(code)
 
 
+def _without_tiers(command: list[str], e: NoUsableTier, stats_json: Path | None) -> None:
+    """No tier of the profile can be used here: COMMAND runs as it would
+    without tier-run (exec'ed, its status its own), after one line that says
+    why and how to fix it (NOTE [no usable tier])."""
+    from .command import CommandError, exec_plain, ignored_at_start, resolve_command
+    try:
+        exe = resolve_command(command)
+    except CommandError as err:
+        _leave(err.exit_code, f"tier-run: {err}")
+    no_json = f"; no {stats_json} is written" if stats_json is not None else ""
+    say(f"tier-run: running COMMAND without tiering{no_json}: {e}")
+    flush_quietly()
+    try:
+        exec_plain(command, exe, ignored_at_start())
+    except CommandError as err:
+        _leave(err.exit_code, f"tier-run: {err}")
+
+
 def _leave(code: int, message: str) -> None:
     say(message)
     flush_quietly()
@@ -138,6 +166,14 @@ def _leave(code: int, message: str) -> None:
 @_run_options
 def tier_run(**kw):  # type: ignore[no-untyped-def]
     _do_run(**kw)
+
+
+class InputError(click.ClickException):
+    """A file or option the user gave cannot be used (a profile, an order
+    file, a --stats-json to draw): the message says why; exit status 2, as
+    for tier-run's own usage errors."""
+
+    exit_code = 2
 
 
 class _Tools(click.Group):
@@ -212,7 +248,7 @@ def plan_cmd(profile_name: str, data: tuple[str, ...], window: int, as_json: boo
         caps = [t.capacity for t in prof.tiers]
         reports, _ = simulate(epochs(), sizes, caps, window=window, schedule=False)
     except (ProfileError, ScanError, CatalogError, OrderError, StreamError) as e:
-        raise click.ClickException(str(e)) from None
+        raise InputError(str(e)) from None
     predicted = _predict(prof, sizes, first, order.batch_size, len(reports))
     if as_json:
         click.echo(json_mod.dumps({"files": len(cat.files), "bytes": cat.total_bytes,
@@ -325,7 +361,7 @@ def report_cmd(stats: Path, output: Path | None) -> None:
     try:
         write_report(stats, out)
     except PlotError as e:
-        raise click.ClickException(str(e)) from None
+        raise InputError(str(e)) from None
     click.echo(f"tiering report: {out}")
 
 
@@ -348,7 +384,7 @@ def profile_show(name: str) -> None:
     try:
         click.echo(format_profile(load_profile(name)))
     except ProfileError as e:
-        raise click.ClickException(str(e)) from None
+        raise InputError(str(e)) from None
 
 
 @profile.command("check")
@@ -362,9 +398,9 @@ def profile_check(file: str, data: tuple[str, ...]) -> None:
     try:
         p = check_profile(file)
     except ProfileError as e:
-        raise click.ClickException(str(e)) from None
+        raise InputError(str(e)) from None
     if problems := data_root_problems(p, data):
-        raise click.ClickException("\n".join(problems))
+        raise InputError("\n".join(problems))
     click.echo(format_profile(p))
     click.echo(f"{file}: OK")
 

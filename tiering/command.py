@@ -233,6 +233,23 @@ def _child_setup(parent: int, defaults: frozenset[int]) -> Callable[[], None]:
     return setup
 
 
+def exec_plain(command: list[str], exe: str, ignored: set[int]) -> None:
+    """Replaces tier-run with COMMAND, unchanged (tier-run's environment, no
+    shim), with the signals as spawn gives them: what runs when no tier can
+    be used (NOTE [no usable tier]).  Returns only by CommandError."""
+    as_plain_child(ignored)
+    try:
+        os.execv(exe, command)
+    except OSError as e:
+        if e.errno != errno.ENOEXEC:
+            raise CommandError(f"cannot start COMMAND {command[0]!r}: {e.strerror}",
+                               126 if e.errno in (errno.EACCES, errno.EISDIR) else 127) from None
+    try:           # execvp's rule: a file the kernel does not recognise is a shell script
+        os.execv("/bin/sh", ["/bin/sh", exe, *command[1:]])
+    except OSError as e:
+        raise CommandError(f"cannot start COMMAND {command[0]!r} with /bin/sh: {e.strerror}", 126) from None
+
+
 def spawn(command: list[str], exe: str, env: dict[str, str], ignored: set[int]) -> subprocess.Popen[bytes]:
     """Starts COMMAND (argv as given, found at exe) with env; file
     descriptors and the terminal are inherited as from a shell."""

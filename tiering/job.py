@@ -627,7 +627,7 @@ def _finish(job: Job, exit_code: int, t_start: float) -> None:
         stop_service(job)
         job.timings["total"] = time.monotonic() - t_start
         stats = job_stats(job, exit_code, final=True)
-        if opts.display.mode != "off":
+        if opts.display.summary:
             say(job_summary(stats))
         if opts.stats_json and (problem := write_stats(opts.stats_json, stats)):
             say(f"tier-run: {problem} (COMMAND exited {exit_code})")

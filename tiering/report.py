@@ -127,6 +127,7 @@ def to_json(r: JobRecord) -> dict[str, Any]:
         "placement": {
             "copies": d.copies,
             "copy_failures": d.copy_failures,
+            "copy_failures_by_reason": dict(sorted(d.failure_reasons.items(), key=lambda kv: -kv[1])),
             "changed_sources": d.changed_sources,
             "evictions": d.evictions,
             "invalidated": d.invalidated,
@@ -232,8 +233,10 @@ def summary_text(s: dict[str, Any]) -> str:
         lines += epoch_table(s["epochs"])
     pl = s["placement"]
     if pl["copy_failures"] or pl["evictions"] or pl["invalidated"] or pl["changed_sources"]:
-        lines.append(f"  copies   {pl['copies']:,} done, {pl['copy_failures']:,} failed, {pl['evictions']:,} evicted,"
-                     f" {pl['invalidated']} invalidated by writes, {pl['changed_sources']} changed on the PFS")
+        reasons = pl.get("copy_failures_by_reason") or {}
+        why = f" ({', '.join(f'{n:,} {r}' for r, n in reasons.items())})" if pl["copy_failures"] and reasons else ""
+        lines.append(f"  copies   {pl['copies']:,} done, {pl['copy_failures']:,} failed{why}, {pl['evictions']:,} "
+                     f"evicted, {pl['invalidated']} invalidated by writes, {pl['changed_sources']} changed on the PFS")
     o = s.get("order") or {}
     if s["policy"] == "clairvoyant":   # else the policy line says why not
         lines.append(f"  order    {o['epochs_known']} epochs known, {o['matched_opens']:,} opens followed,"

@@ -33,9 +33,10 @@ in which a directory
 was modified less than `RACY_SECONDS` before the scan began (mtimes have coarse
 granularity, and clocks of PFS clients and servers differ), or which met an
 unreadable directory, is not saved. A cache that cannot be read or parsed is
-ignored with a log line, and replaced; so is one with an entry that is not a
+ignored with a log line, and replaced (a damaged zip directory or .npy header
+too, NOTE [untrusted arrays]); so is one with an entry that is not a
 plain relative path below its root (an absolute path, an empty, "." or ".."
-component).
+component) or a file named twice or out of the scan's order.
 
 Only the user's own cache is trusted: when the cache directory or a cache file
 does not belong to the user or is writable by group or others (or the file is
@@ -46,6 +47,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import io
 import json
 import logging
 import os
@@ -64,6 +66,7 @@ from typing import Any, BinaryIO, cast
 import numpy as np
 import psutil
 
+from ..npyfile import read_npy
 from .model import FILE_COLUMNS, FileTable, RootScan
 
 log = logging.getLogger("tiering")
@@ -228,9 +231,51 @@ def _check_block(t: FileTable, first_file: int, end_file: int) -> None:
         raise ValueError(f"file {t.rel(k)!r} is not a relative path below the root")
 
 
+def _check_ascending(t: FileTable) -> None:
+    """The files in the order the scan writes them, none twice (a duplicate
+    would stop the index, NOTE [catalog cache format]): bytes ascending, in C
+    (one memcmp per file); a table with a name that is not UTF-8 sorts as
+    str (surrogate escapes), checked in Python when the bytes do not ascend."""
+    n = len(t)
+    if n < 2:
+        return
+    k = -2
+    try:
+        from ..placement.index import ffi, lib
+        k = int(lib.tiering_scan_ascending(ffi.from_buffer("uint8_t[]", t.paths),
+                                           ffi.from_buffer("int64_t[]", t.offsets), n))
+    except (OSError, AttributeError):      # the library is not built
+        pass
+    if k == -1:
+        return
+    if k >= 0:
+        try:
+            t.paths.tobytes().decode("utf-8")
+        except UnicodeDecodeError:
+            k = -2
+    if k == -2:
+        rels = t.rels()
+        k = next((i for i in range(n - 1) if not rels[i] < rels[i + 1]), -1)
+        if k == -1:
+            return
+    raise ValueError(f"file {t.rel(k + 1)!r} is out of path order or named twice")
+
+
 def _read_arrays(f: BinaryIO) -> dict[str, np.ndarray]:
-    with np.load(f, allow_pickle=False) as z:
-        return {name: z[name] for name in ["meta", *ARRAYS]}
+    """The arrays of the .npz, each checked before it is read (a damaged zip
+    directory or .npy header is a ValueError or BadZipFile, NOTE [untrusted
+    arrays]): stored (np.savez compresses nothing), within the file."""
+    size = os.fstat(f.fileno()).st_size
+    out = {}
+    with zipfile.ZipFile(f) as z:
+        for name in ["meta", *ARRAYS]:
+            info = z.getinfo(name + ".npy")
+            if info.compress_type != zipfile.ZIP_STORED or info.flag_bits & 0x1 or \
+                    info.file_size != info.compress_size or info.header_offset + info.compress_size > size:
+                raise ValueError(f"member {name} is compressed, encrypted or beyond the file")
+            with z.open(info) as m:
+                out[name] = read_npy(cast(io.BufferedIOBase, m), info.file_size)
+    return out
 
 
 def _decode(f: BinaryIO, root: str) -> RootScan:
@@ -238,7 +283,10 @@ def _decode(f: BinaryIO, root: str) -> RootScan:
     meta = arrays["meta"]
     if meta.dtype != np.uint8 or meta.ndim != 1:
         raise ValueError("not a catalog cache")
-    doc = json.loads(meta.tobytes())
+    try:
+        doc = json.loads(meta.tobytes())
+    except RecursionError:
+        raise ValueError("meta is nested too deeply") from None
     if not isinstance(doc, dict) or doc.get("format") != CACHE_FORMAT:
         raise ValueError("not a catalog cache")
     if doc.get("version") != CACHE_VERSION:
@@ -260,9 +308,12 @@ def _decode(f: BinaryIO, root: str) -> RootScan:
         raise ValueError("a file's directory is not in the table")
     files = FileTable(arrays["paths"], arrays["offsets"], np.zeros(n, np.int32), d,
                       {k: arrays[k] for k in FILE_COLUMNS})
+    if not all(0 <= ino < 1 << 64 and 0 <= dev < 1 << 64 and -(1 << 63) <= mt < 1 << 63 for _, ino, dev, mt in dirs):
+        raise ValueError("a directory's inode, device or mtime is out of range")
     p = RootScan(files=files, dirs=dirs, aliases=_columns(doc["aliases"], {"rel": str, "target": str}),
                  skipped=skipped, links=bool(doc["dir_links"]), scanned_ns=int(doc["scanned_ns"]))
     _check_paths(p)
+    _check_ascending(files)       # after _check_paths: the offsets are within the blob
     return p
 
 

@@ -359,8 +359,8 @@ def _read_manifest(path: Path) -> list[tuple[int, str]]:
     if path.suffix.lower() == ".json":
         try:
             doc = json.loads(data)
-        except ValueError as e:
-            raise CatalogError(f"manifest {path}: not valid JSON ({e})") from None
+        except (ValueError, RecursionError) as e:
+            raise CatalogError(f"manifest {path}: not valid JSON ({str(e)[:200]})") from None
         if not isinstance(doc, list):
             raise CatalogError(f"manifest {path}: expected a JSON list of paths, got {type(doc).__name__}")
         out = []

@@ -169,12 +169,16 @@ def _order_file_epochs(opts: OrderOptions, catalog: Catalog) -> Iterator[np.ndar
             yield np.asarray(order, dtype=np.int64)
         return
     mapping = dataset_ids(catalog, layout_of(opts))
-    for k, order in enumerate(epochs):
+    orders: list[np.ndarray] = []
+    for k, order in enumerate(epochs):     # every epoch checked before the first is used (before COMMAND)
         idx = np.asarray(order, dtype=np.int64)
         bad = np.flatnonzero((idx < 0) | (idx >= len(mapping)))
         if bad.size:
             raise StreamError(f"{opts.order_file}: epoch {k + 1} names index {int(idx[bad[0]])}, but the data "
                               f"set has {len(mapping)} samples (indices 0..{len(mapping) - 1})")
+        orders.append(idx)
+    del epochs
+    for idx in orders:
         yield mapping[idx]
 
 

@@ -4,6 +4,7 @@ file path per line, epochs separated by a blank line or "# epoch") or as a
 from __future__ import annotations
 
 import operator
+import os
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -15,10 +16,13 @@ NPY_MAGIC = b"\x93NUMPY"
 
 _EPOCH_LINE = re.compile(r"#\s*epoch\b", re.IGNORECASE)
 _INDEX_LINE = re.compile(r"[0-9]+")
+MAX_INDEX = 2**63 - 1     # an index is an int64 (no data set comes near)
+MAX_INDEX_DIGITS = len(str(MAX_INDEX))
 
 
 def read_order_file(path: Path, resolve: Callable[[str], int] | None = None) -> list[list[int]]:
-    """Epochs of data-set indices from an explicit order file.
+    """Epochs of data-set indices from an explicit order file (damaged or
+    oversized content is an OrderError, NOTE [untrusted arrays]).
 
     Text (UTF-8): one entry per line, white space around it ignored. A decimal number is
     an index; anything else is a path, turned into an index by `resolve` (KeyError,
@@ -62,9 +66,13 @@ def _read_text(path: Path, text: str, resolve: Callable[[str], int] | None) -> l
 
 
 def _entry(path: Path, lineno: int, token: str, resolve: Callable[[str], int] | None) -> int:
-    if _INDEX_LINE.fullmatch(token):
-        return int(token)
     where = f"order file {path}, line {lineno}"
+    if _INDEX_LINE.fullmatch(token):
+        digits = token.lstrip("0") or "0"     # leading zeros count against int()'s digit limit too
+        if len(digits) > MAX_INDEX_DIGITS or int(digits) > MAX_INDEX:
+            raise OrderError(f"{where}: index {token[:30]}{'...' if len(token) > 30 else ''} is too large "
+                             f"(indices go from 0 to the data set's number of samples - 1)")
+        return int(digits)
     if resolve is None:
         raise OrderError(f"{where}: {token!r} is not a data-set index (an integer >= 0); "
                          f"paths need a resolver that maps them to indices")
@@ -87,12 +95,18 @@ def _entry(path: Path, lineno: int, token: str, resolve: Callable[[str], int] | 
 def _read_npy(path: Path) -> list[list[int]]:
     try:
         import numpy as np
+
+        from ..npyfile import read_npy
     except ImportError as e:
         raise OrderError(f"order file {path} is a .npy file; reading it needs numpy (pip install numpy)") from e
     try:
-        arr = np.load(path, allow_pickle=False)
-    except (OSError, ValueError, EOFError) as e:
-        raise OrderError(f"order file {path}: not a readable .npy array ({e})") from e
+        with open(path, "rb") as f:
+            arr = read_npy(f, os.fstat(f.fileno()).st_size)
+    except OSError as e:
+        raise OrderError(f"order file {path}: cannot read it ({e.strerror or e})") from e
+    except ValueError as e:
+        raise OrderError(f"order file {path}: not a readable .npy array: {e}; write it with "
+                         "numpy.save(path, order.astype('int64'))") from e
     if not np.issubdtype(arr.dtype, np.integer):
         raise OrderError(f"order file {path}: holds {arr.dtype} values; indices must be integers "
                          f"(save it with an integer dtype, e.g. arr.astype('int64'))")
@@ -107,6 +121,11 @@ def _read_npy(path: Path) -> list[list[int]]:
         row, pos = (int(x) for x in negative[0])
         raise OrderError(f"order file {path}: epoch {row + 1}, position {pos}: negative index "
                          f"{int(rows[row, pos])}; indices start at 0")
+    large = np.argwhere(rows > MAX_INDEX)
+    if len(large):
+        row, pos = (int(x) for x in large[0])
+        raise OrderError(f"order file {path}: epoch {row + 1}, position {pos}: index {int(rows[row, pos])} "
+                         "is too large (indices go from 0 to the data set's number of samples - 1)")
     return [[int(x) for x in row] for row in rows.tolist()]
 
 

@@ -118,7 +118,7 @@ def _report(job: Job, member: nodelock.Membership, code: int, seconds: float) ->
         stats["node_service"] = {"pid": member.service_pid, "started_here": member.started,
                                  "local_rank": opts.node.local_rank, "local_world": opts.node.local_world,
                                  "job_id": opts.node.job_id}
-        if opts.display.mode != "off":
+        if opts.display.summary:
             say(job_summary(stats))
         if opts.stats_json and (problem := write_stats(opts.stats_json, stats)):
             say(f"tier-run: {problem} (COMMAND exited {code})")

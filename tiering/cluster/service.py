@@ -107,7 +107,7 @@ def options_to_json(opts: JobOptions) -> dict[str, Any]:
 
 def options_from_json(d: dict[str, Any]) -> JobOptions:
     passed = {name: CODECS[name][1](d[name]) if name in CODECS else d[name] for name in passed_options()}
-    return JobOptions(**passed, display=Display("off", 0.0))
+    return JobOptions(**passed, display=Display("off", 0.0, summary=False))
 
 
 def write_job_file(directory: Path, opts: JobOptions) -> None:

@@ -54,13 +54,14 @@ SCAN_EVERY_LOG = 5.0     # seconds between plain scan lines
 class Display:
     mode: str            # "bar" (a terminal), "plain" (a log) or "off"
     every: float         # seconds between status lines while COMMAND runs
+    summary: bool = True   # the summary at exit (--progress off keeps it, --quiet drops it)
 
 
 def choose_display(progress: str, quiet: bool, verbose: int, every: float | None = None,
                    terminal: bool | None = None) -> Display:
     """--progress auto|bar|plain|off, --quiet, -v and --progress-every."""
     if quiet or progress == "off":
-        return Display("off", 0.0)
+        return Display("off", 0.0, summary=not quiet)
     tty = stderr_is_terminal() if terminal is None else terminal
     mode = progress if progress in ("bar", "plain") else ("bar" if tty else "plain")
     default = EVERY_VERBOSE if verbose else (EVERY_TERMINAL if mode == "bar" else EVERY_LOG)

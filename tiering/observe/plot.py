@@ -15,6 +15,7 @@ import base64
 import html
 import io
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -30,16 +31,72 @@ class PlotError(Exception):
 
 
 def load_stats(path: Path) -> dict[str, Any]:
+    """The --stats-json file, with every field the pictures read checked
+    (PlotError names the first one that is missing or of the wrong kind)."""
     try:
-        s = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise PlotError(f"{path}: not a tier-run --stats-json file ({e})") from None
+        s = json.loads(path.read_bytes())
+    except (OSError, ValueError, RecursionError) as e:
+        raise PlotError(f"{path}: not a tier-run --stats-json file ({str(e)[:200]})") from None
     if not isinstance(s, dict) or "opens" not in s or "tiers" not in s:
         raise PlotError(f"{path}: not a tier-run --stats-json file (no opens or tiers)")
-    if not (s.get("series") or {}).get("t"):
+    series = s.get("series")
+    if not isinstance(series, dict) or not series.get("t"):
         raise PlotError(f"{path}: no time series in it (written by an older tier-run, or COMMAND ended "
                         "before the first sample)")
+    if (problem := _problem(s)) is not None:
+        raise PlotError(f"{path}: not a tier-run --stats-json file of this version: {problem}")
     return s
+
+
+LARGEST = 1e30            # no count or second of a job comes near: the axes' limits stay finite
+
+
+def _number(v: Any, none: bool = False) -> bool:
+    if v is None:
+        return none
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and abs(v) < LARGEST
+
+
+def _numbers(v: Any, n: int, none: bool = False) -> bool:
+    return isinstance(v, list) and len(v) == n and all(_number(x, none) for x in v)
+
+
+def _records(v: Any, fields: dict[str, bool]) -> bool:
+    """A list of objects, each with these number fields (True: may be null)."""
+    return isinstance(v, list) and all(isinstance(r, dict) and all(_number(r.get(k), none) for k, none in
+                                                                   fields.items()) for r in v)
+
+
+def _problem(s: dict[str, Any]) -> str | None:
+    """The first field the pictures read that is missing or of the wrong kind, or None."""
+    ser = s["series"]
+    t = ser["t"]
+    n = len(t) if isinstance(t, list) else 0
+    seconds = s.get("seconds") if s.get("seconds") is not None else {}
+    pfs = s.get("pfs")
+    checks = [
+        ("files", isinstance(s.get("files"), int) and _number(s.get("files"))),
+        ("bytes", _number(s.get("bytes"))),
+        ("policy", isinstance(s.get("policy"), str)),
+        ("policy_reason", s.get("policy_reason") is None or isinstance(s.get("policy_reason"), str)),
+        ("command", isinstance(s.get("command", []), list) and all(isinstance(a, str) for a in s.get("command", []))),
+        ("seconds", isinstance(seconds, dict) and _number(seconds.get("command", 0), none=False)
+         and _number(seconds.get("warm"), none=True)),
+        ("hit_ratio", _number(s.get("hit_ratio"), none=True)),
+        ("tiers", isinstance(s["tiers"], list) and all(isinstance(x, dict) and isinstance(x.get("name"), str)
+                                                      and _number(x.get("capacity")) for x in s["tiers"])),
+        ("series.t", _numbers(t, n)),
+        ("series.tier_bytes", isinstance(ser.get("tier_bytes"), dict)
+         and all(_numbers(v, n) for v in ser["tier_bytes"].values())),
+        ("series.hit_ratio", _numbers(ser.get("hit_ratio"), n, none=True)),
+        ("series.pfs_mib_per_s", _numbers(ser.get("pfs_mib_per_s"), n)),
+        ("epochs", s.get("epochs") is None or _records(s["epochs"], {"epoch": False, "start": False,
+                                                                    "hit_ratio": True})),
+        ("pfs", isinstance(pfs, dict) and ("bytes_without_tiering" not in pfs or (
+            _number(pfs["bytes_without_tiering"]) and _number(pfs.get("bytes"))
+            and isinstance(pfs.get("bytes_measure", ""), str)))),
+    ]
+    return next((f"{name} is missing or not what tier-run writes" for name, ok in checks if not ok), None)
 
 
 def _unit(nbytes: float) -> tuple[float, str]:
@@ -166,7 +223,7 @@ def _page(s: dict[str, Any], png_b64: str) -> str:
     from ..report import summary_text
     try:
         text = summary_text(s)
-    except (KeyError, TypeError):
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError):
         text = "(no summary: the stats file is of another version)"
     return ("<!doctype html><meta charset='utf-8'><title>tier-run report</title>"
             "<body style='font-family:sans-serif'>"

@@ -28,6 +28,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -102,10 +103,42 @@ class DaemonStats:
     peer_fallbacks: dict[str, int] = field(default_factory=dict)   # fetches given up, by reason: PFS copy
     peer: dict[str, Any] | None = None   # the job's peer tier at stop (Daemon.peer_report), None without peers
     errors: list[str] = field(default_factory=list)
+    failure_reasons: dict[str, int] = field(default_factory=dict)   # copy_failures by reason (failure_reason)
 
     def note(self, message: str) -> None:
         if len(self.errors) < MAX_ERRORS and message not in self.errors:
             self.errors.append(message)
+
+    def failed(self, reason: str, n: int = 1) -> None:
+        self.copy_failures += n
+        self.failure_reasons[reason] = self.failure_reasons.get(reason, 0) + n
+
+
+PATH_MAX = 4096           # Linux's, the shim's limit on a path it serves (tier_path in shim/tiershim.c)
+TOO_LONG = "path too long for the tier"
+
+
+def failure_reason(e: Exception) -> str:
+    """A copy failure's reason in a few words: the system's for an OSError
+    ("too many open files", "no space left on device"), else its kind."""
+    if isinstance(e, OSError) and e.errno:
+        text = os.strerror(e.errno)
+        return text[:1].lower() + text[1:]
+    return type(e).__name__
+
+
+def too_long_for(files: Any, tier_data: Path) -> np.ndarray | None:
+    """Per file, whether its path in the tier (data dir + "/<root id>/" +
+    rel) is too long for the shim to serve (None: no file is): such a copy
+    would be made and never read (NOTE [paths too long for a tier])."""
+    lengths = np.diff(np.asarray(files.offsets, np.int64))
+    if not len(lengths):
+        return None
+    base = len(os.fsencode(str(tier_data)))
+    roots = np.asarray(files.root, np.int64)
+    ids = 2 + np.where(roots >= 10, 2, 1) + (roots >= 100)   # "/", the root id's digits, "/"
+    long = base + ids + lengths >= PATH_MAX
+    return long if long.any() else None
 
 
 @dataclass(frozen=True)
@@ -207,6 +240,9 @@ class Daemon:
         self._opens_seen = np.zeros(1 + int(index.header.ntiers), np.int64)
         self.stuck = 0                      # copies stop() gave up waiting for
         self._reading = 0                   # copies reading the PFS now (inside the semaphore)
+        # per tier: the files whose path there is too long to serve (None: none), and those refused once
+        self._too_long = [too_long_for(self.files, t.data) for t in tiers]
+        self._long_refused = [np.zeros(len(self.files), bool) if m is not None else None for m in self._too_long]
         self.policy = policy_factory(self)
 
     # -- the Placement contract ----------------------------------------------
@@ -243,6 +279,9 @@ class Daemon:
         with self._lock:
             if not self.placeable(i):
                 return False
+            if (long := self._too_long[tier]) is not None and long[i]:
+                self._refuse_long(np.array([i], np.int64), tier)
+                return False
             t = self.tiers[tier]
             need = allocation(int(self._sizes[i]))
             if t.free() < need:
@@ -273,6 +312,9 @@ class Daemon:
             ok = first & (np.frombuffer(self._where, np.int8)[ids] == NOT_PLACED) & (self._flight[ids] < 0)
             if self._invalid:
                 ok &= ~np.isin(ids, np.fromiter(self._invalid, np.int64, len(self._invalid)))
+            if (long := self._too_long[tier]) is not None and long[ids[ok]].any():
+                self._refuse_long(ids[ok & long[ids]], tier)
+                ok &= ~long[ids]
             take = np.flatnonzero(ok)
             free = t.free()
             room = np.cumsum(needs[take])
@@ -293,6 +335,23 @@ class Daemon:
             self._wake_workers(tier, len(take))
         placed[take] = True
         return placed
+
+    def _refuse_long(self, ids: np.ndarray, tier: int) -> None:
+        """Under the lock: copies of files whose path in the tier is too long
+        to serve are not made; each counts once as a copy failure."""
+        refused = self._long_refused[tier]
+        assert refused is not None
+        new = ids[~refused[ids]]
+        if not len(new):
+            return
+        refused[new] = True
+        t = self.tiers[tier]
+        t.failures += len(new)
+        self.stats.failed(TOO_LONG, len(new))
+        rel = self.files.rel(int(new[0]))
+        self.stats.note(f"{self.catalog.source_path(CopyOf.of(self.files, int(new[0])))}: its path in tier "
+                        f"{t.name} ({t.data}/{int(self.files.root[int(new[0])])}/{rel[:40]}...) is longer than "
+                        f"PATH_MAX ({PATH_MAX} bytes): read from the PFS")
 
     def _wake_workers(self, tier: int, n: int) -> None:
         """Under the lock: n copies were queued on the tier; its workers are
@@ -867,7 +926,7 @@ class Daemon:
             self.stats.changed_sources += 1
         elif failure is not None:
             t.failures += 1
-            self.stats.copy_failures += 1
+            self.stats.failed(failure_reason(failure))
             self.stats.note(f"{src}: {failure}")
         elif allocated is not None and not self._stop.is_set():
             # the copy is complete under its final name: publish it

@@ -12,7 +12,7 @@ from __future__ import annotations
 from ..units import human_bytes, parse_size
 from .expand import expand_vars, job_id
 from .load import check_profile, list_profiles, load_profile
-from .model import MAX_TIERS, Network, Pfs, Profile, ProfileError, Tier
+from .model import MAX_TIERS, Network, NoUsableTier, Pfs, Profile, ProfileError, Tier
 from .resolve import data_root_problems
 from .show import format_profile
 
@@ -21,6 +21,7 @@ __all__ = [
     "Network",
     "Pfs",
     "Profile",
+    "NoUsableTier",
     "ProfileError",
     "Tier",
     "check_profile",

@@ -37,6 +37,16 @@ class ProfileError(Exception):
         return combined
 
 
+class NoUsableTier(ProfileError):
+    """Every tier of a profile was dropped on this machine (each was optional:
+    too small, missing, not a local disk); `notes` says why, tier by tier.
+    tier-run then runs COMMAND without tiering (NOTE [no usable tier])."""
+
+    def __init__(self, message: str, *, source: str, notes: list[str]):
+        super().__init__(message, source=source, key="tiers")
+        self.notes = tuple(notes)
+
+
 class Errors:
     """Collects the ProfileErrors of independent checks, so that one run
     reports every problem of a profile."""

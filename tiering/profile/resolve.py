@@ -26,6 +26,7 @@ from .model import (
     TIER_KINDS,
     Errors,
     Network,
+    NoUsableTier,
     Pfs,
     Profile,
     ProfileError,
@@ -321,10 +322,11 @@ def build_profile(data: dict[str, Any], source: str, env: Mapping[str, str]) -> 
     errs.raise_any()
     assert pfs is not None
     if not ctx.kept:
-        raise ProfileError(
+        raise NoUsableTier(
             f"{source}: tiers: no tier is usable on this machine ({'; '.join(ctx.notes)}); "
-            f"add a tier that exists here, e.g. /dev/shm with capacity auto, or fix the paths",
-            source=source, key="tiers",
+            f"give a profile with a tier that has room here, e.g. a local disk (kind: filesystem, path: "
+            f"/local/scratch, capacity: 50%), with --profile FILE (`tiering profile check FILE` tries it)",
+            source=source, notes=ctx.notes,
         )
     for i, (a, dev_a) in enumerate(ctx.kept):
         for b, dev_b in ctx.kept[i + 1 :]:
