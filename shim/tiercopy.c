@@ -210,7 +210,51 @@ static int copy_open(int at, const char *src, int staging_fd, const char *name, 
     }
     c->fd_in = in;
     c->fd_out = out;
+    c->source_blocks = (int64_t)st.st_blocks;
     return TIERING_COPY_OK;
+}
+
+/* NOTE [sparse copies]: the data extents of a sparse source (SEEK_DATA,
+ * SEEK_HOLE) copied to the same offsets, the holes left holes and the size
+ * set; then one byte past the size is tried, as a whole copy reads size + 1
+ * (growth).  The bytes copied (size + 1: it grew), -1 (errno), -2 stopped,
+ * -3 when the file system cannot tell its extents (then a whole copy). */
+static int64_t copy_extents(int in, int out, uint64_t size, tiering_progress_fn progress, void *arg)
+{
+    uint64_t off = 0;
+    while (off < size) {
+        off_t d = (off_t)syscall(SYS_lseek, in, (off_t)off, SEEK_DATA);
+        if (d < 0 && errno == ENXIO)
+            break; /* a hole to the end */
+        off_t h = d < 0 ? -1 : (off_t)syscall(SYS_lseek, in, d, SEEK_HOLE);
+        if (h < 0)
+            return off == 0 ? -3 : -1;
+        if ((uint64_t)h > size)
+            h = (off_t)size;
+        int64_t n = (uint64_t)d < size ? copy_range(in, out, (uint64_t)d, (uint64_t)(h - d), progress, arg, VIA_BUFFER, NULL) : 0;
+        if (n < 0)
+            return n;
+        if (n < h - d)
+            return (int64_t)d + n; /* shrank: the size check says so */
+        off = (uint64_t)h;
+    }
+    if (syscall(SYS_ftruncate, out, (off_t)size) < 0)
+        return -1;
+    char b;
+    ssize_t more = syscall(SYS_pread64, in, &b, 1, (off_t)size);
+    return more < 0 ? -1 : (int64_t)size + (more > 0);
+}
+
+/* A whole source into the staging file: at most size + 1 bytes in one
+ * range, or a sparse one's extents (copy_extents). */
+static int64_t copy_whole(struct tiering_copy *c, tiering_progress_fn progress, void *arg, int *via_io)
+{
+    if ((uint64_t)c->source_blocks * 512 < c->size) {
+        int64_t n = copy_extents(c->fd_in, c->fd_out, c->size, progress, arg);
+        if (n != -3)
+            return n;
+    }
+    return copy_range(c->fd_in, c->fd_out, 0, c->size + 1, progress, arg, VIA_SENDFILE, via_io);
 }
 
 /* After the copy of `copied` bytes (at most size + 1 were tried; -1: failed,
@@ -274,7 +318,7 @@ EXPORT int tiering_copy_file(const char *src, int staging_fd, const char *name, 
     int r = copy_open(AT_FDCWD, src, staging_fd, name, c);
     if (r != TIERING_COPY_OK)
         return r;
-    int64_t n = copy_range(c->fd_in, c->fd_out, 0, c->size + 1, progress, arg, VIA_SENDFILE, NULL);
+    int64_t n = copy_whole(c, progress, arg, NULL);
     if (n == -1)
         c->error = errno;
     return copy_finish(c, n, AT_FDCWD, src, staging_fd, name, dst_fd, leaf);
@@ -404,7 +448,7 @@ static int copy_one(const struct tiering_batch *b, struct tiering_batch_file *f,
     if (r == TIERING_COPY_OK) {
         tiering_progress_fn progress = b->progress ? b->progress : stop_flag;
         void *arg = b->progress ? b->arg : (void *)b->stop;
-        int64_t n = copy_range(c.fd_in, c.fd_out, 0, c.size + 1, progress, arg, VIA_SENDFILE, &pc->via[root]);
+        int64_t n = copy_whole(&c, progress, arg, &pc->via[root]);
         if (n == -1)
             c.error = errno;
         int dst = n >= 0 ? parent_fd(b->data_fd, root, key, (size_t)key_len, pc) : -1;

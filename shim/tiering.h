@@ -264,6 +264,8 @@ struct tiering_copy {
     int32_t fd_out;      /* ... and the staging file's, until finish        */
     uint64_t dev;        /* out of tiering_copy_open: the source's identity, */
     uint64_t ino;        /* which its path must still name at finish        */
+    int64_t source_blocks; /* out of tiering_copy_open: the source's st_blocks */
+                         /* (fewer than its size needs: a sparse file)     */
     struct tiering_file *record; /* in: the file's record in the index, whose */
                          /* TIERING_FILE_VERIFIED finish sets or clears    */
                          /* (NULL: none)                                   */

@@ -375,32 +375,45 @@ def test_a_copy_sets_the_verified_flag_only_when_the_source_is_as_recorded(tmp_p
     se.index.close()
 
 
-def test_the_daemons_batch_copies_verify_their_records(tmp_path):
-    """Every small file the daemon copies in a batch has its record verified
-    before it is published; a file copied on its own (BATCH_BYTES or more)
-    is not (its descriptors' stat is the data path's)."""
+def scanned_daemon(tmp_path: Path, data: Path):  # type: ignore[no-untyped-def]
+    """A daemon over a fresh scan of data (its index written as tier-run
+    writes it, records and all) with one /dev/shm-like tier, started; and a
+    wait for its copies to settle."""
     from helpers import private_dir
     from tiering.catalog import scan
     from tiering.placement.daemon import Daemon
     from tiering.placement.index import Root, SharedIndex
     from tiering.placement.policies import POLICIES
-    from tiering.placement.tiers import BATCH_BYTES, TierState
-    data = tmp_path / "pfs"
-    files = {f"d{k % 3}/f{k}.bin": 100 + k for k in range(40)} | {"large.bin": BATCH_BYTES}
-    make_data(data, files)
+    from tiering.placement.tiers import TierState
     cat = scan([str(data)])
     tier = TierState("ram", "memory", private_dir(tmp_path / "tier"), 1 << 30, 2)
     index, slots = SharedIndex.for_catalog(private_dir(tmp_path / "run") / "index", [Root(cat.roots[0], 0)],
                                            [str(tier.data)], cat)
     d = Daemon(index, cat, slots, [tier], 2, POLICIES["off"])
     d.start()
+
+    def settle() -> None:
+        deadline = time.monotonic() + 120
+        while d.copies_in_flight() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not d.copies_in_flight()
+    return cat, tier, index, slots, d, settle
+
+
+def test_the_daemons_batch_copies_verify_their_records(tmp_path):
+    """Every small file the daemon copies in a batch has its record verified
+    before it is published; a file copied on its own (BATCH_BYTES or more)
+    is not (its descriptors' stat is the data path's)."""
+    from tiering.placement.tiers import BATCH_BYTES
+    data = tmp_path / "pfs"
+    files = {f"d{k % 3}/f{k}.bin": 100 + k for k in range(40)} | {"large.bin": BATCH_BYTES}
+    make_data(data, files)
+    cat, _, index, slots, d, settle = scanned_daemon(tmp_path, data)
     try:
         ids = {f.rel: k for k, f in enumerate(cat.files)}
         for rel in files:
             assert d.place(ids[rel], 0)
-        deadline = time.monotonic() + 120
-        while d.copies_in_flight() and time.monotonic() < deadline:
-            time.sleep(0.01)
+        settle()
         assert d.stats.copies == len(files)
         verified = {rel: bool(index.files["flags"][int(index.entries[int(slots[ids[rel]])].file)]
                               & lib.TIERING_FILE_VERIFIED) for rel in files}
@@ -552,3 +565,40 @@ def test_a_descriptor_of_a_file_the_job_wrote_shows_and_reads_what_it_wrote(tmp_
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["8", "appended"]
     se.index.close()
+
+
+@pytest.mark.parametrize("size", [600_000, 8 << 20], ids=["batch", "alone"])
+def test_a_sparse_file_is_copied_with_its_holes(tmp_path, size):
+    """The copy of a sparse file keeps its holes where the source has them
+    (SEEK_HOLE / SEEK_DATA on a served descriptor, tar -S), with the same
+    bytes; only its data is read."""
+    data = tmp_path / "pfs"
+    data.mkdir()
+    src = data / "sparse.bin"
+    mid = size // 2 // 65536 * 65536
+    with open(src, "wb") as f:
+        f.write(b"a" * 4096)
+        f.seek(mid)
+        f.write(b"b" * 4096)
+        f.truncate(size)
+    assert src.stat().st_blocks * 512 < size, "the test's file system keeps no holes"
+    _, tier, index, _, d, settle = scanned_daemon(tmp_path, data)
+    try:
+        assert d.place(0, 0)
+        settle()
+        copy = tier.data / "0" / "sparse.bin"
+        assert copy.read_bytes() == src.read_bytes()
+        # alone, the bytes read are counted as read; a batch counts a file's size
+        assert d.stats.pfs_bytes == (2 * 4096 if size > 1 << 20 else size)
+
+        def holes(p: Path) -> list[int]:
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                return [os.lseek(fd, 0, os.SEEK_HOLE), os.lseek(fd, 4096, os.SEEK_DATA),
+                        os.lseek(fd, mid, os.SEEK_HOLE)]
+            finally:
+                os.close(fd)
+        assert holes(copy) == holes(src) == [4096, mid, mid + 4096]
+    finally:
+        d.stop()
+        index.close()

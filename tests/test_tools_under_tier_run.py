@@ -1,6 +1,6 @@
 """Ordinary tools under tier-run see the data set as it is (NOTE [served
-descriptors] in docs/design.md): tar, cp, cp -p and rsync -a read every
-file from the tier copies, twice (the second run with the catalog from the
+descriptors] in docs/design.md): tar (and tar -S of a sparse file), cp, cp -p
+and rsync -a read every file from the tier copies, twice (the second run with the catalog from the
 scan cache), and make what they make without tier-run: the same archive,
 byte for byte, and copies of the sources' modes and modification times."""
 from __future__ import annotations
@@ -38,6 +38,7 @@ if where is not None:
 parent, name = os.path.split(data)
 runs = {
     "tar": f"tar cf {out}/data.tar --sort=name -C {parent} {name}",
+    "tar-S": f"tar cSf {out}/sparse.tar --sort=name -C {parent} {name}",
     "cp": f"cp {files[0]} {out}/one.bin",
     "cp-r": f"cp -r {data} {out}/cp-r",
     "cp-p": f"cp -p -r {data} {out}/cp-p",
@@ -53,6 +54,13 @@ json.dump({"status": status, "served": where is not None}, open(f"{out}/status.j
 
 def dataset(root: Path) -> dict[str, bytes]:
     contents = make_data(root, FILES)
+    sparse = root / "big" / "sparse.bin"      # 8 MiB with two blocks of data (tar -S looks for holes)
+    with open(sparse, "wb") as f:
+        f.write(b"s" * 4096)
+        f.seek(4 << 20)
+        f.write(b"t" * 4096)
+        f.truncate(8 << 20)
+    contents["big/sparse.bin"] = sparse.read_bytes()
     for k, rel in enumerate(sorted(contents)):
         os.chmod(root / rel, MODES[k % len(MODES)])
         os.utime(root / rel, ns=(1_600_000_000_000_000_000 + k, 1_500_000_000_123_456_789 + 10**9 * k))
@@ -113,6 +121,8 @@ def test_tar_cp_and_rsync_make_what_they_make_without_tier_run(tmp_path, reliabi
         # every file was read from its copy: five tools, each file once (cp of one file: once more)
         assert stats["opens"]["by_tier"]["ram"] >= 4 * len(contents) + 1, stats["opens"]
         assert (out / "data.tar").read_bytes() == direct_tar, f"run {k + 1}: the archive differs"
+        assert (out / "sparse.tar").read_bytes() == (tmp_path / "direct" / "sparse.tar").read_bytes(), \
+            f"run {k + 1}: the sparse archive differs"
         first = min(os.path.join(d, f) for d, _, fs in os.walk(data) for f in fs)
         assert (out / "one.bin").read_bytes() == Path(first).read_bytes()
         for copy in ("cp-p", "rsync"):
