@@ -621,7 +621,7 @@ def test_corrupt_cache_ignored(tmp_path: Path, caplog: pytest.LogCaptureFixture)
 
 
 @pytest.mark.parametrize("what", ["a path twice", "zip directory"])
-def test_tier_run_ignores_a_damaged_cache_and_rewrites_it(tmp_path: Path, what: str) -> None:
+def test_tier_run_ignores_a_damaged_cache_and_rewrites_it(tmp_path: Path, what: str, reliability) -> None:
     from helpers import PYTHON, profile, tier_run
     root, _ = cached_tree(tmp_path)
     cache = tmp_path / "xdg"
@@ -638,6 +638,7 @@ def test_tier_run_ignores_a_damaged_cache_and_rewrites_it(tmp_path: Path, what: 
     assert len([ln for ln in r.stderr.splitlines() if "ignoring the catalog cache" in ln]) == 1, r.stderr
     r = tier_run(args, env=env)                           # rewritten by the first run
     assert r.returncode == 7 and "catalog from cache" in r.stderr and "ignoring" not in r.stderr, r.stderr
+    reliability.survived(f"a damaged catalog cache ({what}): ignored once, rewritten, COMMAND's status kept")
 
 def test_cache_per_root_and_unwritable(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     root, _ = cached_tree(tmp_path)

@@ -148,7 +148,7 @@ BAD_ORDER_FILES = {
 
 
 @pytest.mark.parametrize("name", sorted(BAD_ORDER_FILES))
-def test_a_bad_order_file_stops_tier_run_and_plan_with_exit_2(tmp_path, name):
+def test_a_bad_order_file_stops_tier_run_and_plan_with_exit_2(tmp_path, name, reliability):
     data = tmp_path / "pfs"
     dataset(data, n=50)
     content, message = BAD_ORDER_FILES[name]
@@ -159,5 +159,6 @@ def test_a_bad_order_file_stops_tier_run_and_plan_with_exit_2(tmp_path, name):
     r = tier_run([*args, "--", PYTHON, "-c", f"open({str(marker)!r}, 'w')"])
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert not marker.exists()
+    reliability.survived(f"a bad order file ({name}): exit 2 before COMMAND")
     r = subprocess.run([PYTHON, "-m", "tiering", "plan", *args], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -466,7 +466,7 @@ def test_the_demo_prints_both_runs_side_by_side(tmp_path, local):
         assert "served at" in out and "by slowfs" in out
 
 
-def test_a_path_too_long_for_the_tier_is_a_failure_with_its_reason_in_the_summary_and_json(tmp_path):
+def test_a_path_too_long_for_the_tier_is_a_failure_with_its_reason_in_the_summary_and_json(tmp_path, reliability):
     from test_daemon import long_rel
     data = tmp_path / "pfs"
     rel = long_rel(data)
@@ -490,6 +490,7 @@ def test_a_path_too_long_for_the_tier_is_a_failure_with_its_reason_in_the_summar
     assert "before its copy landed" not in r.stderr
     assert s["opens"]["by_tier"]["ssd"] == 2 and s["opens"]["pfs"] == 2     # short.bin from the tier, twice
     assert len(contents) == 2
+    reliability.survived("a data path too long for the tier (counted with its reason, read from the PFS)")
 
 
 def small_stats() -> dict:
@@ -528,7 +529,7 @@ MALFORMED_STATS = {
 
 
 @pytest.mark.parametrize("what", sorted(MALFORMED_STATS))
-def test_report_of_a_malformed_stats_file_is_a_clear_error_with_exit_2(tmp_path, what):
+def test_report_of_a_malformed_stats_file_is_a_clear_error_with_exit_2(tmp_path, what, reliability):
     good = tmp_path / "good.json"
     good.write_text(json.dumps(small_stats()))
     if what == sorted(MALFORMED_STATS)[0]:       # once: the least file draws
@@ -542,3 +543,4 @@ def test_report_of_a_malformed_stats_file_is_a_clear_error_with_exit_2(tmp_path,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert f"{bad}: not a tier-run --stats-json file" in r.stderr, r.stderr
+    reliability.survived(f"tiering report of a malformed stats file ({what}): exit 2")

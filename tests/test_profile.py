@@ -804,7 +804,7 @@ node.filesystem_type = lambda p: _fstype(p) if str(p).startswith("/dev/shm") els
 """
 
 
-def test_with_no_usable_tier_command_runs_unchanged_and_tier_run_says_why_once(tmp_path):
+def test_with_no_usable_tier_command_runs_unchanged_and_tier_run_says_why_once(tmp_path, reliability):
     import subprocess
     import sys
 
@@ -823,6 +823,7 @@ def test_with_no_usable_tier_command_runs_unchanged_and_tier_run_says_why_once(t
     assert "tier 'ram' dropped" in lines[0] and "tier 'ssd' dropped" in lines[0] and "tmpfs" in lines[0]
     assert "--profile FILE" in lines[0] and "s.json is written" in lines[0]
     assert not (tmp_path / "s.json").exists() and leftovers() == before
+    reliability.survived("no usable tier (64 MiB /dev/shm, TMPDIR on tmpfs): COMMAND ran unchanged, its status kept")
 
 
 def test_with_no_usable_tier_a_command_not_found_is_still_127(tmp_path):
