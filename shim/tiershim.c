@@ -104,6 +104,8 @@
     X(remove, int, (const char *))                                        \
     X(truncate, int, (const char *, off_t))                               \
     X(truncate64, int, (const char *, off64_t))                           \
+    X(link, int, (const char *, const char *))                            \
+    X(linkat, int, (int, const char *, int, const char *, int))           \
     X(chmod, int, (const char *, mode_t))                                 \
     X(fchmodat, int, (int, const char *, mode_t, int))                    \
     X(chown, int, (const char *, uid_t, gid_t))                           \
@@ -1330,7 +1332,12 @@ static int link_to_data(const char *name, char *out, int64_t *slot)
     ssize_t n = link_text(name, phys);
     if (n < 0)
         return 0;
-    if ((size_t)n > dl && strcmp(phys + n - dl, deleted) == 0) { /* evicted, or a name that ends so */
+    struct stat st;
+    int saved = errno;
+    int gone = (size_t)n > dl && strcmp(phys + n - dl, deleted) == 0 && stat_at(AT_FDCWD, name, &st, 0) == 0 &&
+               st.st_nlink == 0; /* evicted, not a name that ends so */
+    errno = saved;
+    if (gone) {
         phys[n - dl] = '\0';
         if (copy_to_data(phys, out, slot) && *slot >= 0)
             return 1;
@@ -1371,6 +1378,39 @@ static int maybe_copy(int fd, uint64_t dev, int is_reg, uint32_t mode, uint32_t 
     return is_reg && on_tier_device(dev) && ((tracked(fd) >> 32) != 0 || copy_like(dev, is_reg, mode, uid));
 }
 
+/* Does (dev, ino) name the file of slot's record?  A record of unknown
+ * identity says yes. */
+static int is_the_file(int64_t slot, uint64_t dev, uint64_t ino)
+{
+    const struct tiering_file *f = slot >= 0 ? record(slot) : NULL;
+    return f && (!f->ino || ((uint32_t)dev == f->dev && ino == f->ino));
+}
+
+/* NOTE [served descriptors]: the data path of slot's copy (copy_to_data's
+ * text) still names the file the copy was made of?  A rename, an unlink or
+ * a moved directory may since have given that path to another file, or to
+ * none. */
+static int still_names(int64_t slot, const char *path)
+{
+    int saved = errno;
+    struct stat st;
+    int ok = slot >= 0 && stat_at(AT_FDCWD, path, &st, 0) == 0 && is_the_file(slot, (uint64_t)st.st_dev, (uint64_t)st.st_ino);
+    errno = saved;
+    return ok;
+}
+
+/* May a call through a copy's link (a reopen, a change) be taken to the
+ * data path?  When the path still names the file; or, when it does not,
+ * unless the shim knows the file left it (written, renamed over, unlinked:
+ * invalid; a moved directory: the index disabled): then the descriptor's
+ * file is the copy's alone, as an unlinked file is its descriptors' alone. */
+static int to_data_path(int64_t slot, const char *path)
+{
+    return slot < 0 || still_names(slot, path) ||
+           (__atomic_load_n(&entries[slot].state, __ATOMIC_SEQ_CST) != TIERING_STATE_INVALID &&
+            !__atomic_load_n(&idx->disabled, __ATOMIC_RELAXED));
+}
+
 /* Does path (relative to atfd; symlinks followed unless nofollow) name a
  * tier copy, however it is spelt (a descriptor's link, "//proc/...", a
  * relative name in /proc/self/fd, the copy's own path)?  Its data path into
@@ -1385,7 +1425,7 @@ static __attribute__((noinline)) const char *named_copy(int atfd, const char *pa
         copy_like((uint64_t)st.st_dev, S_ISREG(st.st_mode), st.st_mode, st.st_uid)) {
         int fd = (int)syscall(SYS_openat, atfd, path, O_PATH | O_CLOEXEC | (nofollow ? O_NOFOLLOW : 0));
         if (fd >= 0) {
-            if (fd_to_data(fd, out, &slot))
+            if (fd_to_data(fd, out, &slot) && to_data_path(slot, out))
                 r = out;
             syscall(SYS_close, fd);
         }
@@ -1417,7 +1457,7 @@ static __attribute__((noinline)) const char *reopened_copy(const char *path, cha
             return NULL;
         path = hop;
     }
-    return link_to_data(path, out, &slot) ? out : NULL;
+    return link_to_data(path, out, &slot) && to_data_path(slot, out) ? out : NULL;
 }
 
 /* ---- write opens: NOTE [alias invalidation] ------------------------------- */
@@ -1763,6 +1803,27 @@ EXPORT int truncate64(const char *path, off64_t length)
     int at = AT_FDCWD;
     path = acting_on(&at, path, buf, 0, 1);
     return real.truncate64 ? real.truncate64(path, length) : (int)syscall(SYS_truncate, path, length);
+}
+
+/* A new name of a file changes its link count and ctime, which a stat
+ * answered from its record would not show; a new name of a copy is one of
+ * its data file (link's old path is not followed: a copy's is its own). */
+EXPORT int link(const char *old, const char *new_)
+{
+    char buf[PATH_MAX];
+    int at = AT_FDCWD;
+    old = acting_on(&at, old, buf, 0, 1);
+    return real.link ? real.link(old, new_) : (int)syscall(SYS_linkat, at, old, AT_FDCWD, new_, 0);
+}
+
+EXPORT int linkat(int olddir, const char *old, int newdir, const char *new_, int flags)
+{
+    char buf[PATH_MAX];
+    int at = olddir;
+    const char *o = acting_on(&at, old, buf, 0, 1);
+    if (o != old)
+        flags &= ~AT_EMPTY_PATH;
+    return real.linkat ? real.linkat(at, o, newdir, new_, flags) : (int)syscall(SYS_linkat, at, o, newdir, new_, flags);
 }
 
 /* A change of a file's mode, owner, times or attributes by path: a stat
@@ -2468,20 +2529,20 @@ static __attribute__((noinline)) void served_stat(int fd, struct stat *st)
         ((slot = copy_on_fd(fd, (uint64_t)st->st_dev, (uint64_t)st->st_size, path, &mapped)) < 0 && !mapped))
         return;
     int saved = errno;
-    if (slot >= 0 && __atomic_load_n(&entries[slot].state, __ATOMIC_SEQ_CST) == TIERING_STATE_INVALID) {
-        unserve(fd); /* written during the job: from now on the data file's bytes and stat */
+    if (slot >= 0 && __atomic_load_n(&entries[slot].state, __ATOMIC_SEQ_CST) == TIERING_STATE_INVALID &&
+        (mapped || fd_to_data(fd, path, &slot)) && still_names(slot, path)) {
+        unserve(fd); /* written in place during the job: from now on the data file's bytes and stat */
         if (stat_fd(fd, st) != 0)
             errno = saved;
         return;
     }
     const struct tiering_file *f = exact_record(slot);
-    if (f) {
-        fill_stat(st, &entries[slot], f);
-        return;
-    }
     struct stat ds;
-    if ((mapped || fd_to_data(fd, path, &slot)) && stat_at(AT_FDCWD, path, &ds, 0) == 0 && S_ISREG(ds.st_mode))
+    if (!f && (mapped || fd_to_data(fd, path, &slot)) && stat_at(AT_FDCWD, path, &ds, 0) == 0 &&
+        S_ISREG(ds.st_mode) && is_the_file(slot, (uint64_t)ds.st_dev, (uint64_t)ds.st_ino))
         *st = ds;
+    else if ((f = slot >= 0 ? record(slot) : NULL)) /* the path names another file now: the record's */
+        fill_stat(st, &entries[slot], f);
     errno = saved;
 }
 
@@ -2574,16 +2635,25 @@ static __attribute__((noinline)) void served_statx(int fd, int flags, unsigned i
     if ((sx->stx_mask & need) != need || !maybe_copy(fd, dev, S_ISREG(sx->stx_mode), sx->stx_mode, sx->stx_uid) ||
         ((slot = copy_on_fd(fd, dev, sx->stx_size, path, &mapped)) < 0 && !mapped))
         return;
+    int saved = errno;
+    if (slot >= 0 && __atomic_load_n(&entries[slot].state, __ATOMIC_SEQ_CST) == TIERING_STATE_INVALID &&
+        (mapped || fd_to_data(fd, path, &slot)) && still_names(slot, path)) {
+        unserve(fd); /* as served_stat */
+        if (real_statx(fd, "", flags, mask, sx) != 0)
+            errno = saved;
+        return;
+    }
     const struct tiering_file *f = exact_record(slot);
     if (f && !(mask & ~(unsigned int)STATX_BASIC_STATS)) {
         fill_statx(sx, &entries[slot], f);
         return;
     }
-    int saved = errno;
     struct statx dx;
     if ((mapped || fd_to_data(fd, path, &slot)) && real_statx(AT_FDCWD, path, flags & ~AT_EMPTY_PATH, mask, &dx) == 0 &&
-        S_ISREG(dx.stx_mode))
+        S_ISREG(dx.stx_mode) && is_the_file(slot, makedev(dx.stx_dev_major, dx.stx_dev_minor), dx.stx_ino))
         *sx = dx;
+    else if ((f = slot >= 0 ? record(slot) : NULL)) /* the path names another file now: the record's */
+        fill_statx(sx, &entries[slot], f);
     errno = saved;
 }
 
@@ -2649,12 +2719,13 @@ EXPORT int eaccess(const char *path, int mode) { return do_access(AW_EACCESS, AT
 
 /* ---- operations on a descriptor: NOTE [served descriptors] ----------------- */
 
-/* Moves fd, open on the copy st (dev, ino) at the data file's path, onto
- * a new open of the data file: opened with fd's access mode and O_NONBLOCK,
+/* Moves fd, open on the copy st (dev, ino) of slot's file at the data
+ * file's path, onto a new open of the data file (when the path still names
+ * that file): opened with fd's access mode and O_NONBLOCK,
  * at fd's offset, dup3'ed over fd with its close-on-exec flag; a read of
  * another thread that moved the old offset meanwhile moves the new one
  * too.  0 on success. */
-static int move_onto(int fd, const struct stat *st, const char *path)
+static int move_onto(int fd, const struct stat *st, const char *path, int64_t slot)
 {
     int fl = (int)syscall(SYS_fcntl, fd, F_GETFL), fdfl = (int)syscall(SYS_fcntl, fd, F_GETFD);
     int old = (int)syscall(SYS_fcntl, fd, F_DUPFD_CLOEXEC, 0); /* the copy's description, kept a moment */
@@ -2662,9 +2733,11 @@ static int move_onto(int fd, const struct stat *st, const char *path)
                   ? -1
                   : (int)syscall(SYS_openat, AT_FDCWD, path, (fl & (O_ACCMODE | O_NONBLOCK)) | O_CLOEXEC | O_NOCTTY);
     int r = -1;
-    struct stat now;
+    struct stat now, opened_st;
     off_t pos = old >= 0 ? (off_t)syscall(SYS_lseek, old, 0, SEEK_CUR) : -1;
     if (nfd >= 0 && pos >= 0 && syscall(SYS_lseek, nfd, pos, SEEK_SET) == pos &&
+        stat_fd(nfd, &opened_st) == 0 && (slot < 0 || is_the_file(slot, (uint64_t)opened_st.st_dev,
+                                                                  (uint64_t)opened_st.st_ino)) && /* not another file at the path */
         stat_fd(fd, &now) == 0 && now.st_dev == st->st_dev && now.st_ino == st->st_ino && /* fd is still the copy */
         syscall(SYS_dup3, nfd, fd, (fdfl & FD_CLOEXEC) ? O_CLOEXEC : 0) == fd) {
         off_t after = (off_t)syscall(SYS_lseek, old, 0, SEEK_CUR);
@@ -2695,7 +2768,7 @@ static __attribute__((noinline)) void unserve(int fd)
         fd_to_data(fd, path, &slot)) {
         if (slot >= 0)
             serve_no_more(slot);
-        int moved = move_onto(fd, &st, path) == 0;
+        int moved = move_onto(fd, &st, path, slot) == 0;
         if (moved)
             logmsg("fd %d moved from its tier copy to %s", fd, path);
         uint32_t cell = fd < MAX_TRACKED_FDS ? cell_of(fd) : NO_CELL;
@@ -2710,7 +2783,7 @@ static __attribute__((noinline)) void unserve(int fd)
                 if (fdfl >= 0)
                     syscall(SYS_dup3, fd, k, (fdfl & FD_CLOEXEC) ? O_CLOEXEC : 0);
             } else {
-                move_onto(k, &other, path2);
+                move_onto(k, &other, path2, slot);
             }
         }
     }

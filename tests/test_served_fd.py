@@ -602,3 +602,111 @@ def test_a_sparse_file_is_copied_with_its_holes(tmp_path, size):
     finally:
         d.stop()
         index.close()
+
+
+def names_env(tmp_path: Path, files: dict[str, bytes], modes: dict[str, int] | None = None) -> ShimEnv:
+    """catalog_shimenv of these files, taken from the scan cache and placed
+    as the daemon places them (cached_shimenv with the files given)."""
+    root = tmp_path / "pfs" / "data"
+    for rel, data in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+        os.chmod(root / rel, (modes or {}).get(rel, 0o640))
+    for d in {root, *((root / rel).parent for rel in files)}:
+        os.utime(d, ns=(1_400_000_000 * 10**9,) * 2)
+    cache = tmp_path / "cache"
+    catalog_shimenv(tmp_path / "first", root, cache_dir=cache).index.close()
+    se = catalog_shimenv(tmp_path / "cached", root, cache_dir=cache)
+    for rel in se.contents:
+        os.chmod(se.tier / "0" / rel, 0o400)
+        os.utime(se.tier / "0" / rel, ns=(10**9, 10**9))
+    return se
+
+
+def test_a_data_file_whose_name_ends_in_deleted_is_not_taken_for_another(tmp_path):
+    """' (deleted)' is stripped from a copy's link only when the copy is gone."""
+    se = names_env(tmp_path, {"x": b"X" * 100, "x (deleted)": b"D" * 50})
+    src = se.root / "x (deleted)"
+    prog = textwrap.dedent(f"""
+        import os, subprocess, sys
+        fd = os.open({str(src)!r}, os.O_RDONLY)
+        with open(f"/proc/self/fd/{{fd}}", "rb") as f:
+            print(f.read().decode())
+        with open(f"/proc/self/fd/{{fd}}", "r+b") as f:
+            f.write(b"W")
+        os.set_inheritable(fd, True)
+        subprocess.run([sys.executable, "-c", f"import os; st = os.fstat({{fd}}); print(st.st_size, oct(st.st_mode))"],
+                       close_fds=False, check=True)
+        """)
+    r = se.run([PYTHON, "-c", prog])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["D" * 50, "50", "0o100640"]
+    assert (se.root / "x").read_bytes() == b"X" * 100 and src.read_bytes() == b"W" + b"D" * 49
+    se.index.close()
+
+
+def test_a_hard_link_made_during_the_job_shows_in_the_link_count(tmp_path):
+    se = names_env(tmp_path, {"f0": b"a" * 100, "f1": b"b" * 100})
+    f0 = se.root / "f0"
+    prog = f"import os; os.link({str(f0)!r}, {str(tmp_path / 'elsewhere')!r}); print(os.stat({str(f0)!r}).st_nlink)"
+    r = se.run([PYTHON, "-c", prog])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["2"] and se.state("f0") == lib.TIERING_STATE_INVALID
+    se.index.close()
+
+
+def test_a_new_name_of_a_copy_is_a_name_of_the_data_file(tmp_path):
+    """A hard link made to the copy's own path (readlink of the descriptor
+    shows it) names the data file: writes through it never reach the copy."""
+    se = names_env(tmp_path, {"a": b"A" * 100})
+    src, alias = se.root / "a", tmp_path / "alias"
+    prog = textwrap.dedent(f"""
+        import os
+        fd = os.open({str(src)!r}, os.O_RDONLY)
+        os.link(os.readlink(f"/proc/self/fd/{{fd}}"), {str(alias)!r})
+        with open({str(alias)!r}, "r+b") as f:
+            f.write(b"EVIL")
+        """)
+    r = se.run([PYTHON, "-c", prog])
+    assert r.returncode == 0, r.stderr
+    assert (se.tier / "0" / "a").read_bytes() == b"A" * 100
+    assert src.read_bytes() == b"EVIL" + b"A" * 96 and os.path.samefile(src, alias)
+    assert se.state("a") == lib.TIERING_STATE_INVALID
+    se.index.close()
+
+
+@pytest.mark.parametrize("how", ["os.replace", "unlink", "rename away", "mv of its directory"])
+def test_a_descriptor_whose_path_was_given_to_another_file_keeps_its_own(tmp_path, how):
+    """The path a served descriptor was opened by now names another file, or
+    none: the descriptor still reads, describes and locks its own file (as a
+    descriptor of an unlinked file does), never the new one."""
+    old = bytes(range(256)) * 400
+    se = names_env(tmp_path, {"sub/a": old, "b": b"b" * 10})
+    src = se.root / "sub" / "a"
+    change = {"os.replace": f"open({str(src) + '.tmp'!r}, 'wb').write(b'M' * 50); os.replace({str(src) + '.tmp'!r}, {str(src)!r})",
+              "unlink": f"os.unlink({str(src)!r})",
+              "rename away": f"os.rename({str(src)!r}, {str(tmp_path / 'away')!r})",
+              "mv of its directory": (f"os.rename({str(se.root / 'sub')!r}, {str(se.root / 'sub2')!r}); "
+                                      f"os.mkdir({str(se.root / 'sub')!r}); open({str(src)!r}, 'wb').write(b'new')")}[how]
+    prog = textwrap.dedent(f"""
+        import fcntl, os, subprocess
+        f = open({str(src)!r}, "rb")
+        head = f.read(10)
+        {change}
+        rest = f.read()                        # CPython sizes the read with fstat
+        st = os.fstat(f.fileno())
+        with open(f"/proc/self/fd/{{f.fileno()}}", "rb") as g:
+            again = g.read()
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        env = {{k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}}
+        other = subprocess.run(["flock", "-n", "-x", {str(src)!r}, "true"], env=env) if os.path.exists({str(src)!r}) else None
+        print(len(head + rest), (head + rest) == again, st.st_size, oct(st.st_mode),
+              "none" if other is None else other.returncode)
+        """)
+    r = se.run([PYTHON, "-c", prog])
+    assert r.returncode == 0, r.stderr
+    got = r.stdout.split()
+    assert got[:4] == [str(len(old)), "True", str(len(old)), "0o100640"], r.stdout
+    assert got[4] == ("none" if how in ("unlink", "rename away") else "0")   # the new file is not locked
+    assert (se.tier / "0" / "sub/a").read_bytes() == old
+    se.index.close()

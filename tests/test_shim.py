@@ -943,14 +943,14 @@ CREDENTIALS = {"setuid", "setgid", "seteuid", "setegid", "setreuid", "setregid",
 FD_OPERATIONS = {"fchmod", "fchown", "fchownat", "futimens", "futimes", "utimensat", "fsetxattr", "fremovexattr",
                  "fgetxattr", "flistxattr", "flock", "lockf", "lockf64", "fstatfs", "fstatfs64", "fstatvfs",
                  "fstatvfs64", "statfs", "statfs64", "statvfs", "statvfs64", "getxattr", "listxattr"}
-NAMESPACE = {"rename", "renameat", "renameat2", "unlink", "unlinkat", "remove", "truncate", "truncate64", "chmod",
+NAMESPACE = {"rename", "renameat", "renameat2", "unlink", "unlinkat", "remove", "truncate", "truncate64", "link", "linkat", "chmod",
              "fchmodat", "chown", "lchown", "utime", "utimes", "lutimes", "futimesat", "setxattr", "lsetxattr",
              "removexattr", "lremovexattr"}
 INTERPOSED = set(ENTRIES) | METADATA | CREDENTIALS | FD_OPERATIONS | NAMESPACE | {
     "creat", "creat64", "close", "fclose", "closedir", "close_range", "dup", "dup2", "dup3", "fcntl", "fcntl64"}
 HELPERS = {"tiering_fingerprint", "tiering_index_fill", "tiering_index_complete", "tiering_index_filled", "tiering_state_cas", "tiering_state_cas_many", "tiering_ring_drain",
            "tiering_groups_hash", "tiering_set_tag", "tiering_get_tag", "tiering_where", "tiering_copy_file", "tiering_copy_batch",
-           "tiering_copy_range", "tiering_copy_open", "tiering_copy_finish", "tiering_staging_create", "tiering_scan_list", "tiering_scan_list_free", "tiering_scan_stat"}
+           "tiering_copy_range", "tiering_copy_open", "tiering_copy_finish", "tiering_staging_create", "tiering_scan_list", "tiering_scan_list_free", "tiering_scan_stat", "tiering_scan_ascending"}
 
 
 def test_the_library_exports_only_the_wrappers_and_the_daemon_helpers():

@@ -85,6 +85,7 @@ int main(void)
     errno = 0;
     CHECK(utime(a_, NULL) == -1 && errno == ENOSYS);
     CHECK(close(w) == 0);
+    CHECK(link(a_, b_) == 0 && linkat(AT_FDCWD, b_, AT_FDCWD, c_, 0) == 0 && unlink(b_) == 0 && unlink(c_) == 0);
     CHECK(unlink(a_) == 0 && access(a_, F_OK) == -1);
     CHECK(mkdir(a_, 0700) == 0 && remove(a_) == 0 && access(a_, F_OK) == -1);
     CHECK(close(open(a_, O_WRONLY | O_CREAT, 0600)) == 0 && remove(a_) == 0 && access(a_, F_OK) == -1);
