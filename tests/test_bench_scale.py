@@ -107,6 +107,7 @@ def test_a_phases_drops_are_read_off_the_series_around_it():
     assert dropped_during(series, 3.5, 4.5) == 20        # the second around 3.5 counts on both sides
     assert dropped_during(series, 0.5, 2.0) == 0
     assert dropped_during(series, 4.0, 5.5) is None      # no sample after the phase
+    assert dropped_during(series, 4.0, 5.5, final=35) == 25   # the job ended first: its count at the end
     assert dropped_during({"t": [1.0]}, 0.0, 0.5) is None   # a series without the column
 
 

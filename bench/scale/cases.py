@@ -295,17 +295,18 @@ def case_plan(ctx: Context) -> dict[str, Any]:
 LEAD_BUILT_S = 5.0   # seconds of the prefetching phase left out of its steady figure
 
 
-def dropped_during(series: dict[str, Any], t0: float, t1: float) -> int | None:
+def dropped_during(series: dict[str, Any], t0: float, t1: float, final: int | None = None) -> int | None:
     """Events the ring lost between t0 and t1 (seconds since COMMAND
     started), from tier-run's time series (a sample a second): the count at
-    the first sample at or after t1 less the count at the last sample at or
-    before t0.  The second around each end counts for both sides: a drop is
-    never put in the phase next to it.  None without the column (a tier-run
-    before it) or without a sample after t1."""
+    the first sample at or after t1 (or, when the job ended before the next
+    sample, its count at the end, `final`) less the count at the last sample
+    at or before t0.  The second around each end counts for both sides: a
+    drop is never put in the phase next to it.  None without the column (a
+    tier-run before it) or without a count after t1."""
     t, col = series.get("t") or [], series.get("events_dropped")
     if not col or len(col) != len(t):
         return None
-    after = [c for x, c in zip(t, col) if x >= t1]
+    after = [c for x, c in zip(t, col) if x >= t1] or ([] if final is None else [final])
     if not after:
         return None
     before = [c for x, c in zip(t, col) if x <= t0]
@@ -348,7 +349,7 @@ def case_clairvoyant(ctx: Context, sc: SamplerCase) -> dict[str, Any]:
             ph["peak_rss_at_end"] = fin.peak_rss_until(ph["end"])   # which phase the peak came in
             if key in ("full", "opens") and stats and res.get("start"):
                 ph["events_dropped"] = dropped_during(stats.get("series") or {}, ph["start"] - res["start"],
-                                                      ph["end"] - res["start"])
+                                                      ph["end"] - res["start"], stats.get("events_dropped"))
     pre = named.get("prefetching")
     if pre and pre["end"] - pre["start"] > 2 * LEAD_BUILT_S:
         # the same after the lead was built at full speed (the rate of the reader not known yet)
