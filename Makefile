@@ -24,7 +24,7 @@ install:
 
 # The whole suite, the slow tests too (the wheel installed in a fresh venv,
 # the simulator's published scenario, the C tests under the sanitizers):
-# about 35 minutes on 2 cores.
+# about 25 minutes on 2 cores.
 test: install bench-deps test-deps sanitizer-deps
 	$(PYTEST) $(PYTEST_ARGS)
 
