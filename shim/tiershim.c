@@ -1437,11 +1437,16 @@ static __attribute__((noinline)) const char *named_copy(int atfd, const char *pa
 /* Is path a link of /proc that names a descriptor (/proc/self/fd/N,
  * /proc/PID/fd/N, /proc/thread-self/fd/N, /dev/fd/N, /dev/stdin...)?  The
  * text alone says: such a link is never under a data root. */
-static inline int fd_link_path(const char *path)
+static inline int fd_link_path(const char *p)
 {
-    return path[0] == '/' && (path[1] == 'p' || path[1] == 'd') &&
-           ((strncmp(path, "/proc/", 6) == 0 && strstr(path + 6, "/fd/")) ||
-            strncmp(path, "/dev/fd/", 8) == 0 || strncmp(path, "/dev/std", 8) == 0);
+    if (p[0] != '/')
+        return 0;
+    if (p[1] == 'p') /* "/proc/" ... "/fd/" */
+        return p[2] == 'r' && p[3] == 'o' && p[4] == 'c' && p[5] == '/' && strstr(p + 6, "/fd/");
+    if (p[1] == 'd') /* "/dev/fd/", "/dev/std" */
+        return p[2] == 'e' && p[3] == 'v' && p[4] == '/' &&
+               ((p[5] == 'f' && p[6] == 'd' && p[7] == '/') || (p[5] == 's' && p[6] == 't' && p[7] == 'd'));
+    return 0;
 }
 
 /* The data path a reopen through a descriptor's link reaches (into out), or
