@@ -449,6 +449,7 @@ def test_existing_ld_preload_is_kept_and_nesting_loads_the_shim_once(tmp_path):
     (["--data", "{data}", "--", "{data}/c0/f0000.bin"], 126, "not executable"),
     (["--data", "{data}", "--profile", "nosuchprofile", "--", "true"], 2, "unknown profile"),
     (["--data", "{data}", "--policy", "bogus", "--", "true"], 2, "Invalid value for '--policy'"),
+    (["--data", "{data}", "--epochs", "3", "--", "true"], 2, "--epochs counts the epochs of --sampler's order"),
     (["--data", "{data}"], 2, "Missing argument"),
     (["--", "true"], 2, "Missing option '--data'"),
     (["--data", "{data}/c0/f0000.bin", "--", "true"], 2, "is a file"),

@@ -23,8 +23,8 @@ def order_options(f: Any) -> Any:
                      help="The training's sampler: RandomSampler / DataLoader(shuffle=True) with a seeded "
                           "generator, DistributedSampler, or SequentialSampler."),
         click.option("--seed", type=int, help="Seed of the sampler's generator (DistributedSampler: its seed)."),
-        click.option("--epochs", type=click.IntRange(min=1), default=1, show_default=True,
-                     help="Epochs the training runs (with --sampler)."),
+        click.option("--epochs", type=click.IntRange(min=1),
+                     help="Epochs the training runs (with --sampler; default 1)."),
         click.option("--world-size", type=click.IntRange(min=1),
                      help="Ranks in the job (default: torchrun/Slurm variables)."),
         click.option("--rank", type=click.IntRange(min=0),
@@ -53,7 +53,12 @@ def order_options(f: Any) -> Any:
 
 def order_from(kw: dict[str, Any]) -> OrderOptions:
     ext = kw.pop("extensions")
-    return OrderOptions(kw.pop("sampler"), kw.pop("seed"), kw.pop("epochs"), kw.pop("world_size"),
+    epochs = kw.pop("epochs")
+    if epochs is not None and kw.get("sampler") is None:
+        raise click.UsageError("--epochs counts the epochs of --sampler's order: give --sampler too (an "
+                               "--order-file holds its own epochs, and without either the hook follows "
+                               "every epoch the training runs)")
+    return OrderOptions(kw.pop("sampler"), kw.pop("seed"), epochs or 1, kw.pop("world_size"),
                         kw.pop("rank"), kw.pop("local_world_size"), kw.pop("batch_size"), kw.pop("drop_last"),
                         kw.pop("order_file"), kw.pop("layout"), kw.pop("manifest"),
                         tuple(e.strip() for e in ext.split(",") if e.strip()) if ext else None,
