@@ -1354,10 +1354,7 @@ static int fd_to_data(int fd, char *out, int64_t *slot)
     return link_to_data(fd_link, out, slot);
 }
 
-/* Might fd (the kernel's stat st) be open on a tier copy?  A regular file
- * on a tier's device, booked as opened from a tier, or else (a descriptor
- * inherited across exec, or above the fd book) of this user and of mode
- * 0400, as every copy is. */
+/* Is dev a tier's device? */
 static int on_tier_device(uint64_t dev)
 {
     for (uint32_t t = 0; t < idx->ntiers; t++)
@@ -1373,6 +1370,10 @@ static inline int copy_like(uint64_t dev, int is_reg, uint32_t mode, uint32_t ui
     return is_reg && (mode & 07777) == 0400 && uid == geteuid() && on_tier_device(dev);
 }
 
+/* Might fd (the kernel's stat of it: dev, is_reg, mode, uid) be open on a
+ * tier copy?  A regular file on a tier's device, booked as opened from a
+ * tier, or else (a descriptor inherited across exec, or above the fd book)
+ * copy_like. */
 static int maybe_copy(int fd, uint64_t dev, int is_reg, uint32_t mode, uint32_t uid)
 {
     return is_reg && on_tier_device(dev) && ((tracked(fd) >> 32) != 0 || copy_like(dev, is_reg, mode, uid));
@@ -1620,6 +1621,11 @@ static void write_end(struct written *wr, int fd, int64_t by_path)
 static __attribute__((noinline)) int open_write(enum which w, int atfd, const char *path, int flags,
                                                 mode_t mode)
 {
+    char data[PATH_MAX];
+    if (named_copy(atfd, path, flags & O_NOFOLLOW, data)) { /* never write a copy: NOTE [served descriptors] */
+        atfd = AT_FDCWD;
+        path = data;
+    }
     struct written wr = {.n = 0};
     int64_t by_path = write_begin(&wr, atfd, path, -1, flags);
     int fd = call_real(w, atfd, path, flags, mode);
@@ -2028,26 +2034,40 @@ EXPORT int tiering_where(const char *path)
     return tier;
 }
 
-static inline int do_open(enum which w, int atfd, const char *path, int flags, mode_t mode)
+static inline int open_path(enum which w, int atfd, const char *path, int flags, mode_t mode,
+                            const struct tiering_header *h)
 {
-    ensure_init();
-    struct tiering_header *h = __atomic_load_n(&idx, __ATOMIC_ACQUIRE);
     int root;
     size_t rl;
-    char data[PATH_MAX];
-    if (h && path && UNLIKELY(fd_link_path(path)) && reopened_copy(path, data))
-        return do_open(w, AT_FDCWD, data, flags, mode);
-    if (h && UNLIKELY(opens_for_writing(flags))) {
-        if (named_copy(atfd, path, flags & O_NOFOLLOW, data)) /* never write a copy: NOTE [served descriptors] */
-            return open_write(w, AT_FDCWD, data, flags, mode);
+    if (h && UNLIKELY(opens_for_writing(flags)))
         return open_write(w, atfd, path, flags, mode);
-    }
     if (maybe_catalogued(h, path, &root, &rl))
         return open_read(w, atfd, path, flags, mode, root, rl);
     int fd = call_real(w, atfd, path, flags, mode);
     if (h)
         untrack(fd);
     return fd;
+}
+
+/* An open of a descriptor's link: of the data path when it leads to a tier
+ * copy (NOTE [served descriptors]).  Out of line, as are the other path
+ * buffers: opens of other paths do not carry it. */
+static __attribute__((noinline)) int open_link(enum which w, int atfd, const char *path, int flags, mode_t mode,
+                                               const struct tiering_header *h)
+{
+    char data[PATH_MAX];
+    if (reopened_copy(path, data))
+        return open_path(w, AT_FDCWD, data, flags, mode, h);
+    return open_path(w, atfd, path, flags, mode, h);
+}
+
+static inline int do_open(enum which w, int atfd, const char *path, int flags, mode_t mode)
+{
+    ensure_init();
+    struct tiering_header *h = __atomic_load_n(&idx, __ATOMIC_ACQUIRE);
+    if (h && path && UNLIKELY(fd_link_path(path)))
+        return open_link(w, atfd, path, flags, mode, h);
+    return open_path(w, atfd, path, flags, mode, h);
 }
 
 static inline int needs_mode(int flags)
@@ -2138,6 +2158,9 @@ static FILE *call_fopen(int is64, const char *path, const char *mode, FILE *stre
 static __attribute__((noinline)) FILE *fopen_write(int is64, const char *path, const char *mode,
                                                    FILE *stream, int flags)
 {
+    char data[PATH_MAX];
+    if (named_copy(AT_FDCWD, path, 0, data)) /* never write a copy: NOTE [served descriptors] */
+        path = data;
     struct written wr = {.n = 0};
     int64_t by_path = write_begin(&wr, AT_FDCWD, path, stream ? fileno(stream) : -1, flags);
     FILE *f = call_fopen(is64, path, mode, stream);
@@ -2194,7 +2217,7 @@ static FILE *do_fopen(int is64, const char *path, const char *mode, FILE *stream
     int flags = mode_flags(mode), root;
     size_t rl;
     if (h && UNLIKELY(opens_for_writing(flags)))
-        return fopen_write(is64, named_copy(AT_FDCWD, path, 0, data) ? data : path, mode, stream, flags);
+        return fopen_write(is64, path, mode, stream, flags);
     if (maybe_catalogued(h, path, &root, &rl))
         return fopen_read(is64, path, mode, stream, root, rl);
     FILE *f = call_fopen(is64, path, mode, stream);
@@ -2551,15 +2574,11 @@ static __attribute__((noinline)) void served_stat(int fd, struct stat *st)
     errno = saved;
 }
 
-static inline int do_stat(enum stat_which w, int ver, int atfd, const char *path, struct stat *st, int flags)
+static inline int stat_path(enum stat_which w, int ver, int atfd, const char *path, struct stat *st, int flags,
+                            const struct tiering_header *h)
 {
-    ensure_init();
-    struct tiering_header *h = __atomic_load_n(&idx, __ATOMIC_ACQUIRE);
     int root;
     size_t rl;
-    char data[PATH_MAX];
-    if (h && path && UNLIKELY(fd_link_path(path)) && !(flags & AT_SYMLINK_NOFOLLOW) && reopened_copy(path, data))
-        return do_stat(w, ver, AT_FDCWD, data, st, flags);
     if (maybe_catalogued(h, path, &root, &rl) && path[0] && ver == STAT_VER && !(flags & ~STAT_FLAGS)) {
         int64_t slot = answering_slot(atfd, path, root, rl, flags & AT_SYMLINK_NOFOLLOW);
         if (slot >= 0) {
@@ -2571,6 +2590,26 @@ static inline int do_stat(enum stat_which w, int ver, int atfd, const char *path
     if (r == 0 && h && ver == STAT_VER && (!path || (!path[0] && (flags & AT_EMPTY_PATH))))
         served_stat(atfd, st);
     return r;
+}
+
+/* A stat of a descriptor's link: of the data path when it leads to a tier
+ * copy (out of line, as open_link). */
+static __attribute__((noinline)) int stat_link(enum stat_which w, int ver, int atfd, const char *path,
+                                               struct stat *st, int flags, const struct tiering_header *h)
+{
+    char data[PATH_MAX];
+    if (reopened_copy(path, data))
+        return stat_path(w, ver, AT_FDCWD, data, st, flags, h);
+    return stat_path(w, ver, atfd, path, st, flags, h);
+}
+
+static inline int do_stat(enum stat_which w, int ver, int atfd, const char *path, struct stat *st, int flags)
+{
+    ensure_init();
+    struct tiering_header *h = __atomic_load_n(&idx, __ATOMIC_ACQUIRE);
+    if (h && path && UNLIKELY(fd_link_path(path)) && !(flags & AT_SYMLINK_NOFOLLOW))
+        return stat_link(w, ver, atfd, path, st, flags, h);
+    return stat_path(w, ver, atfd, path, st, flags, h);
 }
 
 EXPORT int stat(const char *path, struct stat *st) { return do_stat(SW_STAT, STAT_VER, AT_FDCWD, path, st, 0); }
@@ -2664,15 +2703,11 @@ static __attribute__((noinline)) void served_statx(int fd, int flags, unsigned i
 
 /* statx: answered when the caller asks for no more than the basic fields
  * (birth time, mount id, attributes and AT_STATX_FORCE_SYNC are the PFS's) */
-EXPORT int statx(int atfd, const char *path, int flags, unsigned int mask, struct statx *sx)
+static inline int statx_path(int atfd, const char *path, int flags, unsigned int mask, struct statx *sx,
+                             const struct tiering_header *h)
 {
-    ensure_init();
-    struct tiering_header *h = __atomic_load_n(&idx, __ATOMIC_ACQUIRE);
     int root;
     size_t rl;
-    char data[PATH_MAX];
-    if (h && path && UNLIKELY(fd_link_path(path)) && !(flags & AT_SYMLINK_NOFOLLOW) && reopened_copy(path, data))
-        return statx(AT_FDCWD, data, flags, mask, sx);
     if (!(mask & ~(unsigned int)STATX_BASIC_STATS) && !(flags & ~STATX_FLAGS) &&
         maybe_catalogued(h, path, &root, &rl) && path[0]) {
         int64_t slot = answering_slot(atfd, path, root, rl, flags & AT_SYMLINK_NOFOLLOW);
@@ -2685,6 +2720,24 @@ EXPORT int statx(int atfd, const char *path, int flags, unsigned int mask, struc
     if (r == 0 && h && path && !path[0] && (flags & AT_EMPTY_PATH))
         served_statx(atfd, flags, mask, sx);
     return r;
+}
+
+static __attribute__((noinline)) int statx_link(int atfd, const char *path, int flags, unsigned int mask,
+                                                struct statx *sx, const struct tiering_header *h)
+{
+    char data[PATH_MAX];
+    if (reopened_copy(path, data))
+        return statx_path(AT_FDCWD, data, flags, mask, sx, h);
+    return statx_path(atfd, path, flags, mask, sx, h);
+}
+
+EXPORT int statx(int atfd, const char *path, int flags, unsigned int mask, struct statx *sx)
+{
+    ensure_init();
+    struct tiering_header *h = __atomic_load_n(&idx, __ATOMIC_ACQUIRE);
+    if (h && path && UNLIKELY(fd_link_path(path)) && !(flags & AT_SYMLINK_NOFOLLOW))
+        return statx_link(atfd, path, flags, mask, sx, h);
+    return statx_path(atfd, path, flags, mask, sx, h);
 }
 
 enum access_which { AW_ACCESS, AW_FACCESSAT, AW_EUIDACCESS, AW_EACCESS };
