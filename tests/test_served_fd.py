@@ -710,3 +710,26 @@ def test_a_descriptor_whose_path_was_given_to_another_file_keeps_its_own(tmp_pat
     assert got[4] == ("none" if how in ("unlink", "rename away") else "0")   # the new file is not locked
     assert (se.tier / "0" / "sub/a").read_bytes() == old
     se.index.close()
+
+
+def test_a_move_onto_the_data_file_leaves_no_descriptor_of_the_shims_open(tmp_path):
+    """DESIGN invariant 4: the shim keeps no descriptor of its own; after a
+    lock moved a served descriptor (and a write open checked for a copy),
+    the process holds the descriptors it held before, no more."""
+    se = cached_shimenv(tmp_path)
+    src = se.root / REL
+    prog = textwrap.dedent(f"""
+        import fcntl, os
+        fd = os.open({str(src)!r}, os.O_RDONLY)
+        d = os.dup(fd)
+        before = sorted(os.listdir("/proc/self/fd"))
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        os.fstatvfs(d)
+        os.close(os.open({str(tmp_path / 'w.txt')!r}, os.O_WRONLY | os.O_CREAT))
+        after = sorted(os.listdir("/proc/self/fd"))
+        print(before == after, os.readlink(f"/proc/self/fd/{{fd}}") == {str(src)!r})
+        """)
+    r = se.run([PYTHON, "-c", prog])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["True", "True"]
+    se.index.close()
