@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/futex.h>
 #include <sys/resource.h>
 #include <sys/sendfile.h>
 #include <sys/stat.h>
@@ -483,6 +484,50 @@ static int64_t voluntary_switches(void)
     return syscall(SYS_getrusage, RUSAGE_THREAD, &ru) == 0 ? (int64_t)ru.ru_nvcsw : -1;
 }
 
+/* The opens waiting on a state word woken (a shared futex: they are other
+ * processes). */
+static void wake_state(uint32_t *state)
+{
+    syscall(SYS_futex, state, FUTEX_WAKE, INT32_MAX, NULL, NULL, 0);
+}
+
+/* Claims file f for its copy (NOTE [one read per file], docs/design.md):
+ * NONE -> COPYING | claim, then the open counter compared with the one it
+ * had when queued.  The order is what makes one of the two sides see the
+ * other: an open adds to the counter before it loads the state word, the
+ * claim stores the state word before it loads the counter (both
+ * sequentially consistent), so an open that did not see the claim is seen
+ * by it.  TIERING_COPY_OK: claimed. */
+static int claim(const struct tiering_batch *b, const struct tiering_batch_file *f)
+{
+    struct tiering_entry *e = &b->entries[b->slots[f->id]];
+    uint32_t none = TIERING_STATE_NONE;
+    if (!__atomic_compare_exchange_n(&e->state, &none, TIERING_STATE_COPYING | b->claim, 0, __ATOMIC_SEQ_CST,
+                                     __ATOMIC_SEQ_CST))
+        return TIERING_COPY_TAKEN;
+    if (__atomic_load_n(&e->opens, __ATOMIC_SEQ_CST) != f->opens) {
+        uint32_t mine = TIERING_STATE_COPYING | b->claim;
+        __atomic_compare_exchange_n(&e->state, &mine, TIERING_STATE_NONE, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+        wake_state(&e->state);
+        return TIERING_COPY_READ;
+    }
+    return TIERING_COPY_OK;
+}
+
+/* Ends a claimed copy: published (COPYING -> claim) when complete, else
+ * back to NONE; the waiting opens woken.  A write open that invalidated the
+ * file meanwhile wins: its state stays INVALID and the copy is not
+ * published (the daemon removes it).  1: published. */
+static int unclaim(const struct tiering_batch *b, const struct tiering_batch_file *f, int complete)
+{
+    struct tiering_entry *e = &b->entries[b->slots[f->id]];
+    uint32_t mine = TIERING_STATE_COPYING | b->claim;
+    int done = __atomic_compare_exchange_n(&e->state, &mine, complete ? b->claim : TIERING_STATE_NONE, 0,
+                                           __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+    wake_state(&e->state);
+    return done && complete;
+}
+
 EXPORT int64_t tiering_copy_batch(struct tiering_batch *b, struct tiering_batch_file *files, int64_t n)
 {
     struct parent_cache pc = {.len = 0, .fd = -1};
@@ -497,7 +542,15 @@ EXPORT int64_t tiering_copy_batch(struct tiering_batch *b, struct tiering_batch_
                 files[j].status = TIERING_COPY_STOPPED, files[j].error = 0, files[j].copied = files[j].blocks = 0;
             break;
         }
-        int r = copy_one(b, &files[k], &pc);
+        files[k].published = 0;
+        int r = b->entries ? claim(b, &files[k]) : TIERING_COPY_OK;
+        if (r == TIERING_COPY_OK) {
+            r = copy_one(b, &files[k], &pc);
+            if (b->entries)
+                files[k].published = (uint32_t)unclaim(b, &files[k], r == TIERING_COPY_OK);
+        } else {
+            files[k].copied = files[k].blocks = 0, files[k].error = 0;
+        }
         files[k].status = r;
         if (r == TIERING_COPY_NO_STAGING)
             break;

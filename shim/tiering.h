@@ -35,16 +35,21 @@
 
 /* BEGIN CDEF */
 #define TIERING_MAGIC 0x5845444e49524954
-#define TIERING_VERSION 9
+#define TIERING_VERSION 10
 #define TIERING_MAX_ROOTS 16
 #define TIERING_MAX_TIERS 4
 #define TIERING_PATH_MAX 512
 
 /* entry.state: 0 = no copy; 1..TIERING_MAX_TIERS = a complete copy is in tier
  * (state - 1); TIERING_STATE_INVALID = the file was opened for writing during
- * the job, through any of its paths: never serve a copy of it again (sticky). */
+ * the job, through any of its paths: never serve a copy of it again (sticky);
+ * TIERING_STATE_COPYING | (tier + 1) = a copy to that tier is being read from
+ * the PFS: a read-only open waits for it (a futex on the state word, at most
+ * header.copy_wait_ns) instead of reading the file a second time (NOTE [one
+ * read per file], docs/design.md). */
 #define TIERING_STATE_NONE 0
 #define TIERING_STATE_INVALID 255
+#define TIERING_STATE_COPYING 0x100
 
 /* root.flags (informational: the shim resolves ".." only into real paths) */
 #define TIERING_ROOT_HAS_DIR_LINKS 1
@@ -210,7 +215,11 @@ struct tiering_header {
     struct tiering_root roots[16];
     struct tiering_root tiers[4];  /* physical prefixes, fastest first */
     struct tiering_counters counters;
-    uint64_t pad[7];
+    uint64_t copy_wait_ns;   /* atomic, set by the daemon: how long an open
+                                waits for a copy in flight (TIERING_STATE_COPYING);
+                                0: it does not wait (NOTE [one read per file]) */
+    uint64_t copy_waits;     /* atomic; opens that waited for a copy in flight */
+    uint64_t pad[5];
     uint64_t ring_head;      /* atomic; next position a producer takes (= events
                                 posted), on a cache line of its own */
     uint64_t pad2[7];
@@ -232,6 +241,8 @@ int64_t tiering_index_fill(void *base, const char *blob, uint64_t blob_len,
 int64_t tiering_index_complete(void *base, const uint64_t *slots, const struct tiering_file *recs,
                                const uint64_t *sizes, uint64_t n);
 int64_t tiering_index_filled(void *base, uint64_t wait_ns);
+/* Compare-and-swap of a state word; a swap from a TIERING_STATE_COPYING
+ * state wakes the opens waiting on it. */
 int tiering_state_cas(void *base, uint64_t slot, uint32_t expected, uint32_t desired);
 /* tiering_state_cas of each of n slots; swapped[i]: whether slots[i] was
  * swapped; returns how many were (the daemon's publication of a batch) */
@@ -252,6 +263,9 @@ uint64_t tiering_groups_hash(const uint32_t *groups, uint64_t n);
 #define TIERING_COPY_TARGET_ERROR 8  /* the staging file or the rename failed: errno in error */
 #define TIERING_COPY_IO_ERROR 9      /* reading or writing failed (ENOSPC...): errno in error */
 #define TIERING_COPY_REPLACED 10     /* the path names another file, or none, after the copy */
+#define TIERING_COPY_TAKEN 11        /* claims: the state word was not NONE (placed, copying, invalid) */
+#define TIERING_COPY_READ 12         /* claims: the file was opened since it was queued: the reader's
+                                      * own read is its one PFS read (NOTE [one read per file]) */
 
 struct tiering_copy {
     uint64_t size;       /* in: the catalog's size and mtime of the source  */
@@ -313,14 +327,27 @@ struct tiering_batch {
     const int32_t *stop;
     tiering_progress_fn progress;
     void *arg;
+    /* claims (NOTE [one read per file]), when entries is not NULL: before its
+     * copy each file's state word (entries[slots[id]]) goes from NONE to
+     * TIERING_STATE_COPYING | claim, or the file is not copied (TAKEN); its
+     * open counter is then compared with the file's `opens` (a changed one:
+     * READ, the claim is undone); a complete copy is published by the copy
+     * itself (COPYING -> claim, the waiting opens woken), a failed one goes
+     * back to NONE.  Each outcome's `published` says which. */
+    struct tiering_entry *entries;
+    const int64_t *slots;
+    uint32_t claim;          /* tier + 1 */
+    uint32_t pad2;
 };
-/* One file of a batch: id in; the rest out. */
+/* One file of a batch: id and opens in; the rest out. */
 struct tiering_batch_file {
     int64_t id;
     int32_t status;          /* TIERING_COPY_* */
     int32_t error;           /* errno of the *_ERROR statuses */
     int64_t copied;          /* bytes read from the source */
     int64_t blocks;          /* st_blocks of the copy */
+    uint32_t opens;          /* in: the entry's open counter when the copy was queued */
+    uint32_t published;      /* out: the copy published its state word itself */
 };
 /* Copies files[0..n) in order and returns k: files[0..k) have their
  * outcome; files[k..n) were not tried, because the time budget was spent

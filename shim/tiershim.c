@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/futex.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -536,8 +537,12 @@ EXPORT uint32_t tiering_get_tag(void) { return thread_tag; }
 EXPORT int tiering_state_cas(void *base, uint64_t slot, uint32_t expected, uint32_t desired)
 {
     struct tiering_entry *e = &tiering_entries(base)[slot];
-    return __atomic_compare_exchange_n(&e->state, &expected, desired, 0, __ATOMIC_ACQ_REL,
-                                       __ATOMIC_ACQUIRE);
+    uint32_t was = expected;
+    int swapped = __atomic_compare_exchange_n(&e->state, &expected, desired, 0, __ATOMIC_SEQ_CST,
+                                              __ATOMIC_SEQ_CST);
+    if (swapped && (was & TIERING_STATE_COPYING)) /* opens may wait on it: NOTE [one read per file] */
+        syscall(SYS_futex, &e->state, FUTEX_WAKE, INT32_MAX, NULL, NULL, 0);
+    return swapped;
 }
 
 EXPORT uint64_t tiering_state_cas_many(void *base, const uint64_t *slots, uint64_t n, uint32_t expected,
@@ -1932,10 +1937,52 @@ EXPORT int lremovexattr(const char *path, const char *name)
 
 /* Decides where a catalogued read-only open goes: fills phys and returns
  * the tier, or returns -1 for the original path. */
-static int route(int64_t slot, int flags, const char *rel, size_t rel_len, char *phys)
+/* The state word of e once a copy in flight (TIERING_STATE_COPYING) has
+ * ended, or after header.copy_wait_ns, whichever comes first: the open then
+ * takes the copy instead of reading the file from the PFS a second time
+ * (NOTE [one read per file], docs/design.md).  A shared futex: the copy
+ * wakes it in the daemon's process. */
+static uint32_t wait_copy(struct tiering_entry *e, uint32_t st)
+{
+    uint64_t bound = __atomic_load_n(&idx->copy_wait_ns, __ATOMIC_RELAXED);
+    struct timespec now, end;
+    if (!bound || clock_gettime(CLOCK_MONOTONIC, &now) < 0)
+        return st;
+    uint64_t end_ns = (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec + bound;
+    end.tv_sec = (time_t)(end_ns / 1000000000u), end.tv_nsec = (long)(end_ns % 1000000000u);
+    count(&idx->copy_waits, 1);
+    while (st & TIERING_STATE_COPYING) {
+        int64_t left = ((int64_t)end.tv_sec - now.tv_sec) * 1000000000 + (end.tv_nsec - now.tv_nsec);
+        if (left <= 0)
+            break;
+        struct timespec rel = {(time_t)(left / 1000000000), (long)(left % 1000000000)};
+        syscall(SYS_futex, &e->state, FUTEX_WAIT, st, &rel, NULL, 0);
+        st = __atomic_load_n(&e->state, __ATOMIC_ACQUIRE);
+        if (clock_gettime(CLOCK_MONOTONIC, &now) < 0)
+            break;
+    }
+    return st;
+}
+
+/* An open of slot begins: counted before the state word is read (NOTE [one
+ * read per file]: a copy that claims the file after this sees it, one that
+ * claimed it before is seen); open_failed() takes it back. */
+static inline void open_begins(int64_t slot)
+{
+    __atomic_fetch_add(&entries[slot].opens, 1, __ATOMIC_SEQ_CST); /* NOTE [open counters] */
+}
+
+static inline void open_failed(int64_t slot)
+{
+    __atomic_fetch_sub(&entries[slot].opens, 1, __ATOMIC_RELAXED);
+}
+
+static int route(int64_t slot, int flags, const char *rel, size_t rel_len, char *phys, int may_wait)
 {
     struct tiering_entry *e = &entries[slot];
-    uint32_t st = __atomic_load_n(&e->state, __ATOMIC_ACQUIRE);
+    uint32_t st = __atomic_load_n(&e->state, __ATOMIC_SEQ_CST);
+    if (UNLIKELY(st & TIERING_STATE_COPYING) && may_wait && !(flags & REDIRECT_DENY))
+        st = wait_copy(e, st);
     if ((flags & REDIRECT_DENY) || st == TIERING_STATE_NONE || st > redirect_tiers ||
         __atomic_load_n(&idx->disabled, __ATOMIC_RELAXED) || !__atomic_load_n(&scanners_ids, __ATOMIC_RELAXED))
         return -1; /* a process without the scan's credentials may not read the file: NOTE [served descriptors] */
@@ -1961,7 +2008,6 @@ static inline int still_valid(int64_t slot)
 static void opened(int fd, int64_t slot, int tier)
 {
     untrack(fd); /* a stale slot: its file was closed behind our back */
-    __atomic_fetch_add(&entries[slot].opens, 1, __ATOMIC_RELAXED); /* NOTE [open counters] */
     if (tier >= 0) {
         count(&idx->counters.opens_tier[tier], 1);
         count(&idx->counters.bytes_tier, entries[slot].size);
@@ -1989,7 +2035,8 @@ static __attribute__((noinline)) int open_read(enum which w, int atfd, const cha
         untrack(fd); /* a stale slot: its file was closed behind our back */
         return fd;
     }
-    int tier = route(slot, flags, rel, rel_len, phys);
+    open_begins(slot);
+    int tier = route(slot, flags, rel, rel_len, phys, 1);
     if (tier >= 0) {
         int saved = errno;
         int fd = call_real(w, AT_FDCWD, phys, flags, mode);
@@ -2006,6 +2053,8 @@ static __attribute__((noinline)) int open_read(enum which w, int atfd, const cha
     int fd = call_real(w, atfd, path, flags, mode);
     if (fd >= 0)
         opened(fd, slot, -1);
+    else
+        open_failed(slot);
     return fd;
 }
 
@@ -2028,7 +2077,7 @@ EXPORT int tiering_where(const char *path)
     if (maybe_catalogued(h, path, &root, &rl)) {
         int64_t slot = lookup(AT_FDCWD, path, root, rl, abs_path, &rel, &rel_len);
         if (slot >= 0)
-            tier = route(slot, O_RDONLY, rel, rel_len, phys);
+            tier = route(slot, O_RDONLY, rel, rel_len, phys, 0);
     }
     errno = saved;
     return tier;
@@ -2182,7 +2231,8 @@ static __attribute__((noinline)) FILE *fopen_read(int is64, const char *path, co
             untrack(fileno(f));
         return f;
     }
-    int tier = route(slot, O_RDONLY, rel, rel_len, phys);
+    open_begins(slot);
+    int tier = route(slot, O_RDONLY, rel, rel_len, phys, 1);
     if (tier >= 0) {
         int saved = errno;
         FILE *f = call_fopen(is64, phys, mode, stream);
@@ -2199,6 +2249,8 @@ static __attribute__((noinline)) FILE *fopen_read(int is64, const char *path, co
     FILE *f = call_fopen(is64, path, mode, stream);
     if (f)
         opened(fileno(f), slot, -1);
+    else
+        open_failed(slot);
     return f;
 }
 

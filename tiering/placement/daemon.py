@@ -40,6 +40,7 @@ from .api import NOT_PLACED, Policy, allocation, allocations
 from .index import Event, SharedIndex, events_array, ffi, lib
 from .tiers import (
     BATCH_BYTES,
+    SHARE_FILES,
     WAITS_COPIES,
     BatchSource,
     CopyOf,
@@ -67,6 +68,10 @@ PATIENT_TICK = 0.1    # ... at most while the policy is patient (its lead is lon
 PEAK_EVENTS = 400_000  # ... and at most what a quarter of the ring holds of this many events a second
 BUSY_EVENTS = 1024    # events drained in one turn that count as many
 MAX_ERRORS = 20       # error messages kept for the summary
+COPY_WAIT_COPIES = 2.0   # an open waits for a copy in flight at most this many small copies' time,
+COPY_WAIT_MIN = 0.001    # ... at least this long (seconds)
+COPY_WAIT_MAX = 0.25     # ... and at most (NOTE [one read per file])
+COPY_WAIT_WEIGHT = 0.1   # weight of a part of a batch in the average copy time
 EVENT_NICE = 5        # the event thread's nice below the process's, where the system allows it
 
 
@@ -98,6 +103,7 @@ class DaemonStats:
     events: int = 0
     placement_errors: int = 0       # exceptions raised by the policy (the job goes on)
     job_pfs_bytes: int = 0          # sizes of the files COMMAND opened from the PFS (from the events)
+    claims_read: int = 0            # copies not made: COMMAND had opened the file (NOTE [one read per file])
     peer_fetches: int = 0           # copies fetched from another node instead of the PFS
     peer_bytes: int = 0             # their sizes
     peer_fallbacks: dict[str, int] = field(default_factory=dict)   # fetches given up, by reason: PFS copy
@@ -205,7 +211,13 @@ class Daemon:
         self._reads = PfsReads(self.pfs_threads)   # NOTE [chunked copy]
         self._stop = threading.Event()
         self._stop_flag = ffi.new("int32_t *")    # the same, for copies in C (NOTE [batch copy])
-        self._batch = BatchSource(catalog.files, catalog.roots, self._stop_flag, index.records())
+        self._batch = BatchSource(catalog.files, catalog.roots, self._stop_flag, index.records(),
+                                  index.entries, self.slots)
+        # per file: its entry's open counter when its copy was queued (NOTE [one read per file])
+        self._opens_at = np.zeros(len(self.files), np.uint32)
+        # the whole data set fits the tiers: a copy COMMAND read first is deferred, not dropped
+        self._fits = self._batch.claims and int(allocations(self._sizes_array).sum()) <= sum(t.capacity for t in tiers)
+        self._copy_ns = 0.0                 # a small copy's seconds, averaged (copy_wait_ns is made from it)
         # catalog index by slot, and where each file is (tier or NOT_PLACED)
         self.file_of_slot = np.full(int(index.header.nslots), -1, np.int32)
         self.file_of_slot[np.asarray(slots, np.int64)] = np.arange(len(slots), dtype=np.int32)
@@ -221,6 +233,9 @@ class Daemon:
         # per tier: copies placed and not started (file, bytes reserved), and a
         # condition on the lock its idle workers wait on
         self._queued: list[deque[tuple[int, int]]] = [deque() for _ in tiers]
+        # ... and copies of files COMMAND read itself before their copy began, made when the tier's
+        # queue is empty: for the files' later uses (NOTE [one read per file])
+        self._later: list[deque[tuple[int, int]]] = [deque() for _ in tiers]
         self._work = [threading.Condition(self._lock) for _ in tiers]
         self._idle = [0] * len(tiers)       # per tier: workers waiting for copies
         # per tier: times a small copy waits, averaged, and the copies measured (NOTE [batch share])
@@ -288,6 +303,7 @@ class Daemon:
                 return False
             t.used += need
             self._flight[i] = tier
+            self._opens_at[i] = self.index.opens[self.slots[i]]
             self._in_flight += 1
             self._queued[tier].append((i, need))
             self._wake_workers(tier, 1)
@@ -329,6 +345,7 @@ class Daemon:
                 take = np.concatenate([take[:fit], np.array(more, np.int64)])
             taken = ids[take]
             self._flight[taken] = tier
+            self._opens_at[taken] = self.index.opens[self.slots[taken]]
             self._in_flight += len(take)
             self._queued[tier].extend(zip(taken.tolist(), needs[take].tolist()))
             t.used += int(needs[take].sum())
@@ -472,10 +489,11 @@ class Daemon:
     def _cancel_queued(self) -> None:
         """Under the lock: the copies not started are dropped, their room
         released; idle workers wake up to end."""
-        for tier, q in enumerate(self._queued):
-            self.tiers[tier].used -= sum(reserved for _, reserved in q)
-            ids = [i for i, _ in q]
+        for tier, (q, later) in enumerate(zip(self._queued, self._later)):
+            self.tiers[tier].used -= sum(reserved for _, reserved in q) + sum(reserved for _, reserved in later)
+            ids = [i for i, _ in q] + [i for i, _ in later]
             q.clear()
+            later.clear()
             self._out_of_flight(ids)   # last, as in _publish
             self._work[tier].notify_all()
 
@@ -626,10 +644,10 @@ class Daemon:
         """Copies what is placed on the tier, in order, until stop: a small
         file with the small files queued after it, as many as batch_share
         says (NOTE [batch copy], NOTE [batch share]), a large one alone."""
-        q, work = self._queued[tier], self._work[tier]
+        queued, later, work = self._queued[tier], self._later[tier], self._work[tier]
         while True:
             with self._lock:
-                while not q and not self._stop.is_set() and not self._closing:
+                while not queued and not later and not self._stop.is_set() and not self._closing:
                     self._idle[tier] += 1
                     try:
                         work.wait()
@@ -637,21 +655,54 @@ class Daemon:
                         self._idle[tier] -= 1
                 if self._stop.is_set() or self._closing:
                     return
+                q = queued if queued else later
                 batch = [q.popleft()]
                 if self._batched(batch[0][0]):
                     share = batch_share(len(q) + 1, self._idle[tier], self._waits_known(tier))
-                    while q and len(batch) < share and self._batched(q[0][0]):
-                        batch.append(q.popleft())
+                    self._take_strided(q, batch, share, self._idle[tier] + 1 if share <= SHARE_FILES else 1)
                 self._running += len(batch)
             if len(batch) == 1 and not self._batched(batch[0][0]):
                 self._copy_job(batch[0][0], tier, batch[0][1])   # ends _running's count of it
             else:
                 self._copy_batch_job(batch, tier)
 
+    def _take_strided(self, q: deque[tuple[int, int]], batch: list[tuple[int, int]], share: int,
+                      stride: int) -> None:
+        """Under the lock: the batch's small copies after its first, up to
+        `share`, every `stride`-th of the queue's run of small copies (the
+        others stay queued, in order): the workers that share the queue
+        copy its next files side by side, so that the copies' front is the
+        queue's head and not one file in each worker's run (NOTE [one read
+        per file]: a reader that reaches the front finds its files in flight
+        and waits for them instead of reading them itself)."""
+        skipped: list[tuple[int, int]] = []
+        while q and len(batch) < share and self._batched(q[0][0]):
+            for _ in range(stride - 1):
+                if not q or not self._batched(q[0][0]):
+                    break
+                skipped.append(q.popleft())
+            else:
+                if q and self._batched(q[0][0]):
+                    batch.append(q.popleft())
+                    continue
+            break
+        q.extendleft(reversed(skipped))
+
     def _batched(self, i: int) -> bool:
         """File i is copied in a batch: small, and no peer may serve it."""
         return int(self._sizes_array[i]) < BATCH_BYTES and (
             self.peers is None or not self.peers.may_serve(i, self.policy.next_epoch(i)))
+
+    def _time_copies(self, seconds: float, copies: int) -> None:
+        """A part of a batch took `seconds` for `copies` copies: the average
+        small copy's time, and from it how long an open waits for a copy in
+        flight (NOTE [one read per file]): COPY_WAIT_COPIES times it, within
+        COPY_WAIT_MIN..COPY_WAIT_MAX; no wait before a copy was timed."""
+        if copies <= 0:
+            return
+        each = seconds / copies
+        self._copy_ns = each if not self._copy_ns else self._copy_ns + COPY_WAIT_WEIGHT * (each - self._copy_ns)
+        self.index.set_copy_wait(min(COPY_WAIT_MAX, max(COPY_WAIT_MIN, COPY_WAIT_COPIES * self._copy_ns)))
 
     def _count_read(self, n: int) -> None:
         """The bytes a copy read: a small file's are added up in its thread and
@@ -715,8 +766,9 @@ class Daemon:
         self._land([i], tier, [published])
 
     def _copy_many(self, ids: np.ndarray, t: TierState, done: Callable[[np.ndarray, int], None]) -> None:
-        """A batch of small copies, inside the PFS semaphore (tests wrap it)."""
-        copy_batch(ids, self._batch, t, done)
+        """A batch of small copies, inside the PFS semaphore (tests wrap it);
+        each claims its file and publishes it (NOTE [one read per file])."""
+        copy_batch(ids, self._batch, t, done, claim=self.tiers.index(t) + 1, opens=self._opens_at[ids])
 
     def _copy_batch_job(self, batch: list[tuple[int, int]], tier: int) -> None:
         """Small copies in C (NOTE [batch copy]) in one PFS slot; each part
@@ -726,8 +778,13 @@ class Daemon:
         ids = np.fromiter((i for i, _ in batch), np.int64, len(batch))
         settled = 0
 
+        began = time.monotonic()
+
         def done(out: np.ndarray, waits: int) -> None:
-            nonlocal settled
+            nonlocal settled, began
+            now = time.monotonic()
+            self._time_copies(now - began, int(np.count_nonzero(out["copied"])))
+            began = now
             self._settle_batch(batch[settled:settled + len(out)], tier, out, None, waits)
             settled += len(out)
         failure: Exception | None = None
@@ -746,6 +803,30 @@ class Daemon:
             if settled < len(batch):
                 self._settle_batch(batch[settled:], tier, None, failure)
 
+    def _defer(self, part: list[tuple[int, int]], tier: int) -> None:
+        """Copies of files COMMAND opened since they were queued (their
+        claims saw it: NOTE [one read per file]), when the data set fits the
+        tiers: not made now, for its read was the file's one read; they stay
+        in flight, their room reserved, and are made once the tier's queue is
+        empty, for the files' later uses, unless COMMAND opens them again
+        first.  (Where it does not fit, the policy is told the copy was not
+        made and plans the file's next use itself.)"""
+        ids = np.fromiter((i for i, _ in part), np.int64, len(part))
+        with self._lock:
+            try:
+                self.stats.claims_read += len(part)
+                if self._stop.is_set() or self._closing:
+                    for i, reserved in part:
+                        self._discard(i, self.tiers[tier], reserved, copied=False)
+                    return
+                self._opens_at[ids] = self.index.opens[self.slots[ids]]
+                self._later[tier].extend(part)
+                self._work[tier].notify(1)
+            finally:
+                self._running -= len(part)
+                if not self._running:
+                    self._quiet.notify_all()
+
     def _settle_batch(self, part: list[tuple[int, int]], tier: int, out: np.ndarray | None,
                       failure: Exception | None, waits: int = -1) -> None:
         """Settles files of a batch, with their outcomes (None: not copied,
@@ -754,21 +835,33 @@ class Daemon:
         waited (-1: not known), for the tier's average (NOTE [batch share])."""
         noted: list[tuple[str, Exception]] = []
         published: list[bool] = []
+        if out is not None and self._fits and (read := out["status"] == lib.TIERING_COPY_READ).any():
+            self._defer([p for p, r in zip(part, read.tolist()) if r], tier)
+            part, out = [p for p, r in zip(part, read.tolist()) if not r], out[~read]
+            if not part:
+                return
         files = [i for i, _ in part]
         stopped = lib.TIERING_COPY_STOPPED
         status = out["status"] if out is not None else np.full(len(part), stopped)
+        if out is not None:   # not claimed (NOTE [one read per file]): as if stopped, no failure
+            read = status == lib.TIERING_COPY_READ
+            status = np.where((status == lib.TIERING_COPY_TAKEN) | read, stopped, status)
         with self._lock:
             try:
                 if out is not None:
                     self._waits[tier] = waits_average(*self._waits[tier], waits, len(part))
                     self.stats.pfs_opens += int(np.count_nonzero(status != stopped))
+                    self.stats.claims_read += int(np.count_nonzero(read))
                     self.stats.pfs_bytes += int(out["copied"].sum())
+                by_copy = out["published"].astype(bool) if out is not None and self._batch.claims else None
                 if out is not None and bool((status == lib.TIERING_COPY_OK).all()) and not self._stop.is_set():
-                    published = self._publish(part, tier, out["blocks"].astype(np.int64) * 512)
+                    published = self._publish(part, tier, out["blocks"].astype(np.int64) * 512, by_copy)
                 else:
                     statuses = status.tolist()
                     for k, (i, reserved) in enumerate(part):
                         allocated, error, src = None, failure, ""
+                        if by_copy is not None and by_copy[k] and self._stop.is_set():   # published, not kept
+                            self.index.cas_state(self.slots[i], tier + 1, lib.TIERING_STATE_NONE)
                         if statuses[k] == lib.TIERING_COPY_OK and out is not None:
                             allocated = int(out["blocks"][k]) * 512
                         elif statuses[k] != stopped and out is not None:
@@ -777,7 +870,8 @@ class Daemon:
                         if error is not None:
                             src = src or self.catalog.source_path(CopyOf.of(self.files, i))
                             noted.append((src, error))
-                        published.append(self._settle(i, tier, reserved, allocated, error, src))
+                        published.append(self._settle(i, tier, reserved, allocated, error, src,
+                                                      None if by_copy is None else by_copy[k:k + 1]))
             finally:
                 self._running -= len(files)
                 if not self._running:
@@ -873,12 +967,15 @@ class Daemon:
         average, seen = self._waits[tier]
         return average if seen >= WAITS_COPIES else -1.0
 
-    def _publish(self, part: list[tuple[int, int]], tier: int, allocated: np.ndarray) -> list[bool]:
+    def _publish(self, part: list[tuple[int, int]], tier: int, allocated: np.ndarray,
+                 by_copy: np.ndarray | None = None) -> list[bool]:
         """Under the lock, the daemon not stopping: publishes complete copies
         (file, bytes reserved; `allocated`, each copy's blocks) unless their
         file was written meanwhile, and does the accounting, on arrays (per
         file only the state word's compare-and-swap: NOTE [batch copy]);
-        whether each was published.  A copy not published is removed."""
+        whether each was published.  A copy not published is removed.
+        `by_copy`: per file, whether the copy published its state word itself
+        (claimed copies, NOTE [one read per file]; None: none did)."""
         t = self.tiers[tier]
         ids = np.fromiter((i for i, _ in part), np.int64, len(part))
         reserved = np.fromiter((r for _, r in part), np.int64, len(part))
@@ -886,7 +983,14 @@ class Daemon:
         try:
             ok = np.zeros(len(ids), bool)
             valid = np.array([i not in invalid for i in ids.tolist()], bool) if invalid else np.ones(len(ids), bool)
-            ok[valid] = self.index.cas_states(self.slots[ids[valid]], lib.TIERING_STATE_NONE, tier + 1)
+            if by_copy is None:
+                ok[valid] = self.index.cas_states(self.slots[ids[valid]], lib.TIERING_STATE_NONE, tier + 1)
+            else:   # published already: still so unless a write open invalidated it
+                ok = by_copy & valid
+                if ok.any():
+                    ok[ok] = self.index.state_of(self.slots[ids[ok]]) == tier + 1
+                if (back := by_copy & ~valid).any():   # invalidated by an event only: unpublished
+                    self.index.cas_states(self.slots[ids[back]], tier + 1, lib.TIERING_STATE_NONE)
             done = ids[ok]
             np.frombuffer(self._where, np.int8)[done] = tier
             t.files += len(done)
@@ -917,7 +1021,7 @@ class Daemon:
             self._out_of_flight([i])   # last, as in _publish
 
     def _settle(self, i: int, tier: int, reserved: int, allocated: int | None, failure: Exception | None,
-                src: str) -> bool:
+                src: str, by_copy: np.ndarray | None = None) -> bool:
         """Under the lock: publishes a complete copy (unless its file was
         written meanwhile or the daemon stops) and does the accounting;
         True when published."""
@@ -930,7 +1034,7 @@ class Daemon:
             self.stats.note(f"{src}: {failure}")
         elif allocated is not None and not self._stop.is_set():
             # the copy is complete under its final name: publish it
-            return self._publish([(i, reserved)], tier, np.array([allocated], np.int64))[0]
+            return self._publish([(i, reserved)], tier, np.array([allocated], np.int64), by_copy)[0]
         self._discard(i, t, reserved, copied=allocated is not None)
         return False
 

@@ -304,6 +304,9 @@ class SharedIndex:
         self.opens: np.ndarray = np.ndarray(
             (int(h.nslots),), "<u4", buffer=mm, strides=(ffi.sizeof("struct tiering_entry"),),
             offset=int(h.entries_offset) + ffi.offsetof("struct tiering_entry", "opens"))
+        self._states: np.ndarray = np.ndarray(
+            (int(h.nslots),), "<u4", buffer=mm, strides=(ffi.sizeof("struct tiering_entry"),),
+            offset=int(h.entries_offset) + ffi.offsetof("struct tiering_entry", "state"))
         self.files: np.ndarray = np.ndarray((int(h.nfiles),), numpy_dtype("struct tiering_file"), buffer=mm,
                                             offset=int(h.files_offset))
         self._tail = ffi.new("uint64_t *", 0)
@@ -480,6 +483,14 @@ class SharedIndex:
     def state(self, slot: int) -> int:
         return int(self.entries[slot].state)
 
+    def state_of(self, slots: np.ndarray) -> np.ndarray:
+        """The state words of slots, read now (a copy)."""
+        return self._states[np.asarray(slots, np.int64)]
+
+    def set_copy_wait(self, seconds: float) -> None:
+        """How long an open waits for a copy in flight (NOTE [one read per file])."""
+        self.header.copy_wait_ns = max(0, int(seconds * 1e9))
+
     def cas_state(self, slot: int, expected: int, desired: int) -> bool:
         return bool(lib.tiering_state_cas(self.base, slot, expected, desired))
 
@@ -539,6 +550,7 @@ class SharedIndex:
             "read_tier": int(c.read_tier),
             "closed_at_zero": int(c.closed_at_zero),
             "closed_at_zero_bytes": int(c.closed_at_zero_bytes),
+            "copy_waits": int(self.header.copy_waits),   # NOTE [one read per file]
         }
 
     def drain_batch(self, force: bool = False, limit: int | None = None) -> np.ndarray:
@@ -572,7 +584,7 @@ class SharedIndex:
         return int(self.header.ring_head) - int(self._tail[0])
 
     def close(self) -> None:
-        del self.entries, self.header, self.base, self._buf, self.opens, self.files
+        del self.entries, self.header, self.base, self._buf, self.opens, self._states, self.files
         self._mm.close()
 
     def unmap_in_child(self) -> None:

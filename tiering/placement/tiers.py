@@ -49,7 +49,8 @@ WAITS_QUICK = 0.1          # ... unless its tier's copies wait this often per co
 WAITS_COPIES = 64          # ... averaged over about this many copies, and known after as many
 BATCH_BUDGET_NS = 10_000_000  # a batch's copies are published at least this often (NOTE [batch copy])
 # struct tiering_batch_file as numpy sees it (checked against cffi's layout on first use)
-BATCH_DTYPE = np.dtype([("id", "<i8"), ("status", "<i4"), ("error", "<i4"), ("copied", "<i8"), ("blocks", "<i8")])
+BATCH_DTYPE = np.dtype([("id", "<i8"), ("status", "<i4"), ("error", "<i4"), ("copied", "<i8"), ("blocks", "<i8"),
+                        ("opens", "<u4"), ("published", "<u4")])
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -486,7 +487,8 @@ class BatchSource:
     by id, and the daemon's stop flag (an int32 set by Daemon.stop).  Made
     once per daemon; it keeps the arrays it points into alive."""
 
-    def __init__(self, files: FileTable, roots: list[str], stop: Any, records: Any = None):
+    def __init__(self, files: FileTable, roots: list[str], stop: Any, records: Any = None,
+                 entries: Any = None, slots: np.ndarray | None = None):
         c = files.columns
         self._arrays = (files.paths, files.offsets, files.root, c["size"], c["mtime_ns"], c["link"].view(np.uint8))
         self._roots = [ffi.new("char[]", os.fsencode(r)) for r in roots]
@@ -501,6 +503,14 @@ class BatchSource:
             # the index's records, by the same ids: each copy sets or clears
             # TIERING_FILE_VERIFIED (NOTE [served descriptors])
             "records": ffi.NULL if records is None else records}
+        # the index's entries and each file's slot: the copies claim their
+        # state words (NOTE [one read per file]); without them they do not
+        self.claims = entries is not None and slots is not None
+        if self.claims:
+            assert slots is not None
+            self._slots = np.ascontiguousarray(slots, np.uint64).view(np.int64)
+            self.fields["entries"] = entries
+            self.fields["slots"] = ffi.from_buffer("int64_t[]", self._slots)
 
 
 class _BatchCall:
@@ -557,7 +567,8 @@ def waits_average(average: float, seen: int, waits: int, copies: int) -> tuple[f
 
 
 def copy_batch(ids: np.ndarray, source: BatchSource, tier: TierState,
-               done: Callable[[np.ndarray, int], None]) -> None:
+               done: Callable[[np.ndarray, int], None], claim: int = 0,
+               opens: np.ndarray | None = None) -> None:
     """Copies the small files `ids` (at most BATCH_FILES, each under
     BATCH_BYTES) into the tier under their final names, in order, with the
     GIL released (NOTE [batch copy]).  done(outcomes, waits) is called
@@ -570,7 +581,10 @@ def copy_batch(ids: np.ndarray, source: BatchSource, tier: TierState,
     and the copy's st_blocks.  Every file of ids is in exactly one
     call.  A staging directory found gone is made again (twice at most).
     Checks and leftovers as copy_file's.  The caller holds one slot of the
-    PFS semaphore."""
+    PFS semaphore.  With a source that claims (BatchSource.claims) and
+    `claim` (the tier's state, tier + 1), each file is claimed before its
+    copy and published by it (`opens`: each file's open counter when it was
+    queued; outcomes TAKEN and READ: not copied, NOTE [one read per file])."""
     n = len(ids)
     if n > BATCH_FILES:
         raise ValueError(f"a batch copies at most {BATCH_FILES} files, not {n}")
@@ -578,6 +592,13 @@ def copy_batch(ids: np.ndarray, source: BatchSource, tier: TierState,
     out = call.view[:n]
     out["id"] = ids
     out["status"] = -1
+    out["published"] = 0
+    out["opens"] = 0 if opens is None else opens
+    call.b.claim = claim if source.claims else 0
+    if not call.b.claim:
+        call.b.entries = ffi.NULL
+    elif call.b.entries == ffi.NULL:
+        call.b.entries = source.fields["entries"]
     call.b.data_fd = tier.dirs.data.top_fd
     call.b.budget_ns = BATCH_BUDGET_NS
     first = ffi.cast("struct tiering_batch_file *", call.files)
