@@ -111,7 +111,9 @@ def test_a_path_built_in_getitem_is_learnt_in_epoch_1_and_followed_after(tmp_pat
     assert m["tagged_opens"] >= 3 * n      # every fetch of every epoch was tagged
     # the data set fits: each file copied once and kept (a copy made on first touch while the
     # learning epoch was planned is the plan's too)
-    assert stats["placement"]["evictions"] == 0 and stats["placement"]["copies"] == n, stats["placement"]
+    # every catalogued file once (those a Subset leaves out too: staged while the mapping was learnt,
+    # NOTE [staging while waiting])
+    assert stats["placement"]["evictions"] == 0 and stats["placement"]["copies"] == N, stats["placement"]
     assert_followed(stats, "learnt in epoch 1", 2, n, err)
     assert_served_from_epoch_2(got, n)
 
@@ -207,7 +209,9 @@ def test_a_dataloader_made_for_each_epoch_is_followed_and_reported_epoch_by_epoc
     assert stats["policy"] == "clairvoyant" and order["following"] and not order["diverged"], err
     assert [e["epoch"] for e in stats["epochs"]] == [1, 2, 3], stats["epochs"]
     assert [e["opens"] for e in stats["epochs"]] == [N] * 3, stats["epochs"]
-    assert stats["epochs"][0]["from_tiers"] <= 0.1 * N, stats["epochs"]      # the learning epoch: first touch
+    # the learning epoch: served from the tiers what the staging had copied before the reader came
+    # (NOTE [staging while waiting]), by the machine's speed; the staging did copy
+    assert order["staged"] > 0, order
     assert all(e["from_tiers"] >= 0.95 * N for e in stats["epochs"][1:]), stats["epochs"]
     assert_served_from_epoch_2(got, N)
     assert "      3 " in err and "... more epochs" not in err, err   # the summary's table has the three rows
@@ -228,9 +232,12 @@ def test_a_big_memory_mapped_file_is_served_from_ram_with_warm(tmp_path):
     data.mkdir()
     (data / "table.arrow").write_bytes(random.Random(3).randbytes(4096 * 300))
     got, stats, err = train(tmp_path, data, "arrow")
-    assert got["arrow_local"] is False and stats["opens"]["by_tier"]["ram"] == 0
+    # without --warm: the file is staged in the background (NOTE [staging while waiting]), served from
+    # RAM when its copy landed before its open; else the summary says --warm helps
+    served = stats["opens"]["by_tier"]["ram"]
+    assert got["arrow_local"] is (served == 1) and served + stats["opens"]["pfs"] == 1
     assert stats["warm"] is None
-    assert any("none served" in w and "--warm" in w for w in stats["warnings"])
+    assert any("none served" in w and "--warm" in w for w in stats["warnings"]) is (served == 0)
     got, stats, err = train(tmp_path, data, "arrow", "--warm")
     assert got["arrow_local"] is True, err
     assert stats["opens"]["by_tier"]["ram"] == 1 and stats["opens"]["pfs"] == 0

@@ -15,12 +15,14 @@ from typing import Any
 import numpy as np
 
 from ..observe.epochs import EpochLog
-from ..placement.api import Placement, Policy
-from ..placement.policies import FirstTouch
+from ..placement.api import Placement, Policy, allocations
+from ..placement.policies import STAGE_IN_FLIGHT, FirstTouch
 from .feeds import EpochOrder, HookFeed, ListFeed
 from .mapping import occurrences
 from .planner import FETCH, INF, Actions, Planner
 from .progress import Progress
+
+STAGE_CHUNK = 1024   # files a turn of the staging places at once (NOTE [staging while waiting])
 
 log = logging.getLogger("tiering")
 
@@ -110,6 +112,14 @@ class Clairvoyant(Policy):
         self._resume_at = 0.0               # the pace let nothing out: not looked at again before then
         self._relay: Any = None             # a multi-node job's relay rule (nodes.Relay), once the nodes met
         self._view: tuple[Planner, list[int], list[int]] | None = None   # the plan and its epochs, for next_epoch
+        # staging while no order is followed (NOTE [staging while waiting]): only where the whole data
+        # set fits the plan's capacities, on one node; the next file of the catalog to stage, and the
+        # files the reader opened (not staged: its read was their one read)
+        self._stage_fits = pinned is None and int(allocations(self._sizes).sum()) <= sum(
+            self.plan_capacities(placement.capacities))
+        self._stage_next = 0
+        self._opened = np.zeros(len(self._sizes), bool) if self._stage_fits else None
+        self.staged = 0                     # copies placed by the staging
 
     # -- the stream ----------------------------------------------------------
     def start(self) -> None:
@@ -240,9 +250,35 @@ class Clairvoyant(Policy):
                     self._match_ahead()   # the others taught the mapping (a learning epoch, a pass before training)
                 else:
                     self._match_early()
+        if not self.following:
+            self._stage()
         self._relay_step()
         self._issue()
         self._note_lead()
+
+    def _stage(self) -> None:
+        """While no order is followed (waiting for the hook, learning the
+        mapping, first touch) and the data set fits: the catalog in order,
+        at most STAGE_IN_FLIGHT copies queued, fastest tier first, but for
+        the files the reader opened (NOTE [staging while waiting]).  A plan
+        made later adopts what is placed and in flight."""
+        p = self.placement
+        n = len(self._sizes)
+        if not self._stage_fits or self._opened is None:
+            return
+        while self._stage_next < n and not p.stopping:
+            room = STAGE_IN_FLIGHT - p.copies_in_flight()
+            if room < STAGE_CHUNK:
+                return
+            chunk = np.arange(self._stage_next, min(n, self._stage_next + STAGE_CHUNK), dtype=np.int64)
+            self._stage_next += len(chunk)
+            chunk = chunk[~self._opened[chunk]]
+            for tier in range(len(p.capacities)):
+                if not len(chunk):
+                    break
+                placed = p.place_many(chunk, tier)
+                self.staged += int(placed.sum())
+                chunk = chunk[~placed]
 
     def _keep_early(self, files: np.ndarray, pids: np.ndarray) -> None:
         """The last opens made before the hook's first order came in: a fast
@@ -381,6 +417,8 @@ class Clairvoyant(Policy):
         if len(self._late[0]):
             keep = self._skip_late(files, from_tier)
             files, from_tier, pids = files[keep], from_tier[keep], pids[keep]
+        if self._opened is not None:
+            self._opened[files] = True
         part = min(self.part, self.progress.window) if self.progress is not None else self.part
         for k in range(0, len(files), part):
             if not self.following:
@@ -688,6 +726,7 @@ class Clairvoyant(Policy):
             "held_by_horizon": self.held,
             "held_by_pace": self.paced,
             "fetches": self.fetches,
+            "staged": self.staged,
             "evictions": self.evictions,
             "refused": self.refused,
             "replans": self.resets,
