@@ -486,8 +486,8 @@ def main(argv: list[str] | None = None) -> int:
     ensure_built()
     a.work.mkdir(parents=True, exist_ok=True)
     if s.reader == "c":
-        subprocess.run(["cc", "-O2", "-o", str(a.work / "preader"), str(REPO / "bench" / "workloads" / "preader.c")],
-                       check=True)
+        subprocess.run(["cc", "-O2", "-pthread", "-o", str(a.work / "preader"),
+                        str(REPO / "bench" / "workloads" / "preader.c")], check=True)
     sweep_stale_mounts(a.work)
     a.out.mkdir(parents=True, exist_ok=True)
     results = []
