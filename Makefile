@@ -96,6 +96,21 @@ bench: install bench-deps
 bench-quick: install bench-deps
 	$(PY) -m bench.run --quick --out bench/results/quick $(BENCH_ARGS)
 
+# PFS-bound benchmark (the reader held back by the PFS, not by compute): an
+# 8-thread C reader (bench/workloads/preader.c) of a seeded random order per
+# epoch, no compute, 100 k files of about 20 KiB (2 GB) on slowfs; the PFS
+# directly, every file once at the PFS's parallel rate (16 threads), stage,
+# clairvoyant with the order given, first-touch and the /dev/shm lower bound,
+# with the data fitting the RAM tier and with tiers of half the data; writes
+# bench/results/pfsbound.{json,md}.  About an hour on 2 cores.
+# bench-pfs-quick is the same on 2,000 files (bench/results/quick/pfsbound.*).
+.PHONY: bench-pfs bench-pfs-quick
+bench-pfs: build bench-deps
+	$(PY) -m bench.pfsbound $(PFS_ARGS)
+
+bench-pfs-quick: build bench-deps
+	$(PY) -m bench.pfsbound --quick $(PFS_ARGS)
+
 # Scale benchmark on ImageNet-1k's shape (1.28 M files of 1 KiB in 1,000 class
 # directories, generated once under $TMPDIR/tiering-scale, about 1.3 GB):
 # tier-run start-up, peak RSS and CPU, `tiering plan`, events at full speed and

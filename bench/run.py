@@ -37,7 +37,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from bench.datagen import generate
 from bench.predict import PROBE_FILES, TOLERANCE, Probe, predict, probe, tier_rates, within
@@ -132,10 +132,11 @@ def order_file(s: Settings, rels: list[str], path: Path) -> Path:
     return path
 
 
-def run_c_reader(cmd: list[str], stats_file: Path | None, out: Path) -> None:
-    """Runs preader with --sync, taking the PFS's counters between epochs."""
+def run_c_reader(cmd: list[str], stats_file: Path | None, out: Path, stderr: IO[str] | None = None) -> None:
+    """Runs preader with --sync, taking the PFS's counters between epochs
+    (stderr: where its and tier-run's messages go; default: ours)."""
     from bench.slowfs import read_stats
-    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO)
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True, cwd=REPO)
     assert proc.stdin is not None and proc.stdout is not None
     snaps: list[dict[str, int]] = []
     epochs: list[dict[str, Any]] = []
@@ -161,6 +162,12 @@ def run_c_reader(cmd: list[str], stats_file: Path | None, out: Path) -> None:
                     "pfs_meta_ops": after.get("meta_ops", 0) - before.get("meta_ops", 0),
                     "opens_by_tier": {k2: v for k2, v in e["tiers"].items() if v}})
     out.write_text(json.dumps({"files": epochs[0]["files"], "checksum": checksum, "epochs": res}))
+
+
+def tier_run_summary(stats_json: Path) -> dict[str, Any]:
+    """The parts of tier-run's --stats-json a result keeps."""
+    st = json.loads(stats_json.read_text())
+    return {k: st[k] for k in ("policy", "tiers", "opens", "pfs", "placement", "order", "seconds") if k in st}
 
 
 def run_config(name: str, s: Settings, fs: SlowFs, profile: Path, shm_copy: Path, ssd_dir: Path,
@@ -204,9 +211,7 @@ def run_config(name: str, s: Settings, fs: SlowFs, profile: Path, shm_copy: Path
         for e in entry["epochs"]:
             e["opens_by_tier"] = {"shm": sum(e["opens_by_tier"].values())}
     if stats_json.exists():
-        st = json.loads(stats_json.read_text())
-        entry["tier_run"] = {k: st[k] for k in ("policy", "tiers", "opens", "pfs", "placement", "order", "seconds")
-                             if k in st}
+        entry["tier_run"] = tier_run_summary(stats_json)
     return entry
 
 
