@@ -102,8 +102,9 @@ bench-quick: install bench-deps
 # directly, every file once at the PFS's parallel rate (16 threads), stage,
 # clairvoyant with the order given, first-touch and the /dev/shm lower bound,
 # with the data fitting the RAM tier and with tiers of half the data; writes
-# bench/results/pfsbound.{json,md}.  About an hour on 2 cores.
-# bench-pfs-quick is the same on 2,000 files (bench/results/quick/pfsbound.*).
+# bench/results/pfsbound.{json,md}.  About 25 minutes on 2 cores.
+# bench-pfs-quick is the same on 2,000 files in about 35 s
+# (bench/results/quick/pfsbound.*).
 .PHONY: bench-pfs bench-pfs-quick
 bench-pfs: build bench-deps
 	$(PY) -m bench.pfsbound $(PFS_ARGS)
