@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from helpers import PYTHON, make_data, private_dir, settle_access_times, wait_for
 from tiering.catalog import scan
@@ -47,7 +48,7 @@ class Job:
     the test places) and the shim's environment."""
 
     def __init__(self, tmp: Path, files: dict[str, int], threads: int = 2, start: bool = True,
-                 capacity: int = 1 << 30):
+                 capacity: int = 1 << 30, policy: type = POLICIES["off"]):
         self.root = tmp / "pfs"
         self.contents = make_data(self.root, files)
         settle_access_times(self.root)
@@ -58,7 +59,7 @@ class Job:
                                                     self.catalog)
         self.i = {f.rel: k for k, f in enumerate(self.catalog.files)}
         self.slot = {f.rel: int(s) for f, s in zip(self.catalog.files, slots)}
-        self.d = Daemon(self.index, self.catalog, slots, [self.tier], threads, POLICIES["off"])
+        self.d = Daemon(self.index, self.catalog, slots, [self.tier], threads, policy)
         self.env = dict(os.environ, LD_PRELOAD=str(library_path()), TIERING_INDEX=str(self.index.path))
         self.env.pop("TIERING_DISABLE", None)
         if start:
@@ -183,12 +184,20 @@ def test_a_copy_of_a_file_opened_since_it_was_queued_waits_for_the_queue_to_empt
         job.close()
 
 
-def test_where_the_data_set_does_not_fit_the_policy_is_told_the_copy_was_not_made(tmp_path):
-    """Tiers smaller than the data set: the copy of a file the reader opened
-    first is not made, its room is given back and the policy hears it was
-    not published (it plans the file's next use itself)."""
+class PlansEachUse(POLICIES["off"]):  # type: ignore[misc,valid-type]
+    defers_read_copies = False
+
+
+@pytest.mark.parametrize("policy", [PlansEachUse, POLICIES["off"]])
+def test_where_the_data_set_does_not_fit_a_policy_that_plans_each_use_is_told_the_copy_was_not_made(
+        tmp_path, policy):
+    """Tiers smaller than the data set and a policy that plans each use (as
+    the clairvoyant one): the copy of a file the reader opened first is not
+    made, its room is given back and the policy hears it was not published
+    (it plans the file's next use itself).  A policy that places once (as
+    stage) has it made after the others instead."""
     files = {f"d/f{k}.bin": 1000 + k for k in range(20)}
-    job = Job(tmp_path, files, threads=1, start=False, capacity=12 * 4096)
+    job = Job(tmp_path, files, threads=1, start=False, capacity=12 * 4096, policy=policy)
     try:
         placed = [rel for rel in sorted(files) if job.d.place(job.i[rel], 0)]
         assert len(placed) == 12
@@ -201,8 +210,14 @@ def test_where_the_data_set_does_not_fit_the_policy_is_told_the_copy_was_not_mad
         job.d._land = lambda ids, tier, ok: landed.update(zip(np.asarray(ids).tolist(), np.asarray(ok).tolist()))
         job.d.start()
         wait_for(lambda: not job.d.copies_in_flight(), "the copies to settle")
+        assert job.d.stats.claims_read == 1
+        if policy is not PlansEachUse:
+            assert landed == {job.i[r]: True for r in placed} and job.d.stats.copies == 12
+            assert job.index.state(job.slot[read]) == 1
+            assert (job.tier.data / "0" / read).read_bytes() == job.contents[read]
+            return
         assert landed == {job.i[r]: r != read for r in placed}
-        assert job.d.stats.claims_read == 1 and job.d.stats.copies == 11 and job.d.stats.pfs_opens == 11
+        assert job.d.stats.copies == 11 and job.d.stats.pfs_opens == 11
         assert job.index.state(job.slot[read]) == lib.TIERING_STATE_NONE and not (job.tier.data / "0" / read).exists()
         assert job.tier.files == 11 and job.tier.used == sum(
             f.stat().st_blocks * 512 for f in job.tier.data.rglob("*") if f.is_file())

@@ -72,6 +72,7 @@ class Clairvoyant(Policy):
     pace_batch = 512     # ... in batches of this many (the copy workers then sleep between them)
     pace_wait = 0.25     # seconds the pace is not looked at again after it held (at most)
     clock = staticmethod(time.monotonic)
+    defers_read_copies = False   # the plan places each use (NOTE [one read per file])
 
     def __init__(self, placement: Placement, feed: ListFeed | HookFeed | None = None, window: int = 64,
                  pinned: np.ndarray | None = None):

@@ -86,6 +86,10 @@ class Policy:
     """Base class: every hook does nothing."""
 
     name = "base"
+    # a copy not made because COMMAND opened its file first (NOTE [one read per file]) is made later,
+    # for the file's later uses, by the daemon: the policies that place once; a policy that plans
+    # each use (clairvoyant) says False and hears the copy was not made, unless the data set fits
+    defers_read_copies = True
 
     def __init__(self, placement: Placement):
         self.placement = placement

@@ -215,8 +215,9 @@ class Daemon:
                                   index.entries, self.slots)
         # per file: its entry's open counter when its copy was queued (NOTE [one read per file])
         self._opens_at = np.zeros(len(self.files), np.uint32)
-        # the whole data set fits the tiers: a copy COMMAND read first is deferred, not dropped
-        self._fits = self._batch.claims and int(allocations(self._sizes_array).sum()) <= sum(t.capacity for t in tiers)
+        # the whole data set fits the tiers: a copy COMMAND read first is deferred, not dropped (else
+        # only when the policy says so: Policy.defers_read_copies)
+        self._fits = int(allocations(self._sizes_array).sum()) <= sum(t.capacity for t in tiers)
         self._copy_ns = 0.0                 # a small copy's seconds, averaged (copy_wait_ns is made from it)
         # catalog index by slot, and where each file is (tier or NOT_PLACED)
         self.file_of_slot = np.full(int(index.header.nslots), -1, np.int32)
@@ -806,11 +807,11 @@ class Daemon:
     def _defer(self, part: list[tuple[int, int]], tier: int) -> None:
         """Copies of files COMMAND opened since they were queued (their
         claims saw it: NOTE [one read per file]), when the data set fits the
-        tiers: not made now, for its read was the file's one read; they stay
+        tiers or the policy places once: not made now, for its read was the file's one read; they stay
         in flight, their room reserved, and are made once the tier's queue is
         empty, for the files' later uses, unless COMMAND opens them again
-        first.  (Where it does not fit, the policy is told the copy was not
-        made and plans the file's next use itself.)"""
+        first.  (Where it does not fit and the policy plans each use, it is
+        told the copy was not made and plans the file's next use itself.)"""
         ids = np.fromiter((i for i, _ in part), np.int64, len(part))
         with self._lock:
             try:
@@ -835,7 +836,8 @@ class Daemon:
         waited (-1: not known), for the tier's average (NOTE [batch share])."""
         noted: list[tuple[str, Exception]] = []
         published: list[bool] = []
-        if out is not None and self._fits and (read := out["status"] == lib.TIERING_COPY_READ).any():
+        if out is not None and self._batch.claims and (self._fits or self.policy.defers_read_copies) and (
+                read := out["status"] == lib.TIERING_COPY_READ).any():
             self._defer([p for p, r in zip(part, read.tolist()) if r], tier)
             part, out = [p for p, r in zip(part, read.tolist()) if not r], out[~read]
             if not part:
