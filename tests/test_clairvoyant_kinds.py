@@ -217,6 +217,19 @@ def test_a_dataloader_made_for_each_epoch_is_followed_and_reported_epoch_by_epoc
     assert "      3 " in err and "... more epochs" not in err, err   # the summary's table has the three rows
 
 
+@pytest.mark.parametrize("kind,source", [("pair-dict", "attribute table"), ("pair-lists", "attribute images + masks")])
+def test_an_image_and_its_mask_read_from_attributes_are_both_followed_from_epoch_1(tmp_path, kind, source):
+    """A dict of (image, mask) tuples, and two parallel lists: each index
+    maps to both of its files from the attributes, not learnt (issue 34, 4)."""
+    data = tmp_path / "pfs"
+    make_images(data, masks=True)
+    got, stats, err = train(tmp_path, data, kind, copies=2 * N)
+    m = stats["order"]["mapping"]
+    assert m["indices"] == N and m["mapped"] == N, m
+    assert_followed(stats, source, 1, 2 * N, err)
+    assert_served_from_epoch_2(got, 2 * N)
+
+
 def test_an_index_reading_an_image_and_a_mask_maps_to_both(tmp_path):
     data = tmp_path / "pfs"
     make_images(data, masks=True)

@@ -178,6 +178,7 @@ def test_an_epoch_planned_from_a_partly_learnt_mapping_copies_the_other_files_on
     space, learn = 9, {"space": 9, "length": 6}
     tiers = Tiers(6)
     policy = Clairvoyant(tiers, feed)  # type: ignore[arg-type]
+    policy._stage_fits = False   # first touch alone here (the staging: tests/test_staging_while_waiting.py)
     message(d, "0", {"kind": "dataset", "loader": 0, "paths": None, "how": None, "why": "-", "learn": learn})
     message(d, "1", {"kind": "epoch", "loader": 0, "epoch": 0, "indices": list(range(6)), "next": None})
     policy.poll()
@@ -216,6 +217,22 @@ def test_feed_learns_when_the_attribute_names_other_files(tmp_path, catalog):
     feed.poll()
     assert feed.errors == []
     assert feed.mapping()["source"] == "attribute x" and feed.main == 1
+
+
+def test_feed_maps_every_file_an_index_names(tmp_path, catalog):
+    """Paths of several files per index (an image and its mask): the mapping
+    holds each index's files in order, a file named twice in one index once."""
+    root, cat = catalog
+    feed, d, ids = feed_of(tmp_path, cat)
+    p = [str(root / f"f{i}.bin") for i in range(6)]
+    message(d, "0", {"kind": "dataset", "loader": 0, "paths": [[p[0], p[3]], [p[1], p[4], p[1]], p[2]],
+                     "how": "images + masks", "why": None, "learn": None})
+    feed.poll()
+    assert feed.errors == [] and feed.mapping()["source"] == "attribute images + masks"
+    m = feed.loaders[0].maps_by_rank[0]
+    assert m.offsets.tolist() == [0, 2, 4, 5]
+    assert m.files.tolist() == [ids["f0.bin"], ids["f3.bin"], ids["f1.bin"], ids["f4.bin"], ids["f2.bin"]]
+    assert m.order(np.array([2, 0])).tolist() == [ids["f2.bin"], ids["f0.bin"], ids["f3.bin"]]
 
 
 # -- the hook's side -------------------------------------------------------------
@@ -261,10 +278,19 @@ def test_hook_finds_a_dataframe_column(hook):
     assert hook._paths_of(Plain(s=df["file"]))[0] == "s"
 
 
+def test_hook_maps_pairs_of_files_and_parallel_lists_to_every_file_of_an_index(hook):
+    """A list (or dict) of (image, mask) tuples and two index-aligned lists:
+    each index names both of its files, in the attributes' order."""
+    both = [["/d/a.jpg", "/d/a.png"], ["/d/b.jpg", "/d/b.png"]]
+    assert hook._paths_of(Plain(images=["/d/a.jpg", "/d/b.jpg"], masks=["/d/a.png", "/d/b.png"])) == (
+        "images + masks", both)
+    assert hook._paths_of(Plain(pairs=[("/d/a.jpg", "/d/a.png"), ("/d/b.jpg", "/d/b.png")])) == ("pairs", both)
+    assert hook._paths_of(Plain(table={0: ("/d/a.jpg", 3, "/d/a.png"), 1: ("/d/b.jpg", 4, "/d/b.png")})) == (
+        "table", both)
+    assert hook._paths_of(Plain(samples=[("/d/a.jpg", 0), ("/d/b.jpg", 1)])) == ("samples", ["/d/a.jpg", "/d/b.jpg"])
+
+
 @pytest.mark.parametrize("attrs,why", [
-    ({"images": ["/d/a.jpg", "/d/b.jpg"], "masks": ["/d/a.png", "/d/b.png"]},
-     "attributes images, masks of Plain all list files"),
-    ({"pairs": [("/d/a.jpg", "/d/a.png"), ("/d/b.jpg", "/d/b.png")]}, "no attribute of Plain lists one file per index"),
     ({"by_id": {"a": "/d/a.jpg", "b": "/d/b.jpg"}}, "no attribute of Plain lists one file per index"),
     ({"ids": ["n01440764", "n01443537"]}, "no attribute of Plain lists one file per index"),
 ])

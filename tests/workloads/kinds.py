@@ -12,6 +12,8 @@ KIND:
   subset     a Subset (every third index left out) of a `dicts` data set
   subset-ids the same Subset of a `from-id` data set (learnt)
   pairs      integer ids; __getitem__ opens img/ID.bin then mask/ID.bin (learnt)
+  pair-dict  a dict index -> (image, mask) (attribute `table`)
+  pair-lists two lists of paths, images and masks (attributes `images` + `masks`)
   arrow      one big file memory-mapped by the main process at start, records
              sliced out of it in __getitem__ (HF datasets' Arrow files)
 
@@ -121,6 +123,31 @@ class Pairs(FromId):
         return sample(i, [read(f"{self.root}/img/{k:08d}.bin"), read(f"{self.root}/mask/{k:08d}.bin")])
 
 
+class PairDict(Dataset):
+    def __init__(self, root: str):
+        ids = ids_in(root)
+        self.table = {i: (f"{root}/img/{k:08d}.bin", f"{root}/mask/{k:08d}.bin") for i, k in enumerate(ids)}
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def __getitem__(self, i: int):
+        return sample(i, [read(p) for p in self.table[i]])
+
+
+class PairLists(Dataset):
+    def __init__(self, root: str):
+        ids = ids_in(root)
+        self.images = [f"{root}/img/{k:08d}.bin" for k in ids]
+        self.masks = [f"{root}/mask/{k:08d}.bin" for k in ids]
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, i: int):
+        return sample(i, [read(self.images[i]), read(self.masks[i])])
+
+
 class Arrow(Dataset):
     def __init__(self, root: str):
         self.file = open(os.path.join(root, "table.arrow"), "rb")
@@ -140,7 +167,7 @@ def make(kind: str, root: str) -> Dataset:
         ds = Dicts(root) if kind == "subset" else FromId(root)
         return Subset(ds, [i for i in range(len(ds)) if i % 3 != 1])
     return {"dicts": Dicts, "frame": Frame, "dict-ids": DictIds, "from-id": FromId, "pairs": Pairs,
-            "arrow": Arrow}[kind](root)
+            "pair-dict": PairDict, "pair-lists": PairLists, "arrow": Arrow}[kind](root)
 
 
 def collate(batch):  # type: ignore[no-untyped-def]

@@ -227,14 +227,15 @@ class HookFeed:
         loader.ranks.add(rank)
         loader.why = msg.get("why")
         if paths is not None:
-            ids = np.fromiter((self.paths.id_of(p) for p in paths), np.int64, len(paths))
+            index_map, ids = self._index_map(paths)
             problem = check_attribute(ids)
             if problem is None:
-                loader.maps_by_rank[rank] = IndexMap.one_each(ids)
+                loader.maps_by_rank[rank] = index_map
                 loader.how = str(msg.get("how"))
                 return
             if not (ids >= 0).any():
-                problem = f"its files (e.g. {paths[0]}) are not under any --data directory"
+                first = paths[0] if paths and isinstance(paths[0], str) else (paths[0] or [""])[0]
+                problem = f"its files (e.g. {first}) are not under any --data directory"
             loader.why = f"attribute {msg.get('how')}: {problem}"
         learn = msg.get("learn")
         if not learn:
@@ -246,6 +247,24 @@ class HookFeed:
             self.clashes.add(space)
             loader.why = "two data sets of different lengths share a tag space"
         loader.space = space
+
+    def _index_map(self, paths: list[str | list[str]]) -> tuple[IndexMap, np.ndarray]:
+        """The mapping of an attribute's paths, one per index or several
+        (an image and its mask), and the catalog ids of every path named in
+        index order (-1: not catalogued) for check_attribute; an index's
+        file named twice counts once."""
+        singles = [p for p in paths if isinstance(p, str)]
+        if len(singles) == len(paths):
+            ids = np.fromiter((self.paths.id_of(p) for p in singles), np.int64, len(singles))
+            return IndexMap.one_each(ids), ids
+        per = [list(dict.fromkeys([p] if isinstance(p, str) else p)) for p in paths]
+        counts = np.fromiter(map(len, per), np.int64, len(per))
+        ids = np.fromiter((self.paths.id_of(q) for p in per for q in p), np.int64, int(counts.sum()))
+        keep = ids >= 0
+        index_of = np.repeat(np.arange(len(per), dtype=np.int64), counts)
+        offsets = np.zeros(len(per) + 1, np.int64)
+        np.cumsum(np.bincount(index_of[keep], minlength=len(per)), out=offsets[1:])
+        return IndexMap(offsets, ids[keep]), ids
 
     def _learner(self, loader: _Loader) -> Learner | None:
         if loader.space is None or loader.space in self.clashes or loader.maps_by_rank:

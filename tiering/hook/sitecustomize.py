@@ -68,7 +68,7 @@ _KNOWN = ("samples", "imgs", "files", "file_list", "paths", "image_paths")
 _SAMPLE = 64             # items of an attribute looked at before it is taken as the mapping
 _TAG_BITS = 24           # a tag is (space << 24) | (index + 1): 16.7 M indices per data set
 _MAX_INDEX = (1 << _TAG_BITS) - 2
-_MANY = object()         # an item naming several files: not a mapping by itself
+_MAX_FILES = 8           # files an index may name (image, mask, ...): the daemon keeps as many
 
 
 class _NoMapping(Exception):
@@ -85,20 +85,49 @@ def _looks_like_path(s):
 
 
 def _path_in(item):
-    """The file an item names: itself, the one path field of a tuple or the
-    one path value of a dict; _MANY when it names several, None when none."""
+    """The files an item names: itself, or the path fields of a tuple or the
+    path values of a dict (an image and its mask), a tuple when several;
+    None when none."""
     if _looks_like_path(item):
         return item
     if isinstance(item, dict):
         fields = list(item.values())
     elif isinstance(item, (list, tuple)):
-        fields = list(item[:8])
+        fields = list(item[:_MAX_FILES])
     else:
         return None
-    found = [f for f in fields if _looks_like_path(f)]
+    found = [f for f in fields if _looks_like_path(f)][:_MAX_FILES]
     if len(found) > 1:
-        return _MANY
+        return tuple(found)
     return found[0] if found else None
+
+
+class _Files(tuple):
+    """An index's files, found side by side in several attributes."""
+
+
+def _fspath(p):
+    return tuple(os.fspath(q) for q in p) if isinstance(p, tuple) else os.fspath(p)
+
+
+def _side_by_side(found):
+    """Attributes that each list files, index by index (images and masks):
+    one mapping that names each index's files in the attributes' order."""
+    labels = [label for label, _ in found]
+    everys = [every for _, every in found]
+
+    def every():
+        for items in zip(*(e() for e in everys)):
+            files = []
+            for item in items:
+                p = _path_in(item)
+                if p is None:
+                    yield None
+                    break
+                files.extend(p if isinstance(p, tuple) else (p,))
+            else:
+                yield _Files(files[:_MAX_FILES])
+    return " + ".join(labels), every
 
 
 def _is_series(v):
@@ -161,8 +190,8 @@ def _attribute_paths(ds, n):
                 sampled = tuple(_path_in(get(i)) for i in _sample(n))
             except Exception:
                 continue
-            if sampled and all(p is not None and p is not _MANY for p in sampled):
-                key = tuple(os.fspath(p) for p in sampled)
+            if sampled and all(p is not None for p in sampled):
+                key = tuple(_fspath(p) for p in sampled)
                 found.setdefault(key, (label, every))
                 if name in _KNOWN:
                     known.setdefault(key, (label, every))
@@ -170,16 +199,17 @@ def _attribute_paths(ds, n):
         found = known   # a list under a known name wins (FileDataset's files beside its relative paths)
     if not found:
         raise _NoMapping(f"no attribute of {type(ds).__name__} lists one file per index")
-    if len(found) > 1:
-        labels = sorted(label for label, _ in found.values())
-        raise _NoMapping(f"attributes {', '.join(labels)} of {type(ds).__name__} all list files")
-    label, every = next(iter(found.values()))
+    if len(found) > 1:   # side by side, if their files differ (else the daemon's check refuses them)
+        label, every = _side_by_side(list(found.values())[:_MAX_FILES])
+    else:
+        label, every = next(iter(found.values()))
     paths = []
     for item in every():
-        p = _path_in(item)
-        if p is None or p is _MANY:
-            raise _NoMapping(f"attribute {label} of {type(ds).__name__}: an item names no single file")
-        paths.append(os.path.abspath(os.fspath(p)))
+        p = tuple(item) if isinstance(item, _Files) else _path_in(item)
+        if p is None:
+            raise _NoMapping(f"attribute {label} of {type(ds).__name__}: an item names no file")
+        paths.append([os.path.abspath(q) for q in _fspath(p)] if isinstance(p, tuple)
+                     else os.path.abspath(os.fspath(p)))
     return label, paths
 
 
