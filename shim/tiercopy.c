@@ -546,7 +546,10 @@ EXPORT int64_t tiering_copy_batch(struct tiering_batch *b, struct tiering_batch_
         int r = b->entries ? claim(b, &files[k]) : TIERING_COPY_OK;
         if (r == TIERING_COPY_OK) {
             r = copy_one(b, &files[k], &pc);
-            if (b->entries)
+            /* a stopped daemon may have unmapped the index meanwhile (a copy stuck
+             * on a hung PFS that it gave up on): its entries are not touched again;
+             * the index is disabled then, so no open waits on the claim left */
+            if (b->entries && !(b->stop && __atomic_load_n(b->stop, __ATOMIC_SEQ_CST)))
                 files[k].published = (uint32_t)unclaim(b, &files[k], r == TIERING_COPY_OK);
         } else {
             files[k].copied = files[k].blocks = 0, files[k].error = 0;

@@ -353,8 +353,11 @@ static int64_t invalidate_file(const struct table *t, uint64_t slot)
     int64_t changed = 0;
     uint64_t s = slot;
     for (uint64_t n = 0; n <= t->mask; n++) {
-        if (__atomic_exchange_n(&t->tab[s].state, TIERING_STATE_INVALID, __ATOMIC_SEQ_CST) != TIERING_STATE_INVALID)
+        uint32_t was = __atomic_exchange_n(&t->tab[s].state, TIERING_STATE_INVALID, __ATOMIC_SEQ_CST);
+        if (was != TIERING_STATE_INVALID)
             changed++;
+        if (was & TIERING_STATE_COPYING) /* opens waiting for its copy: the PFS now */
+            syscall(SYS_futex, &t->tab[s].state, FUTEX_WAKE, INT32_MAX, NULL, NULL, 0);
         if ((s = ring_next(t, s)) == slot)
             break;
     }
@@ -1977,20 +1980,45 @@ static inline void open_failed(int64_t slot)
     __atomic_fetch_sub(&entries[slot].opens, 1, __ATOMIC_RELAXED);
 }
 
+/* Whether an open may be served a copy at all, whatever the state word says. */
+static int servable(int64_t slot, int flags, const struct tiering_file *f)
+{
+    if ((flags & REDIRECT_DENY) || __atomic_load_n(&idx->disabled, __ATOMIC_RELAXED) ||
+        !__atomic_load_n(&scanners_ids, __ATOMIC_RELAXED))
+        return 0; /* a process without the scan's credentials may not read the file: NOTE [served descriptors] */
+    if (!f || served_no_more(slot))
+        return 0; /* not complete yet: not catalogued for redirects; or locked by this process */
+    if ((flags & O_NOFOLLOW) && !(f->flags & TIERING_FILE_NO_LINK))
+        return 0; /* the PFS fails it with ELOOP */
+    return 1;
+}
+
+/* Whether the daemon that claimed copies is alive: a claim of a daemon that
+ * was killed is never released (NOTE [one read per file]). */
+static int daemon_alive(void)
+{
+    uint32_t pid = __atomic_load_n(&idx->daemon_pid, __ATOMIC_RELAXED);
+    return pid && (syscall(SYS_kill, (pid_t)pid, 0) == 0 || errno == EPERM);
+}
+
 static int route(int64_t slot, int flags, const char *rel, size_t rel_len, char *phys, int may_wait)
 {
     struct tiering_entry *e = &entries[slot];
     uint32_t st = __atomic_load_n(&e->state, __ATOMIC_SEQ_CST);
-    if (UNLIKELY(st & TIERING_STATE_COPYING) && may_wait && !(flags & REDIRECT_DENY))
-        st = wait_copy(e, st);
-    if ((flags & REDIRECT_DENY) || st == TIERING_STATE_NONE || st > redirect_tiers ||
-        __atomic_load_n(&idx->disabled, __ATOMIC_RELAXED) || !__atomic_load_n(&scanners_ids, __ATOMIC_RELAXED))
-        return -1; /* a process without the scan's credentials may not read the file: NOTE [served descriptors] */
     const struct tiering_file *f = record(slot);
-    if (!f || served_no_more(slot))
-        return -1; /* not complete yet: not catalogued for redirects; or locked by this process */
-    if ((flags & O_NOFOLLOW) && !(f->flags & TIERING_FILE_NO_LINK))
-        return -1; /* the PFS fails it with ELOOP */
+    if (!servable(slot, flags, f))
+        return -1;
+    if (UNLIKELY(st & TIERING_STATE_COPYING)) {
+        int saved = errno;
+        /* wait only for a copy this open could be served, of a daemon still there */
+        if (may_wait && (st & ~TIERING_STATE_COPYING) <= redirect_tiers && daemon_alive())
+            st = wait_copy(e, st);
+        errno = saved;
+        if (!servable(slot, flags, f))
+            return -1;
+    }
+    if (st == TIERING_STATE_NONE || st > redirect_tiers)
+        return -1;
     if (tier_path(st - 1, e->root, rel, rel_len, phys) < 0)
         return -1;
     return (int)st - 1;

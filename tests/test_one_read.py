@@ -268,3 +268,67 @@ def test_a_reader_racing_the_copies_reads_each_file_from_the_pfs_once_with_them(
         assert job.d.stats.pfs_opens == n and job.d.stats.pfs_bytes == sum(files.values())
     finally:
         job.close()
+
+
+def test_an_open_does_not_wait_for_a_copy_it_could_not_be_served(tmp_path):
+    """No wait when the copy could not serve the open anyway: the index
+    disabled (the job ends), or the daemon that claimed it dead (its claim
+    is never released); an open that waited out the bound leaves errno as
+    the PFS open left it."""
+    job = Job(tmp_path, {"a/one.bin": 5000, "a/two.bin": 300, "a/three.bin": 70}, start=False)
+    try:
+        for rel in job.contents:
+            assert job.index.cas_state(job.slot[rel], lib.TIERING_STATE_NONE, COPYING_RAM)
+        job.index.set_copy_wait(60.0)
+        job.index.set_disabled(True)
+        p = job.reader()
+        ask(p, job.root / "a/one.bin")
+        assert answer(p) == (str(job.root / "a/one.bin"), job.digest("a/one.bin"))
+        end(p)
+        job.index.set_disabled(False)
+        dead = subprocess.Popen(["true"])
+        dead.wait()
+        alive = int(job.index.header.daemon_pid)
+        job.index.header.daemon_pid = dead.pid
+        p = job.reader()
+        ask(p, job.root / "a/two.bin")
+        assert answer(p) == (str(job.root / "a/two.bin"), job.digest("a/two.bin"))
+        end(p)
+        assert int(job.index.header.copy_waits) == 0
+        job.index.header.daemon_pid = alive
+        job.index.set_copy_wait(0.05)
+        script = ("import ctypes, os, sys\n"
+                  "libc = ctypes.CDLL(None, use_errno=True)\n"
+                  "ctypes.set_errno(0)\n"
+                  "fd = libc.open(sys.argv[1].encode(), os.O_RDONLY)\n"
+                  "print(fd >= 0, ctypes.get_errno())\n")
+        r = subprocess.run([PYTHON, "-c", script, str(job.root / "a/three.bin")], env=job.env, capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.split() == ["True", "0"] and int(job.index.header.copy_waits) == 1
+    finally:
+        job.close()
+
+
+def test_a_write_open_wakes_the_opens_waiting_for_the_copy(tmp_path):
+    """A reader waits for a copy in flight; a write open invalidates the
+    file: the reader wakes at once and reads the data file, not after the
+    bound (two minutes here)."""
+    job = Job(tmp_path, {"a/one.bin": 5000, "a/two.bin": 300}, start=False)
+    try:
+        rel = "a/one.bin"
+        assert job.index.cas_state(job.slot[rel], lib.TIERING_STATE_NONE, COPYING_RAM)
+        job.index.set_copy_wait(120.0)
+        p = job.reader()
+        ask(p, job.root / rel)
+        wait_for(lambda: int(job.index.header.copy_waits) == 1, "the open to wait for the copy")
+        t0 = time.monotonic()
+        w = subprocess.run([PYTHON, "-c", f"import os; os.close(os.open({str(job.root / rel)!r}, os.O_WRONLY))"],
+                           env=job.env, capture_output=True, text=True, timeout=60)
+        assert w.returncode == 0, w.stderr
+        assert answer(p) == (str(job.root / rel), job.digest(rel))
+        assert time.monotonic() - t0 < 60      # woken, not after the two minutes of its bound
+        end(p)
+        assert job.index.state(job.slot[rel]) == lib.TIERING_STATE_INVALID
+    finally:
+        job.close()

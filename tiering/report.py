@@ -132,6 +132,10 @@ def to_json(r: JobRecord) -> dict[str, Any]:
             "evictions": d.evictions,
             "invalidated": d.invalidated,
             "write_opens": c.get("writes", 0),
+            # NOTE [one read per file]: copies not made then because COMMAND read the file first, and
+            # opens that waited for a copy in flight
+            "copies_read_first": d.claims_read,
+            "opens_waited_for_copy": c.get("copy_waits", 0),
             "abandoned": r.abandoned,
             "placement_errors": d.placement_errors,
             "errors": d.errors[:20],
@@ -237,6 +241,9 @@ def summary_text(s: dict[str, Any]) -> str:
         why = f" ({', '.join(f'{n:,} {r}' for r, n in reasons.items())})" if pl["copy_failures"] and reasons else ""
         lines.append(f"  copies   {pl['copies']:,} done, {pl['copy_failures']:,} failed{why}, {pl['evictions']:,} "
                      f"evicted, {pl['invalidated']} invalidated by writes, {pl['changed_sources']} changed on the PFS")
+    if pl.get("copies_read_first") or pl.get("opens_waited_for_copy"):
+        lines.append(f"  one read {pl.get('copies_read_first', 0):,} copies left to COMMAND's own read, "
+                     f"{pl.get('opens_waited_for_copy', 0):,} opens waited for a copy in flight")
     o = s.get("order") or {}
     if s["policy"] == "clairvoyant":   # else the policy line says why not
         lines.append(f"  order    {o['epochs_known']} epochs known, {o['matched_opens']:,} opens followed,"
