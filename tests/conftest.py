@@ -4,6 +4,7 @@ figures of the reliability tests.  Helpers the test modules import are in
 helpers.py."""
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
@@ -11,6 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+
+# The suite's process loads grpc (the multi-node tests) and then forks every
+# tier-run it starts: grpc's fork support restarts its poller in the child,
+# which then finds the poller's descriptor closed by subprocess (close_fds)
+# and aborts before exec (grpc/grpc#43055).  The tests' children need none of it.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 from helpers import C_DIR, ShimEnv, build_index, dead_job_dir, leftovers, make_data, private_dir, wait_for
 from sanitizers import PLAIN, Flavour, build
