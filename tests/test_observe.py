@@ -311,6 +311,16 @@ def test_choose_display(progress, quiet, verbose, terminal, every, want):
      ("following", "following the reader, no copy ahead of it")),
     ("clairvoyant", {"epochs_known": 2, "diverged": True}, None,
      ("fallback", "fell back to first-touch: the reads stopped following the order")),
+    ("clairvoyant", {"epochs_known": 0, "hook_errors": [
+        "the sampler Mine is not one of torch's: the hook does not run it twice; give the order with "
+        "--order-file, or prefetching follows first touch"]}, None,
+     ("fallback", "first touch: the order hook gave up (the sampler Mine is not one of torch's: the hook does "
+                  "not run it twice)")),
+    ("clairvoyant", {"epochs_known": 0, "hook_errors": [
+        "cannot map the data set to files (Files has no length; cannot learn it: Files has no length); "
+        "prefetching follows first touch"]}, None,
+     ("fallback", "first touch: the order hook gave up (cannot map the data set to files (Files has no length; "
+                  "cannot learn it: Files has no length))")),
     ("clairvoyant", {"epochs_known": 0}, "the order hook did not start in COMMAND",
      ("fallback", "fell back to first-touch: no order (the order hook did not start in COMMAND)")),
     ("first-touch", {}, None, ("first-touch", "copying what COMMAND opens (first touch)")),

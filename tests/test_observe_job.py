@@ -183,6 +183,70 @@ def test_progress_off_drops_the_progress_and_keeps_the_summary(tmp_path):
     assert any(ln.startswith("  hits ") for ln in lines), r.stderr
 
 
+# an IterableDataset over the data set (with or without a length): no indices, so no order can come;
+# after one pass it waits until the daemon has taken the hook's messages and the status file was
+# written twice since, then writes the status file's phase to argv[2]
+ITERABLE = """
+import json, os, sys, time
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+root, out, with_len = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+class Files(IterableDataset):
+    def __iter__(self):
+        for d, _, fs in sorted(os.walk(root)):
+            for f in sorted(fs):
+                with open(os.path.join(d, f), "rb") as fh:
+                    fh.read()
+                yield torch.zeros(1)
+if with_len:
+    Files.__len__ = lambda self: 200
+for x in DataLoader(Files(), batch_size=4):
+    pass
+orders = os.environ["TIERING_ORDER_DIR"]
+status = os.path.join(os.path.dirname(orders), "status.json")
+def updated():
+    try:
+        with open(status) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+deadline = time.monotonic() + 120
+while any(n.endswith(".json") for n in os.listdir(orders)) and time.monotonic() < deadline:
+    time.sleep(0.05)
+seen = []
+while len(seen) < 3 and time.monotonic() < deadline:
+    st = updated()
+    if st is not None and (not seen or st["updated"] != seen[-1]["updated"]):
+        seen.append(st)
+    time.sleep(0.05)
+with open(out, "w") as f:
+    json.dump({"phase": seen[-1]["phase"], "kind": seen[-1]["phase_kind"]}, f)
+"""
+
+
+@pytest.mark.parametrize("with_len", [False, True], ids=["no length", "a length"])
+def test_once_the_hook_gave_up_the_status_says_first_touch_and_why_not_waiting(tmp_path, with_len):
+    """A DataLoader over an IterableDataset has no indices: the hook says so
+    (with or without a __len__), and from then on the status line and the
+    status file say first touch and why, not "waiting for the order"."""
+    data = tmp_path / "pfs"
+    dataset(data)
+    out = tmp_path / "phase.json"
+    r = tier_run(["--profile", str(profile(tmp_path)), "--data", str(data), "--progress-every", "1", "--",
+                  PYTHON, "-c", ITERABLE, str(data), str(out), "1" if with_len else "0"])
+    assert r.returncode == 0, r.stderr
+    why = "Files is an IterableDataset: it yields its samples in an order of its own, with no indices to announce"
+    assert json.loads(out.read_text()) == {"kind": "fallback",
+                                           "phase": f"first touch: the order hook gave up (cannot map the data set "
+                                                    f"to files ({why}))"}
+    lines = r.stderr.splitlines()
+    said = [k for k, ln in enumerate(lines) if ln.startswith("tiering: order hook: cannot map the data set")]
+    assert len(said) == 1 and why in lines[said[0]], r.stderr
+    status = [ln for ln in lines[said[0]:] if re.match(r"tiering \d+:\d\d ", ln)]
+    assert status and not any("waiting for the order" in ln for ln in status), r.stderr
+    assert all("first touch: the order hook gave up" in ln for ln in status), r.stderr
+
+
 # -- bytes read: what COMMAND read, not the sizes of the files it opened ---------------------
 
 MIB = 1 << 20

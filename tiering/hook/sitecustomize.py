@@ -444,6 +444,9 @@ def _mapping_message(ds):
     it learns the mapping in when the paths do not check out (NOTE [learnt
     mapping])."""
     msg = {"paths": None, "how": None, "why": None}
+    if _iterable(ds):
+        return dict(msg, learn=None, why=f"{type(ds).__name__} is an IterableDataset: it yields its samples in "
+                    "an order of its own, with no indices to announce")
     try:
         msg["how"], msg["paths"] = _paths_of(ds)
     except _NoMapping as e:
@@ -455,6 +458,12 @@ def _mapping_message(ds):
     if learn is None:
         msg["why"] = f"{msg['why']}; cannot learn it: {why}" if msg["why"] else f"cannot learn it: {why}"
     return msg
+
+
+def _iterable(ds):
+    """Whether ds is a torch IterableDataset (its DataLoader has no sampler of indices)."""
+    import torch.utils.data as tud
+    return isinstance(ds, tud.IterableDataset)
 
 
 def _publisher(loader, index_sampler):
@@ -470,6 +479,9 @@ def _publisher(loader, index_sampler):
         if key not in _datasets_sent:
             _write("dataset", dict(_mapping_message(loader.dataset), loader=key))
             _datasets_sent.add(key)
+        if _iterable(loader.dataset):
+            _unmappable.add(key)   # no order to announce, this epoch or later
+            return
         if not _own_samplers(index_sampler):
             _write("error", {"loader": key, "message":
                              f"the sampler {type(getattr(index_sampler, 'sampler', index_sampler)).__name__} is "

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -137,10 +138,19 @@ def phase(policy: str, report: dict[str, Any], no_order: str | None) -> tuple[st
         source = str((report.get("mapping") or {}).get("source", ""))
         if source.startswith("learnt"):   # NOTE [learnt mapping]
             return "learning", "learning which files each index reads (first touch meanwhile)"
+        errors = report.get("hook_errors") or []
+        if errors:   # the hook said why no order comes (a DataLoader without indices, a sampler not torch's)
+            return "fallback", f"first touch: the order hook gave up ({hook_reason(errors[-1])})"
         return "waiting", "waiting for the order (first touch meanwhile)"
     if report.get("prefetch_lead"):
         return "prefetching", "prefetching ahead of the reader"
     return "following", "following the reader, no copy ahead of it"
+
+
+def hook_reason(error: str) -> str:
+    """A hook error's reason without its advice (what placement does, how
+    to give the order), for the status line."""
+    return re.split(r";? (?:give the order with|prefetching follows first touch)", error, maxsplit=1)[0]
 
 
 def write_status(run_dir: Path, status: dict[str, Any]) -> None:
