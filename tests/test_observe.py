@@ -117,8 +117,10 @@ def test_epoch_records_split_the_daemons_traffic_at_the_epochs_first_opens():
                   "first": t0 + 10, "last": t0 + 14, "lead": 10.0}]
     # the daemon copied 1000 bytes a second from t=0 to t=12, one file per 100 bytes
     samples = [sample(float(k), copy=min(k, 12) * 1000) for k in range(1, 16)]
-    samples = [Sample(s.t, s.tier_bytes, s.opens, s.from_tiers, s.copy_bytes // 100, s.pfs_bytes, 0, s.copy_bytes)
-               for s in samples]
+    # the lead in seconds as measured at each tick: 0.5 s in epoch 1 (none at t=1: nothing followed yet), 2 s in 2
+    leads = {k: 0.5 if k < 10 else 2.0 for k in range(2, 16)}
+    samples = [Sample(s.t, s.tier_bytes, s.opens, s.from_tiers, s.copy_bytes // 100, s.pfs_bytes, 0, s.copy_bytes,
+                      lead_s=leads.get(int(s.t))) for s in samples]
     recs = epoch_records(per_epoch, t0, series_json(samples, ["ram"], 1))
     assert [r["epoch"] for r in recs] == [1, 2]
     assert [r["start"] for r in recs] == [2.0, 10.0] and [r["seconds"] for r in recs] == [8.0, 4.0]
@@ -128,7 +130,8 @@ def test_epoch_records_split_the_daemons_traffic_at_the_epochs_first_opens():
     assert [r["pfs_bytes_of_files_opened_by_job"] for r in recs] == [600, 0]
     assert [r["tier_bytes_read_by_job"] for r in recs] == [90, 700]
     assert [r["hit_ratio"] for r in recs] == [0.4, 1.0]
-    assert recs[0]["prefetch_lead_seconds"] == 0.4   # 5 samples at 100 opens in 8 s
+    # the mean of what was measured at the epoch's ticks, not its lead in samples scaled by its rate
+    assert [r["prefetch_lead_seconds"] for r in recs] == [0.5, 2.0]
 
 
 # -- the watch: lines, phases, status file ------------------------------------------------
@@ -174,8 +177,8 @@ def test_the_watch_says_what_changes_and_a_status_line_at_its_rate(tmp_path, mon
     assert lines == ["tiering: starting COMMAND; tiers ram 1000 MiB: the data set fits"]
     for k in range(1, 31):
         now[0] = float(k)
-        if k == 3:
-            probe.rep = {"epochs_known": 2, "prefetch_lead": 40, "following": True}
+        if k >= 3:   # the reader reads 10 positions a second: a lead of 40 is 4 s of its reading
+            probe.rep = {"epochs_known": 2, "prefetch_lead": 40, "following": True, "reader_position": 10 * k}
         probe.c = {"opens": 10 * k, "opens_pfs": 10 * min(k, 5), "events_dropped": 0}
         probe.tier_bytes = min(100, 10 * k) * MIB
         probe.tier_files = min(100, 10 * k)
@@ -199,6 +202,34 @@ def test_the_watch_says_what_changes_and_a_status_line_at_its_rate(tmp_path, mon
     assert "2 reading the PFS, 1 queued" in view
     finished = w.finish()
     assert finished["warm_after"] == 10.0 and finished["series"]["t"][-1] == 30.0
+
+
+def test_the_lead_in_seconds_is_how_long_the_reader_took_for_as_many_positions():
+    from tiering.observe.series import lead_seconds
+    # 100 positions a second for 3 s, then a pause of 10 s
+    ticks = [(float(k), 100 * min(k, 3)) for k in range(14)]
+    assert lead_seconds(ticks[:4], 150) == (1.5, False)
+    assert lead_seconds(ticks, 150) == (11.5, False)     # measured: the pause is in it, not 150 / (0 opens/s)
+    assert lead_seconds(ticks, 400) == (13.0, True)      # more than it read so far: at least the 13 s it ran
+    # a new plan (positions from 0 again) at t=10: nothing measured before it
+    again = ticks[:10] + [(10.0, 0), (11.0, 50), (12.0, 100)]
+    assert lead_seconds(again, 50) == (1.0, False) and lead_seconds(again, 500) == (2.0, True)
+
+
+def test_a_lead_far_beyond_what_the_reader_read_is_not_extrapolated_from_its_rate(tmp_path, monkeypatch):
+    """65,536 positions ahead (the planner's floor) of a reader of 16 opens/s
+    was "4,096 s ahead": the status says what was measured, over 60 s."""
+    lines: list[str] = []
+    w, probe, now = make_watch(tmp_path, lines, monkeypatch, every=60.0)
+    for k in range(1, 61):
+        now[0] = float(k)
+        probe.rep = {"epochs_known": 90, "prefetch_lead": 65536, "following": True, "reader_position": 16 * k}
+        probe.c = {"opens": 16 * k, "opens_pfs": 0, "events_dropped": 0}
+        st = w.tick()
+    assert st is not None and st["prefetch_lead"] == {"samples": 65536, "seconds": 59.0, "at_least": True}
+    assert "prefetching 65,536 samples, over 59.0 s ahead of the reader" in lines[-1]
+    assert "prefetch lead 65,536 samples (over 59.0 s)" in status_view(fresh_from(tmp_path, st))
+    assert w.finish()["series"]["prefetch_lead_s"] == [None] * 60   # never measured: none in the epochs' means
 
 
 def test_the_series_pfs_bytes_are_the_totals_of_the_report_with_events_dropped(tmp_path, monkeypatch):

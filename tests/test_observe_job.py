@@ -348,6 +348,26 @@ def test_per_epoch_numbers_agree_with_what_the_reader_counted_with_the_sampler_g
     check_epochs(json.loads(stats.read_text()), json.loads(out.read_text()), contents)
 
 
+def test_a_lead_in_seconds_is_never_more_than_the_job_has_run(tmp_path):
+    """A reader that pauses between epochs while the plan holds the next
+    ones: the lead in seconds, on the status lines and per epoch, is what
+    was measured (how long the reader took for as many positions), never the
+    lead in samples over a rate that the pause made small."""
+    data = tmp_path / "pfs"
+    dataset(data)
+    stats = tmp_path / "s.json"
+    r = tier_run(["--profile", str(profile(tmp_path)), "--data", str(data), "--stats-json", str(stats),
+                  "--sampler", "random", "--seed", "0", "--epochs", "3", "--layout", "sorted", "--progress-every", "1",
+                  "--", *reader_args(data, tmp_path / "r.json", "--epoch-pause", "4", "--sample-delay", "0.005")])
+    assert r.returncode == 0, r.stderr
+    shown = [(int(m[1]) * 60 + int(m[2]), float(m[4])) for m in
+             re.finditer(r"^tiering (\d+):(\d\d) prefetching [\d,]+ samples, (over )?([\d.]+) s ahead", r.stderr, re.M)]
+    assert shown, r.stderr
+    assert all(ahead <= elapsed + 1 for elapsed, ahead in shown), r.stderr   # the line's clock is rounded
+    for e in json.loads(stats.read_text())["epochs"]:
+        assert e["prefetch_lead_seconds"] is None or e["prefetch_lead_seconds"] <= e["start"] + e["seconds"], e
+
+
 def test_the_summary_shows_the_epochs_and_the_net_pfs_traffic(tmp_path):
     data = tmp_path / "pfs"
     dataset(data)

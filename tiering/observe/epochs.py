@@ -196,6 +196,17 @@ def _at(t: list[float], values: list[int], x: float) -> float:
     return v0 + (v1 - v0) * (x - t0) / (t1 - t0) if t1 > t0 else float(v1)
 
 
+def _mean_within(t: list[float], values: list[float | None], start: float, end: float,
+                 last: bool) -> float | None:
+    """The mean of the values sampled at times from start to end (end
+    itself only for the last epoch: it begins the next one), None ones left
+    out; None without any: the epoch's prefetch lead in seconds as it was
+    measured at each tick (series.lead_seconds), not its lead in samples
+    scaled by the epoch's rate."""
+    inside = [v for x, v in zip(t, values) if v is not None and start <= x and (x < end or last and x == end)]
+    return round(sum(inside) / len(inside), 2) if inside else None
+
+
 def epoch_records(per_epoch: list[dict[str, Any]], t0: float | None, series: dict[str, Any]) -> list[dict[str, Any]]:
     """The report's per-epoch records (epochs numbered from 1, times in
     seconds since COMMAND started).  COMMAND's opens are the policy's
@@ -207,6 +218,7 @@ def epoch_records(per_epoch: list[dict[str, Any]], t0: float | None, series: dic
         return []
     t = series.get("t", [])
     copy_bytes = series.get("copy_bytes", [])
+    lead_s = series.get("prefetch_lead_s") or []
     daemon_opens = [p - (o - f) for p, o, f in zip(series.get("pfs_opens", []), series.get("opens", []),
                                                    series.get("from_tiers", []))]
     starts = [e["first"] - t0 for e in per_epoch]
@@ -234,7 +246,6 @@ def epoch_records(per_epoch: list[dict[str, Any]], t0: float | None, series: dic
             "pfs_bytes_of_files_opened_by_job": e["pfs_bytes"],
             "pfs_bytes_read_by_daemon": d_bytes,
             "prefetch_lead": e["lead"],
-            "prefetch_lead_seconds": (round(e["lead"] * seconds / e["opens"], 2)
-                                      if e["lead"] is not None and e["opens"] and seconds else None),
+            "prefetch_lead_seconds": _mean_within(t, lead_s, starts[k], end, k + 1 == len(per_epoch)),
         })
     return out

@@ -24,6 +24,7 @@ import logging
 import os
 import re
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +37,7 @@ from ..catalog.model import IntColumn
 from ..console import Stderr, say, stderr_is_terminal
 from ..placement.daemon import DaemonSnapshot
 from ..units import human_bytes, plain_number
-from .series import Sample, Series, hit_ratio, rate
+from .series import Sample, Series, hit_ratio, lead_seconds, rate
 from .view import clock, count, pct, status_line
 
 log = logging.getLogger("tiering")
@@ -49,6 +50,7 @@ EVERY_TERMINAL = 30.0    # seconds between status lines while COMMAND runs
 EVERY_LOG = 10.0
 EVERY_VERBOSE = 5.0
 SCAN_EVERY_LOG = 5.0     # seconds between plain scan lines
+READER_TICKS = 4096      # ticks of the reader's position kept to measure the prefetch lead in seconds
 
 
 @dataclass(frozen=True)
@@ -192,6 +194,8 @@ class JobWatch:
     _command_pid: int | None = None
     _sizes_later: int = 0                    # files whose sizes are read after COMMAND started (names first)
     _dirs: int = 0
+    _readers: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=READER_TICKS))
+    _lead_now: tuple[float, bool] | None = None   # the lead in seconds at the last tick, and whether at least
 
     # -- the scan ------------------------------------------------------------------
     def scanning_in(self, run_dir: Path, head: dict[str, Any]) -> None:
@@ -378,14 +382,27 @@ class JobWatch:
         snap = self.probe.snapshot()
         rep = self.probe.report()
         tiers = tuple(t.bytes for t in snap.tiers) if snap else tuple(0 for _ in self.info.tiers)
-        s = Sample(t=self.clock() - self.t0, tier_bytes=tiers, opens=c.get("opens", 0),
+        t = self.clock() - self.t0
+        self._lead_now = self._lead(t, rep)
+        s = Sample(t=t, tier_bytes=tiers, opens=c.get("opens", 0),
                    from_tiers=c.get("opens", 0) - c.get("opens_pfs", 0),
                    pfs_opens=c.get("opens_pfs", 0) + (snap.pfs_opens if snap else 0),
                    # COMMAND's by the shim's counter, as the report's (NOTE [read counters]): exact with events dropped
                    pfs_bytes=c.get("read_pfs", 0) + (snap.pfs_bytes if snap else 0),
                    copies=snap.copies if snap else 0, copy_bytes=snap.pfs_bytes if snap else 0,
-                   events_dropped=c.get("events_dropped", 0))
+                   events_dropped=c.get("events_dropped", 0),
+                   lead_s=round(self._lead_now[0], 2) if self._lead_now and not self._lead_now[1] else None)
         return s, snap, rep, c
+
+    def _lead(self, t: float, rep: dict[str, Any]) -> tuple[float, bool] | None:
+        """The prefetch lead in seconds at this tick (series.lead_seconds),
+        None when no order is followed or nothing is ahead."""
+        lead = rep.get("prefetch_lead")
+        if lead is None or not rep.get("following", True):
+            self._readers.clear()
+            return None
+        self._readers.append((t, int(rep.get("reader_position", 0))))
+        return lead_seconds(self._readers, int(lead)) if lead > 0 else None
 
     def _tick(self, final: bool) -> dict[str, Any] | None:
         if self.t0 is None or self.probe is None or self.info is None:
@@ -480,7 +497,9 @@ class JobWatch:
             "copies": {"done": snap.copies if snap else 0, "in_flight": in_flight, "reading": reading,
                        "queued": max(0, in_flight - reading), "failed": snap.copy_failures if snap else 0,
                        "evictions": snap.evictions if snap else 0},
-            "prefetch_lead": ({"samples": lead, "seconds": round(lead / opens_rate, 2) if opens_rate > 0 else None}
+            "prefetch_lead": ({"samples": lead,
+                               "seconds": round(self._lead_now[0], 2) if self._lead_now else None,
+                               "at_least": bool(self._lead_now and self._lead_now[1])}
                               if lead is not None else None),
             "eta": round(eta, 1) if eta is not None else None,
             "events_dropped": c.get("events_dropped", 0),

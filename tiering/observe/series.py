@@ -11,6 +11,7 @@ week-long job keeps at most `cap` samples).
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,7 @@ class Sample:
     copies: int                # copies published, cumulative
     copy_bytes: int            # bytes the daemon read from the PFS, cumulative
     events_dropped: int = 0    # events the ring lost before the daemon drained them, cumulative
+    lead_s: float | None = None   # the prefetch lead in seconds, measured (lead_seconds), None when not
 
 
 @dataclass
@@ -118,4 +120,27 @@ def series_json(samples: list[Sample], tier_names: list[str], stride: int) -> di
         "pfs_opens": [s.pfs_opens for s in samples],
         "copy_bytes": [s.copy_bytes for s in samples],
         "events_dropped": [s.events_dropped for s in samples],
+        "prefetch_lead_s": [s.lead_s for s in samples],
     }
+
+
+def lead_seconds(readers: Sequence[tuple[float, int]], lead: int) -> tuple[float, bool]:
+    """The prefetch lead in seconds, measured: how long the reader took to
+    read its last `lead` positions, from readers, its (time, stream
+    position) at each tick, the latest last.  (seconds, True) when it has
+    not read that many since the oldest tick kept or since its plan began
+    (a position that went back): the lead is then at least those seconds.
+    Never lead / rate: a reader that pauses (an evaluation, the end of an
+    epoch) would turn a lead of a few seconds of reading into hours."""
+    t, reader = readers[-1]
+    target = reader - lead
+    after = readers[-1]          # the oldest tick seen so far, walking back
+    for tk, rk in reversed(readers):
+        if rk > after[1]:
+            break                # the plan began anew after this tick
+        if rk <= target:
+            t1, r1 = after
+            cross = tk + (t1 - tk) * (target - rk) / (r1 - rk) if r1 > rk else t1
+            return t - cross, False
+        after = (tk, rk)
+    return t - after[0], True

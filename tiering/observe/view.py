@@ -47,9 +47,18 @@ def phase_text(st: dict[str, Any]) -> str:
     lead = st.get("prefetch_lead")
     kind = st.get("phase_kind")
     if kind == "prefetching" and lead:
-        secs = f", {lead['seconds']:.1f} s" if lead.get("seconds") is not None else ""
-        return f"prefetching {count(lead['samples'])} samples{secs} ahead of the reader"
+        return f"prefetching {count(lead['samples'])} samples{lead_text(lead, ', ', '')} ahead of the reader"
     return str(st.get("phase", ""))
+
+
+def lead_text(lead: dict[str, Any], before: str, after: str) -> str:
+    """The lead's seconds, measured (series.lead_seconds): "6.5 s", "over
+    40 s" when the reader has not read that many positions yet; "" when
+    there is nothing to say."""
+    secs = lead.get("seconds")
+    if secs is None or (lead.get("at_least") and secs < 1):
+        return ""
+    return f"{before}{'over ' if lead.get('at_least') else ''}{secs:.1f} s{after}"
 
 
 def placed_text(st: dict[str, Any]) -> str:
@@ -115,11 +124,10 @@ def status_view(st: dict[str, Any]) -> str:
                  f"{r['copy_files_per_s']:.0f} files/s)")
     c = st["copies"]
     lead = st.get("prefetch_lead")
-    lead_text = ""
+    lead_words = ""
     if lead:
-        secs = f" ({lead['seconds']:.1f} s)" if lead.get("seconds") is not None else ""
-        lead_text = f"; prefetch lead {count(lead['samples'])} samples{secs}"
+        lead_words = f"; prefetch lead {count(lead['samples'])} samples{lead_text(lead, ' (', ')')}"
     lines.append(f"  copies   {count(c['done'])} done, {c['reading']} reading the PFS, {c['queued']} queued, "
-                 f"{c['failed']} failed, {count(c['evictions'])} evicted{lead_text}")
+                 f"{c['failed']} failed, {count(c['evictions'])} evicted{lead_words}")
     lines.append(f"  events   {count(st.get('events_dropped', 0))} dropped")
     return "\n".join(lines)
