@@ -232,6 +232,38 @@ def test_a_lead_far_beyond_what_the_reader_read_is_not_extrapolated_from_its_rat
     assert w.finish()["series"]["prefetch_lead_s"] == [None] * 60   # never measured: none in the epochs' means
 
 
+def test_the_placement_log_says_the_policys_decisions_and_what_was_placed_at_the_lines_rate(tmp_path, monkeypatch):
+    lines: list[str] = []
+    w, probe, now = make_watch(tmp_path, lines, monkeypatch, every=5.0)
+    w.display = Display("plain", 5.0, log=True)
+    for k in range(1, 13):
+        now[0] = float(k)
+        if k == 2:
+            probe.rep = {"epochs_known": 0, "mapping": {"source": "none: no DataLoader announced a data set"}}
+        if k >= 3:
+            probe.rep = {"epochs_known": 2 if k < 8 else 3, "following": True, "prefetch_lead": 0, "replans": 1,
+                         "stream_length": 200 if k < 8 else 300, "reader_position": 10 * k, "fetches": 5 * k,
+                         "mapping": {"source": "attribute samples"}}
+        probe.tier_bytes, probe.tier_files, probe.copies = 5 * k * MIB, 5 * k, 5 * k
+        w.tick()
+    log = [ln for ln in lines if ln.startswith("tiering: placement")]
+    assert log == [
+        "tiering: placement: the order of 2 epochs known, 200 positions planned, the reader at 30",
+        "tiering: placement: indices to files: attribute samples",
+        "tiering: placement 0:00-0:05: 25 copies landed (25 MiB read from the PFS): 25 fetched ahead of the reader; "
+        "0 evicted, 0 failed; 3 in flight; ram 25 files (25 MiB)",
+        "tiering: placement: the order of 3 epochs known, 300 positions planned, the reader at 80",
+        "tiering: placement 0:05-0:10: 25 copies landed (25 MiB read from the PFS): 25 fetched ahead of the reader; "
+        "0 evicted, 0 failed; 3 in flight; ram 50 files (50 MiB)"]
+    probe.rep = dict(probe.rep, replans=2)
+    now[0] = 12.5
+    w.finish()        # the last line, whatever the rate: the lines add up to the copies made
+    assert lines[-2:] == [
+        "tiering: placement: planned anew from the reader's position (plan 2)",
+        "tiering: placement 0:10-0:12: 10 copies landed (10 MiB read from the PFS): 10 fetched ahead of the reader; "
+        "0 evicted, 0 failed; 3 in flight; ram 60 files (60 MiB)"]
+
+
 def test_the_series_pfs_bytes_are_the_totals_of_the_report_with_events_dropped(tmp_path, monkeypatch):
     """The series' PFS bytes are the copies' and COMMAND's by the shim's read
     counter (NOTE [read counters]), the figure to_json's pfs.bytes adds, not
@@ -323,7 +355,7 @@ def test_quiet_and_off_say_nothing_but_still_write_the_status_file(tmp_path, mon
 @pytest.mark.parametrize("progress, quiet, verbose, terminal, every, want", [
     ("auto", False, 0, True, None, Display("bar", 30.0)),
     ("auto", False, 0, False, None, Display("plain", 10.0)),
-    ("auto", False, 1, False, None, Display("plain", 5.0)),
+    ("auto", False, 1, False, None, Display("plain", 5.0, log=True)),
     ("plain", False, 0, True, None, Display("plain", 10.0)),
     ("bar", False, 0, False, 2.0, Display("bar", 2.0)),
     ("auto", True, 1, True, None, Display("off", 0.0, summary=False)),

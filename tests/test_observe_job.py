@@ -159,6 +159,27 @@ def test_a_terminal_gets_a_bar_while_warming_up_and_the_tiers_are_full_when_comm
     assert "tiering: policy first-touch, 500 files" in after
 
 
+def test_verbose_shows_the_placement_log_and_its_copies_add_up_to_the_summarys(tmp_path):
+    """-v: what placement did, a line at the status line's rate while
+    copies land and a last one at the end; the copies they say add up to the
+    job's.  Without -v, no such line."""
+    data = tmp_path / "pfs"
+    dataset(data)
+    stats = tmp_path / "s.json"
+    args = ["--profile", str(profile(tmp_path)), "--data", str(data), "--policy", "first-touch", "--stats-json",
+            str(stats), "--progress-every", "1", "--", *reader_args(data, tmp_path / "r.json", "--epoch-pause", "1")]
+    r = tier_run(["-v", *args])
+    assert r.returncode == 0, r.stderr
+    landed = [int(m[1].replace(",", "")) for m in
+              re.finditer(r"^tiering: placement \d+:\d\d-\d+:\d\d: ([\d,]+) copies landed \(", r.stderr, re.M)]
+    copies = json.loads(stats.read_text())["placement"]["copies"]
+    assert landed and sum(landed) == copies == N_FILES, r.stderr
+    assert re.search(r"^tiering: placement .*; 0 evicted, 0 failed; \d+ in flight; ram [\d,]+ files \(", r.stderr,
+                     re.M), r.stderr
+    r = tier_run(args)
+    assert r.returncode == 0 and "tiering: placement" not in r.stderr, r.stderr
+
+
 def test_quiet_prints_nothing_but_the_json_has_everything(tmp_path):
     data = tmp_path / "pfs"
     dataset(data)

@@ -24,6 +24,7 @@ from .samplers import interleave
 
 log = logging.getLogger("tiering")
 
+NO_LOADER = "none: no DataLoader announced a data set"   # the mapping's source before any did
 MERGE_WAIT = 1.0   # seconds to wait for the other local ranks' order of an epoch
 
 
@@ -403,7 +404,7 @@ class HookFeed:
         if loader is None:
             loader = next(iter(self.loaders.values()), None)
         if loader is None:
-            return {"source": "none: no DataLoader announced a data set", "indices": 0, "mapped": 0}
+            return {"source": NO_LOADER, "indices": 0, "mapped": 0}
         if loader.maps_by_rank:
             m = next(iter(loader.maps_by_rank.values()))
             return {"source": f"attribute {loader.how}", "indices": len(m), "mapped": m.mapped}

@@ -9,8 +9,9 @@
   prints whole lines only, each in one write: a status line at a low rate
   (every 30 s on a terminal, 10 s in a log, 5 s with -v) and one line when
   something changes (the order arrived, placement fell back to first touch,
-  the tiers are warm).  `tiering status --watch` is the live view, in a
-  terminal of its own.
+  the tiers are warm); with -v also the placement log (what the policy
+  decided, and what was placed since the last line).  `tiering status
+  --watch` is the live view, in a terminal of its own.
 - Every tick (about a second) it samples the counters into the time series
   (series.py) and writes the status file (NOTE [status file]).
 
@@ -34,6 +35,7 @@ import numpy as np
 
 from ..catalog import ScanProgress
 from ..catalog.model import IntColumn
+from ..clairvoyant.feeds import NO_LOADER
 from ..console import Stderr, say, stderr_is_terminal
 from ..placement.daemon import DaemonSnapshot
 from ..units import human_bytes, plain_number
@@ -58,6 +60,7 @@ class Display:
     mode: str            # "bar" (a terminal), "plain" (a log) or "off"
     every: float         # seconds between status lines while COMMAND runs
     summary: bool = True   # the summary at exit (--progress off keeps it, --quiet drops it)
+    log: bool = False      # -v: the placement log (JobWatch._log_placement)
 
 
 def choose_display(progress: str, quiet: bool, verbose: int, every: float | None = None,
@@ -68,7 +71,7 @@ def choose_display(progress: str, quiet: bool, verbose: int, every: float | None
     tty = stderr_is_terminal() if terminal is None else terminal
     mode = progress if progress in ("bar", "plain") else ("bar" if tty else "plain")
     default = EVERY_VERBOSE if verbose else (EVERY_TERMINAL if mode == "bar" else EVERY_LOG)
-    return Display(mode, every if every is not None else default)
+    return Display(mode, every if every is not None else default, log=verbose > 0)
 
 
 class Probe(Protocol):
@@ -196,6 +199,7 @@ class JobWatch:
     _dirs: int = 0
     _readers: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=READER_TICKS))
     _lead_now: tuple[float, bool] | None = None   # the lead in seconds at the last tick, and whether at least
+    _logged: dict[str, Any] = field(default_factory=dict)   # what the placement log said last (-v)
 
     # -- the scan ------------------------------------------------------------------
     def scanning_in(self, run_dir: Path, head: dict[str, Any]) -> None:
@@ -417,6 +421,8 @@ class JobWatch:
             self._check_warm(st)   # copies that landed after the last tick (a short COMMAND): said in the summary
         else:
             self._say_changes(st)
+        if self.display.log and self.display.mode != "off":
+            self._log_placement(st, rep, final)
         if self.info.run_dir is not None:
             try:
                 write_status(self.info.run_dir, st)
@@ -441,6 +447,43 @@ class JobWatch:
             p = st["placed"]
             say(f"tiering: tiers warm after {self.warm_after:.1f} s: {count(p['files'])} files "
                 f"({human_bytes(p['bytes'])}), {pct(p['share_of_fit'])} of what fits")
+
+    def _log_placement(self, st: dict[str, Any], rep: dict[str, Any], final: bool) -> None:
+        """-v: the placement log.  What the policy decided as it happens
+        (the order's epochs as they become known, a new plan, the mapping
+        from indices to files), and at the status line's rate, when
+        anything was placed, evicted or failed since the last such line, what
+        (the last one when placement has stopped: the lines add up to the
+        summary's copies)."""
+        last = self._logged
+        if not last:
+            last.update(t=0.0, said=0.0, copies=0, bytes=0, failed=0, evictions=0, fetches=0, staged=0,
+                        epochs=0, replans=0, mapping=None)
+        epochs, replans, mapping = rep.get("epochs_known", 0), rep.get("replans", 0), st.get("mapping")
+        if epochs > last["epochs"]:
+            say(f"tiering: placement: the order of {count(epochs)} epochs known, {count(rep.get('stream_length', 0))} "
+                f"positions planned, the reader at {count(rep.get('reader_position', 0))}")
+        if replans > max(1, last["replans"]):   # the first plan is the order's arrival
+            say(f"tiering: placement: planned anew from the reader's position (plan {count(replans)})")
+        if mapping and mapping != last["mapping"] and mapping != NO_LOADER:
+            say(f"tiering: placement: indices to files: {mapping}")
+        last.update(epochs=epochs, replans=replans, mapping=mapping)
+        c = st["copies"]
+        now = {"copies": c["done"], "bytes": c["pfs_bytes"], "failed": c["failed"],
+               "evictions": c["evictions"], "fetches": rep.get("fetches", 0), "staged": rep.get("staged", 0)}
+        changed = any(now[k] != last[k] for k in ("copies", "failed", "evictions"))
+        if not changed or not final and st["elapsed"] - last["said"] < self.display.every:
+            return
+        plan = [f"{count(now[k] - last[k])} {what}" for k, what in (("fetches", "fetched ahead of the reader"),
+                                                                     ("staged", "staged in catalog order"))
+                if now[k] > last[k]]
+        tiers = ", ".join(f"{t['name']} {count(t['files'])} files ({human_bytes(t['bytes'])})" for t in st["tiers"])
+        landed = (f"{count(now['copies'] - last['copies'])} copies landed ({human_bytes(now['bytes'] - last['bytes'])} "
+                  "read from the PFS)" + (f": {', '.join(plan)}" if plan else ""))
+        say(f"tiering: placement {clock(last['t'])}-{clock(st['elapsed'])}: {landed}; "
+            f"{count(now['evictions'] - last['evictions'])} evicted, {count(now['failed'] - last['failed'])} failed; "
+            f"{count(c['in_flight'])} in flight; {tiers}")
+        last.update(now, t=st["elapsed"], said=st["elapsed"])
 
     def _check_warm(self, st: dict[str, Any]) -> bool:
         """Whether the tiers became warm at this sample (WARM_SHARE of what
@@ -496,7 +539,7 @@ class JobWatch:
                       "copy_files_per_s": round(rate(a, b, "copies"), 2) if a else 0.0},
             "copies": {"done": snap.copies if snap else 0, "in_flight": in_flight, "reading": reading,
                        "queued": max(0, in_flight - reading), "failed": snap.copy_failures if snap else 0,
-                       "evictions": snap.evictions if snap else 0},
+                       "evictions": snap.evictions if snap else 0, "pfs_bytes": s.copy_bytes},
             "prefetch_lead": ({"samples": lead,
                                "seconds": round(self._lead_now[0], 2) if self._lead_now else None,
                                "at_least": bool(self._lead_now and self._lead_now[1])}
