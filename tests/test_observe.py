@@ -315,6 +315,48 @@ def test_tiers_that_got_warm_after_the_last_tick_are_warm_in_the_summary(tmp_pat
     assert "tiers warm after 1.6 s" in text and "never" not in text
 
 
+def test_tiers_a_warm_up_filled_are_warm_at_its_end_not_at_the_first_tick_after_command_started(tmp_path, monkeypatch):
+    from tiering.clairvoyant.warm import WarmResult
+    lines: list[str] = []
+    now = [0.0]
+    monkeypatch.setattr("tiering.observe.live.say", lines.append)
+    w = JobWatch(Display("plain", 10.0), clock=lambda: now[0])
+    probe = FakeProbe()
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(mode=0o700)
+    w.attach(JobInfo("j", 1, "me", ["x"], ["/d"], "p", "clairvoyant", 100, 100 * MIB, 100 * MIB,
+                     [("ram", 1000 * MIB)], run_dir), probe, lambda: None)
+    probe.tier_bytes, probe.tier_files = 100 * MIB, 100      # the warm-up copied everything
+    now[0] = 4.0
+    w.warm_done(WarmResult(100, "catalog order", 100, 100 * MIB, 100, 100 * MIB, 0, 4.0))
+    now[0] = 4.25
+    w.command_started(7)
+    now[0] = 5.25
+    st = w.tick()
+    assert st is not None and st["warm_after"] == -0.25
+    assert not any("tiers warm after" in ln for ln in lines), lines     # the warm-up's line said it
+    assert "tiers warm before COMMAND started (at the warm-up's end)" in status_view(fresh_from(tmp_path, st))
+    finished = w.finish()
+    text = summary_text(to_json(record(observed=finished, seconds={"scan": 0.1, "command": 1.0, "total": 5.5})))
+    assert "tiers warm before COMMAND started (at the warm-up's end)" in text
+
+
+def test_a_warm_up_of_part_of_what_fits_leaves_the_warm_moment_to_the_copies_after_it(tmp_path, monkeypatch):
+    from tiering.clairvoyant.warm import WarmResult
+    w, probe, now = make_watch(tmp_path, [], monkeypatch)
+    w.t0 = None
+    probe.tier_bytes, probe.tier_files = 30 * MIB, 30        # --warm 30
+    w.warm_done(WarmResult(30, "catalog order", 30, 30 * MIB, 30, 30 * MIB, 0, 1.0))
+    w.command_started(7)
+    now[0] = 1.0
+    w.tick()
+    assert w.warm_after is None
+    probe.tier_bytes, probe.tier_files = 100 * MIB, 100
+    now[0] = 3.0
+    w.tick()
+    assert w.warm_after == 3.0
+
+
 def test_the_warm_up_in_a_log_is_a_line_every_5_s_with_rate_and_eta_then_what_was_warmed(monkeypatch):
     from tiering.clairvoyant.warm import WarmProgress, WarmResult
     lines: list[str] = []

@@ -180,6 +180,22 @@ def test_verbose_shows_the_placement_log_and_its_copies_add_up_to_the_summarys(t
     assert r.returncode == 0 and "tiering: placement" not in r.stderr, r.stderr
 
 
+def test_with_warm_the_tiers_are_warm_at_the_warm_ups_end(tmp_path):
+    """--warm copies before COMMAND starts: the tiers are warm when it
+    ends, not at tier-run's first look once COMMAND runs."""
+    data = tmp_path / "pfs"
+    dataset(data)
+    stats = tmp_path / "s.json"
+    r = tier_run(["--profile", str(profile(tmp_path)), "--data", str(data), "--policy", "first-touch", "--warm",
+                  "--stats-json", str(stats), "--progress-every", "1", "--",
+                  *reader_args(data, tmp_path / "r.json", "--epoch-pause", "1")])
+    assert r.returncode == 0, r.stderr
+    s = json.loads(stats.read_text())
+    assert s["warm"]["files"] == N_FILES and s["seconds"]["warm"] <= 0, s["seconds"]
+    assert "tiers warm before COMMAND started (at the warm-up's end)" in r.stderr, r.stderr
+    assert "tiers warm after" not in r.stderr, r.stderr
+
+
 def test_quiet_prints_nothing_but_the_json_has_everything(tmp_path):
     data = tmp_path / "pfs"
     dataset(data)

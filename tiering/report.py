@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from .observe.epochs import epoch_records
-from .observe.view import change, pct
+from .observe.view import change, pct, warm_text
 from .placement.daemon import DaemonStats
 from .units import human_bytes, plain_number
 
@@ -211,7 +211,7 @@ def summary_text(s: dict[str, Any]) -> str:
     sec = s["seconds"]
     warm = sec.get("warm")
     lines.append(f"  time     COMMAND {_seconds(sec.get('command'))}, scan {_seconds(sec.get('scan'))}, "
-                 + (f"tiers warm after {warm:.1f} s" if warm is not None else "tiers never warm"))
+                 + warm_text(warm))
     o = s["opens"]
     per_tier = ", ".join(f"{n} {v:,}" for n, v in o["by_tier"].items())
     lines.append(f"  hits     {pct(s['hit_ratio'])} of {o['total']:,} opens of data-set files from tiers"

@@ -199,6 +199,7 @@ class JobWatch:
     _dirs: int = 0
     _readers: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=READER_TICKS))
     _lead_now: tuple[float, bool] | None = None   # the lead in seconds at the last tick, and whether at least
+    _warm_end: float | None = None           # the warm-up ended with the tiers warm (clock)
     _logged: dict[str, Any] = field(default_factory=dict)   # what the placement log said last (-v)
 
     # -- the scan ------------------------------------------------------------------
@@ -314,12 +315,25 @@ class JobWatch:
 
     def warm_done(self, r: Any) -> None:
         self.close_bar()
+        self._warm_end = None
+        try:
+            self._warm_end = self.clock() if self._warmed_up() else None
+        except Exception:
+            log.debug("warm-up state unknown", exc_info=True)
         if self.display.mode == "off":
             return
         speed = f", {human_bytes(int(r.bytes / r.seconds))}/s" if r.seconds > 0 else ""
         missed = f"; {count(r.failed)} not copied" if r.failed else ""
         say(f"tiering: warm-up: {count(r.files)} files ({human_bytes(r.bytes)}) in the tiers, {r.order}, "
             f"{r.seconds:.1f} s{speed}{missed}")
+
+    def _warmed_up(self) -> bool:
+        """Whether the warm-up left the tiers warm (WARM_SHARE of what fits placed)."""
+        if self.info is None or self.probe is None or not self.info.files or not self.info.fits_bytes:
+            return False
+        snap = self.probe.snapshot()
+        placed = sum(t.bytes for t in snap.tiers) if snap else 0
+        return placed >= WARM_SHARE * self.info.fits_bytes
 
     # -- while COMMAND runs -------------------------------------------------------
     def attach(self, info: JobInfo, probe: Probe, no_order: Callable[[], str | None]) -> None:
@@ -351,6 +365,8 @@ class JobWatch:
 
     def command_started(self, pid: int | None) -> None:
         self.t0 = self._last_line = self.clock()
+        if self._warm_end is not None:   # warm at the warm-up's end, before COMMAND started (<= 0)
+            self.warm_after = round(self._warm_end - self.t0, 3)
         self.state = "running"
         self._command_pid = pid
         if self.info is not None:

@@ -126,7 +126,8 @@ def _tiers_panel(ax: Any, s: dict[str, Any]) -> None:
                label=f"data set {human_bytes(s['bytes'])}")
     warm = (s.get("seconds") or {}).get("warm")
     if warm is not None:
-        ax.axvline(warm, color="tab:red", linewidth=1, label=f"warm after {warm:.1f} s")
+        ax.axvline(max(0.0, warm), color="tab:red", linewidth=1,
+                   label=f"warm after {warm:.1f} s" if warm > 0 else "warm at the start (--warm)")
     ax.set_ylabel(f"bytes in tiers ({unit})")
     ax.set_xlabel("seconds since COMMAND started")
     ax.set_title("Tiers: " + ", ".join(f"{t['name']} {human_bytes(t['capacity'])}" for t in s["tiers"])

@@ -51,6 +51,16 @@ def phase_text(st: dict[str, Any]) -> str:
     return str(st.get("phase", ""))
 
 
+def warm_text(warm: float | None) -> str:
+    """When the tiers were warm, seconds after COMMAND started: 0 or less
+    is a warm-up's end (--warm filled them before COMMAND started)."""
+    if warm is None:
+        return "tiers never warm"
+    if warm <= 0:
+        return "tiers warm before COMMAND started (at the warm-up's end)"
+    return f"tiers warm after {warm:.1f} s"
+
+
 def lead_text(lead: dict[str, Any], before: str, after: str) -> str:
     """The lead's seconds, measured (series.lead_seconds): "6.5 s", "over
     40 s" when the reader has not read that many positions yet; "" when
@@ -114,7 +124,7 @@ def status_view(st: dict[str, Any]) -> str:
              f"  {st['state']} {clock(st.get('elapsed'))}, policy {st['policy']}: {phase_text(st)}"
              + (f"  [no update for {stale:.0f} s]" if stale else "")]
     ds = st["dataset"]
-    warm = (f"; tiers warm after {st['warm_after']:.1f} s" if st.get("warm_after") is not None else "")
+    warm = f"; {warm_text(st['warm_after'])}" if st.get("warm_after") is not None else ""
     lines.append(f"  data set {count(ds['files'])} files, {human_bytes(ds['bytes'])}: {placed_text(st)}{warm}")
     lines += tier_lines(st)
     o, h, r = st["opens"], st["hit_ratio"], st["rates"]
