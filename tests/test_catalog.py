@@ -1019,6 +1019,50 @@ def test_the_scan_in_c_reports_an_unreadable_directory(tmp_path: Path, monkeypat
     assert part.files.rels() == ["ok/f.bin"] and len(part.errors) == 1 and "closed" in part.errors[0]
 
 
+def closed_listing(monkeypatch: pytest.MonkeyPatch, *names: str) -> None:
+    """The scan cannot list the directories of these names (EACCES): as
+    root, a mode does not make a directory unreadable."""
+    scan_mod = importlib.import_module("tiering.catalog.scan")
+    real = scan_mod._listing
+
+    def listing(path: str):  # type: ignore[no-untyped-def]
+        if os.path.basename(path.rstrip("/")) in names:
+            raise OSError(13, os.strerror(13), path)
+        return real(path)
+    monkeypatch.setattr(scan_mod, "_listing", listing)
+
+
+def test_unreadable_directories_of_a_data_root_are_a_warning_with_their_paths_and_count(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    root = tmp_path / "d"
+    touch(root / "ok" / "f.bin")
+    touch(root / "closed" / "g.bin")
+    touch(root / "ok" / "shut" / "h.bin")
+    closed_listing(monkeypatch, "closed", "shut")
+    with caplog.at_level(logging.WARNING, logger="tiering"):
+        cat = scan([str(root)])
+    assert cat.files.rels() == ["ok/f.bin"]
+    said = [r.getMessage() for r in caplog.records if "cannot be read" in r.getMessage()]
+    assert said == [f"2 directories under {root} cannot be read (Permission denied): {root}/closed, {root}/ok/shut; "
+                    "the files in them are not catalogued (COMMAND reads them from the PFS, if it can, never from "
+                    "the tiers)"]
+
+
+def test_a_data_root_whose_only_directory_is_unreadable_is_an_empty_data_set_and_a_warning(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    root = tmp_path / "d"
+    touch(root / "closed" / "g.bin")
+    closed_listing(monkeypatch, "closed")
+    with caplog.at_level(logging.WARNING, logger="tiering"):
+        cat = scan([str(root)])
+    assert len(cat.files) == 0
+    assert any(r.getMessage().startswith(f"1 directory under {root} cannot be read (Permission denied): "
+                                         f"{root}/closed; the files in it") for r in caplog.records)
+    closed_listing(monkeypatch, "d")                       # the root itself: an error, as before
+    with pytest.raises(ScanError, match="cannot scan .*Permission denied"):
+        scan([str(root)])
+
+
 def test_the_scan_in_c_lists_and_stats_through_the_library(tmp_path: Path) -> None:
     from tiering.catalog.scan import _listing, _stat_names
     root = tmp_path / "d"

@@ -839,6 +839,31 @@ def test_a_script_without_shebang_runs_with_sh(tmp_path):
 
 # -- order files and error lists ------------------------------------------------------------
 
+def test_unreadable_directories_of_the_data_set_are_a_warning_with_their_paths_and_count(tmp_path):
+    """Two class directories tier-run cannot list (a mode that shuts this
+    user out; the tests run as root, so the listing is made to fail): one
+    warning with how many and which, and the job runs on the rest."""
+    data = tmp_path / "pfs"
+    dataset(data)
+    stats = tmp_path / "s.json"
+    driver = patched_tier_run("import importlib, os\n"
+                              "scan = importlib.import_module('tiering.catalog.scan')\n"
+                              "real = scan._listing\n"
+                              "def listing(path):\n"
+                              "    if path.rstrip('/').endswith(('/c2', '/c3')):\n"
+                              "        raise OSError(13, os.strerror(13), path)\n"
+                              "    return real(path)\n"
+                              "scan._listing = listing\n")
+    r = subprocess.run([PYTHON, "-c", driver, "--profile", str(profile(tmp_path)), "--data", str(data),
+                        "--stats-json", str(stats), "--", "true"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    said = [ln for ln in r.stderr.splitlines() if "cannot be read" in ln]
+    assert said == [f"tiering: 2 directories under {data} cannot be read (Permission denied): {data}/c2, {data}/c3; "
+                    "the files in them are not catalogued (COMMAND reads them from the PFS, if it can, never from "
+                    "the tiers)"], r.stderr
+    assert json.loads(stats.read_text())["files"] == N_FILES * 3 // 5
+
+
 def test_an_order_file_of_paths_needs_no_layout(tmp_path, reliability):
     """The data set's files have no image extension: the default layout
     (ImageFolder) finds no sample, but an order of paths names the files."""

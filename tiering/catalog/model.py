@@ -319,5 +319,6 @@ class RootScan:
     skipped: list[str] = field(default_factory=list)
     links: bool = False
     errors: list[str] = field(default_factory=list)
+    unreadable: list[tuple[str, str]] = field(default_factory=list)   # directories not listed: path, why
     scanned_ns: int = 0                                                    # wall clock at start
     deferred: list[tuple[str, bytes, np.ndarray]] = field(default_factory=list)   # DeferredStats.parts

@@ -46,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from ..units import some_of
 from .cache import CacheRefused, PendingSave, SaveFn, cache_dir_problem, load_cache, save_now
 from .model import (
     FILE_COLUMNS,
@@ -372,6 +373,7 @@ def _walk_root(root: str, threads: int, progress: ScanProgress | None = None,
                     if not isinstance(err, OSError):
                         raise err
                     res.errors.append(str(err))
+                    res.unreadable.append((os.path.normpath(str(err.filename or root)), err.strerror or str(err)))
                     continue
                 if kind == "list":
                     batch, rel, rest = out
@@ -389,7 +391,7 @@ def _walk_root(root: str, threads: int, progress: ScanProgress | None = None,
                 add_dir(*d)
     finally:
         tasks.close()
-    if res.errors and not rows.count:
+    if res.errors and not rows.count and any(path == os.path.normpath(root) for path, _ in res.unreadable):
         raise ScanError(f"cannot scan {root}: {res.errors[0]}")
     res.dirs.sort()
     res.files, deferred = rows.table(res.dirs)
@@ -603,6 +605,18 @@ def _cached(cache_dir: Path, root: str, pool: ThreadPoolExecutor) -> tuple[RootS
         return None, False
 
 
+def unreadable_text(root: str, unreadable: list[tuple[str, str]]) -> str:
+    """The warning for the directories of a data root that could not be
+    listed (a mode that shuts this user out, a directory gone meanwhile):
+    how many, why and which."""
+    paths = sorted({path for path, _ in unreadable})
+    why = ", ".join(sorted({reason for _, reason in unreadable}))
+    n = len(paths)
+    return (f"{n:,} director{'y' if n == 1 else 'ies'} under {root} cannot be read ({why}): {some_of(paths)}; "
+            f"the files in {'it' if n == 1 else 'them'} are not catalogued (COMMAND reads them from the PFS, "
+            "if it can, never from the tiers)")
+
+
 def scan(dirs: list[str], threads: int = 16, cache_dir: Path | None = None,
          progress: ScanCallback | None = None, save: SaveFn = save_now, names_first: bool = False) -> Catalog:
     """The catalog of the data roots `dirs`; with cache_dir, each root's
@@ -640,6 +654,8 @@ def scan(dirs: list[str], threads: int = 16, cache_dir: Path | None = None,
                 report(prog)
                 defer = names_first and len(roots) == 1 and _c_scanner() is not None
                 part = _walk_root(r, threads, prog, report, defer)
+                if part.unreadable:
+                    log.warning(unreadable_text(r, part.unreadable))
                 if cache is not None and writable:
                     saves.append(PendingSave(cache, r, part))
             prog.roots_done += 1
