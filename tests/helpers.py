@@ -200,7 +200,8 @@ def dataset(root: Path, n: int = N_FILES, seed: int = 3) -> dict[str, bytes]:
     return make_data(root, {f"c{i % 5}/f{i:04d}.bin": rng.randrange(1000, 20000) for i in range(n)}, seed)
 
 
-def profile(tmp: Path, capacity: str = "1GiB", threads: int = 2, second: str | None = None) -> Path:
+def profile(tmp: Path, capacity: str = "1GiB", threads: int = 2, second: str | None = None,
+            bandwidth: str | None = None) -> Path:
     text = f"""name: test
 tiers:
   - name: ram
@@ -217,7 +218,7 @@ tiers:
     capacity: {second}
     threads: 2
 """
-    text += "pfs:\n  read_threads: 4\n"
+    text += "pfs:\n  read_threads: 4\n" + (f"  bandwidth: {bandwidth}\n" if bandwidth else "")
     p = tmp / "profile.yaml"
     p.write_text(text)
     return p

@@ -125,7 +125,8 @@ def test_order_file(tmp_path):
 def test_plan_command_prints_a_table(tmp_path):
     data = tmp_path / "pfs"
     dataset(data, n=50)
-    r = subprocess.run([PYTHON, "-m", "tiering", "plan", "--profile", str(profile(tmp_path, capacity="600KiB")),
+    r = subprocess.run([PYTHON, "-m", "tiering", "plan", "--profile",
+                        str(profile(tmp_path, capacity="600KiB", bandwidth="{1: 200, 4: 600}")),
                         "--data", str(data), "--sampler", "random", "--seed", "3", "--epochs", "2",
                         "--layout", "sorted"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
@@ -136,6 +137,24 @@ def test_plan_command_prints_a_table(tmp_path):
     assert lines[4].startswith("predicted seconds per epoch") and "reading the PFS directly" in lines[5]
     r = subprocess.run([PYTHON, "-m", "tiering", "plan", "--data", str(data)], capture_output=True, text=True)
     assert r.returncode == 2 and "give the order" in r.stderr
+
+
+def test_plan_with_a_profile_that_gives_no_pfs_speed_says_the_seconds_are_not_modelled(tmp_path):
+    """Without pfs.bandwidth the model would take a default speed for the
+    PFS and predict the same seconds with and without tiering ("1.00x")."""
+    data = tmp_path / "pfs"
+    dataset(data, n=50)
+    args = ["plan", "--profile", str(profile(tmp_path, bandwidth=None)), "--data", str(data), "--sampler", "random",
+            "--seed", "3", "--epochs", "2", "--layout", "sorted"]
+    r = subprocess.run([PYTHON, "-m", "tiering", *args], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    why = ("the profile test gives no PFS speed (pfs.bandwidth: MB/s by reader threads; README, \"Writing a "
+           "profile for a new cluster\", says how to measure it)")
+    assert r.stdout.splitlines()[4:] == [f"predicted seconds per epoch: not modelled: {why}"]
+    assert "faster" not in r.stdout and "1.00x" not in r.stdout
+    r = subprocess.run([PYTHON, "-m", "tiering", *args, "--json"], capture_output=True, text=True, timeout=120)
+    out = json.loads(r.stdout)
+    assert out["predicted"] is None and out["not_modelled"] == why and len(out["epochs"]) == 2
 
 
 BAD_ORDER_FILES = {

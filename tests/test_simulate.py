@@ -214,8 +214,12 @@ def test_plan_prints_predicted_epochs(tmp_path: Path) -> None:
     data.mkdir(parents=True)
     for k in range(20):
         (data / f"{k}.jpg").write_bytes(b"y" * 5000)
-    r = CliRunner().invoke(main, ["plan", "--profile", "auto", "--data", str(tmp_path / "ds"), "--sampler", "random",
-                                  "--seed", "1", "--epochs", "2"])
+    prof = tmp_path / "p.yaml"
+    (tmp_path / "ram").mkdir()
+    prof.write_text(f"name: t\ntiers:\n  - {{name: ram, kind: memory, path: {tmp_path / 'ram'}, capacity: 2MB}}\n"
+                    "pfs: {read_threads: 4, bandwidth: {1: 50}, latency_ms: 2}\n")
+    r = CliRunner().invoke(main, ["plan", "--profile", str(prof), "--data", str(tmp_path / "ds"), "--sampler",
+                                  "random", "--seed", "1", "--epochs", "2"])
     assert r.exit_code == 0, r.output
     assert "predicted seconds per epoch" in r.stdout and "reading the PFS directly" in r.stdout
 

@@ -249,11 +249,19 @@ def plan_cmd(profile_name: str, data: tuple[str, ...], window: int, as_json: boo
         reports, _ = simulate(epochs(), sizes, caps, window=window, schedule=False)
     except (ProfileError, ScanError, CatalogError, OrderError, StreamError) as e:
         raise InputError(str(e)) from None
-    predicted = _predict(prof, sizes, first, order.batch_size, len(reports))
+    # the seconds need the PFS's speed: a default would predict the same time with and without tiering
+    no_speed = not prof.pfs.bandwidth
+    predicted = None if no_speed else _predict(prof, sizes, first, order.batch_size, len(reports))
+    if no_speed:
+        why = (f"the profile {prof.name} gives no PFS speed (pfs.bandwidth: MB/s by reader threads; README, "
+               "\"Writing a profile for a new cluster\", says how to measure it)")
+    else:
+        why = f"more than {PREDICTED_ACCESSES:,} accesses in an epoch (`tiering simulate` models any size, given time)"
     if as_json:
         click.echo(json_mod.dumps({"files": len(cat.files), "bytes": cat.total_bytes,
                                    "tiers": [{"name": t.name, "capacity": t.capacity} for t in prof.tiers],
-                                   "epochs": [r.as_dict() for r in reports], "predicted": predicted}, indent=2))
+                                   "epochs": [r.as_dict() for r in reports], "predicted": predicted,
+                                   **({"not_modelled": why} if predicted is None else {})}, indent=2))
         return
     click.echo(f"{len(cat.files)} files, {human_bytes(cat.total_bytes)}; tiers: " +
                ", ".join(f"{t.name} {human_bytes(t.capacity)}" for t in prof.tiers))
@@ -263,8 +271,7 @@ def plan_cmd(profile_name: str, data: tuple[str, ...], window: int, as_json: boo
         click.echo(f"{k:>5}  {r.accesses:>8}  " + "  ".join(f"{h:>12}" for h in r.hits) +
                    f"  {r.pfs_reads:>10}  {human_bytes(r.pfs_bytes):>10}")
     if predicted is None:
-        click.echo(f"predicted seconds per epoch: not modelled for more than {PREDICTED_ACCESSES:,} accesses "
-                   "in an epoch (`tiering simulate` models any size, given time)")
+        click.echo(f"predicted seconds per epoch: not modelled: {why}")
         return
     from .simulate.fromprofile import format_prediction
     click.echo(format_prediction(predicted))
