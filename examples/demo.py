@@ -5,7 +5,7 @@ every metadata operation, read request and byte charged like a busy Lustre
 seen from one client).  The unchanged training script (examples/
 train_tiny_cnn.py) reads it once directly and once under tier-run; the
 epoch times are printed side by side, then tier-run's summary, and
-`tiering report` draws the picture.
+`tiering report` draws the picture (with the direct run's epoch times).
 
 Where FUSE cannot be mounted (no /dev/fuse, no fuse3, a container without
 the capability) the demo says so and runs both on the local copy: both then
@@ -125,8 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print("\n" + side_by_side(direct, tiered, where))
     picture = a.dir / "report.png"
-    r = subprocess.run([sys.executable, "-m", "tiering", "report", str(stats), "-o", str(picture)],
-                       capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "tiering", "report", str(stats), "-o", str(picture),
+                        "--direct", ",".join(f"{t:.3f}" for t in direct)], capture_output=True, text=True)
     s = json.loads(stats.read_text())
     print(f"\ntier-run's statistics: {stats} (policy {s['policy']}, hit ratio {pct(s['hit_ratio'])}); " +
           (f"picture: {picture}" if r.returncode == 0 else f"no picture: {r.stderr.strip()}"))

@@ -514,19 +514,19 @@ def test_status_attaches_to_a_running_job_read_only_and_refuses_another_user(tmp
 
 # -- tiering report -----------------------------------------------------------------------------------
 
-def test_report_draws_three_panels_that_are_not_empty(hooked_run, tmp_path):
+def test_report_draws_four_panels_that_are_not_empty(hooked_run, tmp_path):
     import numpy as np
     from PIL import Image
     _, _, _, stats = hooked_run
     png = tmp_path / "report.png"
-    r = subprocess.run([PYTHON, "-m", "tiering", "report", str(stats), "-o", str(png)], capture_output=True,
-                       text=True, timeout=120)
+    r = subprocess.run([PYTHON, "-m", "tiering", "report", str(stats), "-o", str(png), "--direct", "3.1,2.9,3.0"],
+                       capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     img = Image.open(png).convert("RGB")
-    assert img.size == (900, 1000)
+    assert img.size == (900, 1300)
     w, h = img.size
-    for k in range(3):   # the panels stand one above the other: each has colored marks (not only axes and text)
-        band = np.asarray(img.crop((0, k * h // 3, w, (k + 1) * h // 3))).astype(int)
+    for k in range(4):   # the panels stand one above the other: each has colored marks (not only axes and text)
+        band = np.asarray(img.crop((0, k * h // 4, w, (k + 1) * h // 4))).astype(int)
         colored = int(((band.max(axis=2) - band.min(axis=2)) > 60).sum())
         assert colored > 800, f"panel {k + 1} looks empty ({colored} colored pixels)"
     page = tmp_path / "report.html"
@@ -534,6 +534,42 @@ def test_report_draws_three_panels_that_are_not_empty(hooked_run, tmp_path):
                           timeout=120).returncode == 0
     text = page.read_text()
     assert "data:image/png;base64," in text and "PFS traffic:" in text
+
+
+def times_panel(s: dict, direct: list[float] | None = None):  # type: ignore[no-untyped-def]
+    """The report's epoch-time panel: its title, the bar heights of each
+    series by its label, and the x labels."""
+    import matplotlib.pyplot as plt
+
+    from tiering.observe.plot import figure
+    fig = figure(s, direct)
+    try:
+        ax = fig.get_axes()[3]
+        bars = {c.get_label(): [round(b.get_height(), 6) for b in c] for c in ax.containers}
+        return ax.get_title(), bars, [t.get_text() for t in ax.get_xticklabels()]
+    finally:
+        plt.close(fig)
+
+
+def test_the_reports_picture_shows_the_epoch_times_and_the_direct_runs_beside_them():
+    s = small_stats()
+    assert times_panel(s) == ("Epoch times under tier-run", {"under tier-run": [0.9, 0.8]}, ["1", "2"])
+    assert times_panel(s, [2.0, 1.9, 2.1]) == ("Epoch times, directly and under tier-run",
+                                               {"directly (PFS)": [2.0, 1.9, 2.1], "under tier-run": [0.9, 0.8]},
+                                               ["1", "2", "3"])
+    s["epochs"] = []     # no epochs known: COMMAND's time, against the direct run's in all
+    assert times_panel(s, [2.0, 1.9]) == (
+        "COMMAND's time (no epochs known: the order was not followed), directly and under tier-run",
+        {"directly (PFS)": [3.9], "under tier-run": [2.0]}, ["COMMAND"])
+
+
+def test_report_refuses_direct_seconds_that_are_not_seconds(tmp_path):
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(small_stats()))
+    for bad in ("9.5,x", "", "1,-2", "nan"):
+        r = subprocess.run([PYTHON, "-m", "tiering", "report", str(good), "-o", str(tmp_path / "g.png"),
+                            "--direct", bad], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and "--direct" in r.stderr and "seconds per epoch" in r.stderr, (bad, r.stderr)
 
 
 def test_report_says_what_is_wrong_with_its_input(tmp_path):
@@ -622,7 +658,8 @@ def small_stats() -> dict:
                        "bytes": 10_000, "used": 40_960, "copy_failures": 0}],
             "opens": {"total": 20, "pfs": 10, "by_tier": {"ram": 10}}, "hit_ratio": 0.5,
             "pfs": {"bytes": 10_000, "bytes_without_tiering": 20_000, "bytes_measure": "bytes read"},
-            "epochs": [{"epoch": 1, "start": 0.1, "hit_ratio": 0.0}, {"epoch": 2, "start": 1.0, "hit_ratio": None}],
+            "epochs": [{"epoch": 1, "start": 0.1, "seconds": 0.9, "hit_ratio": 0.0},
+                       {"epoch": 2, "start": 1.0, "seconds": 0.8, "hit_ratio": None}],
             "series": {"interval": 1, "t": [1.0, 2.0], "tier_bytes": {"ram": [5000, 10_000]},
                        "hit_ratio": [None, 0.5], "pfs_mib_per_s": [0.01, 0.0]},
             "seconds": {"command": 2.0, "warm": None}}
@@ -641,6 +678,7 @@ MALFORMED_STATS = {
     "series of unequal lengths": {"series": {"t": [1.0, 2.0], "tier_bytes": {"ram": [1]}, "hit_ratio": [None, None],
                                              "pfs_mib_per_s": [0, 0]}},
     "epochs without their start": {"epochs": [{"epoch": 1}]},
+    "epochs without their seconds": {"epochs": [{"epoch": 1, "start": 0.1, "hit_ratio": None}]},
     "epochs an object": {"epochs": {"epoch": 1}},
     "seconds a list": {"seconds": [1]},
     "command seconds null": {"seconds": {"command": None}},

@@ -354,19 +354,36 @@ def status_cmd(job: str | None, watch: bool, interval: float, window: float, as_
         return
 
 
+def _epoch_seconds(text: str) -> list[float]:
+    """--direct's seconds per epoch: numbers separated by commas, each finite and >= 0."""
+    import math
+    try:
+        out = [float(x) for x in text.split(",")]
+    except ValueError:
+        out = []
+    if not out or not all(math.isfinite(x) and x >= 0 for x in out):
+        raise click.BadParameter(f"{text!r}: give the direct run's seconds per epoch, e.g. 9.6,9.4,9.8",
+                                 param_hint="--direct")
+    return out
+
+
 @main.command("report")
 @click.argument("stats", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
               help="The picture: a .png, .svg or .pdf, or a .html page with the picture and the summary "
                    "[default: STATS with .png].")
-def report_cmd(stats: Path, output: Path | None) -> None:
+@click.option("--direct", metavar="S,S,...",
+              help="Seconds per epoch of the same training run without tier-run (reading the PFS directly), "
+                   "drawn beside tier-run's epoch times.")
+def report_cmd(stats: Path, output: Path | None, direct: str | None) -> None:
     """Draw what a tier-run job did, from its --stats-json file: the tiers
-    filling over time, the hit ratio per epoch, and the PFS traffic over
-    time with the reader's epochs marked."""
+    filling over time, the hit ratio per epoch, the PFS traffic over time
+    with the reader's epochs marked, and the epoch times (with --direct,
+    beside the direct run's)."""
     from .observe.plot import PlotError, write_report
     out = output or stats.with_suffix(".png")
     try:
-        write_report(stats, out)
+        write_report(stats, out, _epoch_seconds(direct) if direct is not None else None)
     except PlotError as e:
         raise InputError(str(e)) from None
     click.echo(f"tiering report: {out}")

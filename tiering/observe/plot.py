@@ -6,7 +6,9 @@ Three panels, one above the other, sharing nothing but the job:
 2. the hit ratio per epoch (opens served from tiers / opens of data-set
    files), or over time when no epochs were known;
 3. the PFS traffic over time (MiB/s, COMMAND's and the copies' together)
-   with the reader's epochs marked.
+   with the reader's epochs marked;
+4. the epoch times (COMMAND's time when no epochs were known), beside those
+   of the same training run without tier-run when they are given (`--direct`).
 An .html output is a page with the picture and the summary tier-run printed.
 """
 from __future__ import annotations
@@ -91,7 +93,7 @@ def _problem(s: dict[str, Any]) -> str | None:
         ("series.hit_ratio", _numbers(ser.get("hit_ratio"), n, none=True)),
         ("series.pfs_mib_per_s", _numbers(ser.get("pfs_mib_per_s"), n)),
         ("epochs", s.get("epochs") is None or _records(s["epochs"], {"epoch": False, "start": False,
-                                                                    "hit_ratio": True})),
+                                                                    "seconds": False, "hit_ratio": True})),
         ("pfs", isinstance(pfs, dict) and ("bytes_without_tiering" not in pfs or (
             _number(pfs["bytes_without_tiering"]) and _number(pfs.get("bytes"))
             and isinstance(pfs.get("bytes_measure", ""), str)))),
@@ -185,14 +187,52 @@ def _pfs_panel(ax: Any, s: dict[str, Any]) -> None:
     ax.legend(fontsize=7, loc="upper right")
 
 
-def figure(s: dict[str, Any]) -> Any:
+def _times_panel(ax: Any, s: dict[str, Any], direct: list[float] | None) -> None:
+    """Seconds per epoch under tier-run (from each epoch's first open to the
+    next one's) and, given, the direct run's, side by side; without epochs,
+    COMMAND's time against the direct run's total."""
+    epochs = s.get("epochs") or []
+    if epochs:
+        ours = [float(e["seconds"]) for e in epochs]
+        names = [str(e["epoch"]) for e in epochs]
+        ax.set_xlabel("epoch")
+        ax.set_title("Epoch times" + (", directly and under tier-run" if direct else " under tier-run"))
+    else:
+        ours = [float((s.get("seconds") or {}).get("command", 0))]
+        names = ["COMMAND"]
+        direct = [sum(direct)] if direct else None
+        ax.set_title("COMMAND's time (no epochs known: the order was not followed)"
+                     + (", directly and under tier-run" if direct else ""))
+    n = max(len(ours), len(direct or []))
+    names += [str(k + 1) for k in range(len(names), n)]
+    xs = list(range(n))
+    width = 0.4 if direct else 0.6
+    if direct:
+        bars = ax.bar([x - width / 2 for x in range(len(direct))], direct, width, color="tab:gray",
+                      label="directly (PFS)")
+        ax.bar_label(bars, fmt="%.1f s", fontsize=7)
+    bars = ax.bar([x + (width / 2 if direct else 0) for x in range(len(ours))], ours, width, color="tab:blue",
+                  label="under tier-run")
+    ax.bar_label(bars, labels=[f"{t:.1f} s" + (f"\n{direct[k] / t:.2f}x" if direct and k < len(direct) and t > 0
+                                                else "") for k, t in enumerate(ours)], fontsize=7)
+    ax.set_xticks(xs if n <= 20 else xs[::max(1, n // 20)])
+    ax.set_xticklabels(names if n <= 20 else names[::max(1, n // 20)])
+    ax.set_ylabel("seconds")
+    ax.set_ylim(0, 1.25 * max(ours + (direct or []) + [1e-3]))
+    ax.legend(fontsize=7, loc="upper right")
+
+
+def figure(s: dict[str, Any], direct: list[float] | None = None) -> Any:
+    """The four panels; direct: the seconds per epoch of the same training
+    run without tier-run, drawn beside its epoch times."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(3, 1, figsize=(9, 10))
+    fig, axes = plt.subplots(4, 1, figsize=(9, 13))
     _tiers_panel(axes[0], s)
     _hits_panel(axes[1], s)
     _pfs_panel(axes[2], s)
+    _times_panel(axes[3], s, direct)
     why = f" ({s['policy_reason']})" if s.get("policy_reason") else ""
     fig.suptitle(f"tier-run: policy {s['policy']}{why}; COMMAND {(s.get('seconds') or {}).get('command', 0):.1f} s, "
                  f"exit {s.get('exit_code')}", fontsize=10)
@@ -200,13 +240,13 @@ def figure(s: dict[str, Any]) -> Any:
     return fig
 
 
-def write_report(stats: Path, out: Path) -> None:
+def write_report(stats: Path, out: Path, direct: list[float] | None = None) -> None:
     s = load_stats(stats)
     suffix = out.suffix.lower()
     if suffix not in PICTURE_SUFFIXES + (".html",):
         raise PlotError(f"-o {out}: give a .png, .svg, .pdf or .html file")
     import matplotlib.pyplot as plt
-    fig = figure(s)
+    fig = figure(s, direct)
     try:
         if suffix == ".html":
             buf = io.BytesIO()
@@ -229,5 +269,5 @@ def _page(s: dict[str, Any], png_b64: str) -> str:
     return ("<!doctype html><meta charset='utf-8'><title>tier-run report</title>"
             "<body style='font-family:sans-serif'>"
             f"<h1>tier-run: {html.escape(' '.join(s.get('command', [])))}</h1>"
-            f"<img alt='tiers, hit ratio and PFS traffic' src='data:image/png;base64,{png_b64}'>"
+            f"<img alt='tiers, hit ratio, PFS traffic and epoch times' src='data:image/png;base64,{png_b64}'>"
             f"<pre>{html.escape(text)}</pre></body>\n")
