@@ -993,6 +993,8 @@ class Daemon:
                     ok[ok] = self.index.state_of(self.slots[ids[ok]]) == tier + 1
                 if (back := by_copy & ~valid).any():   # invalidated by an event only: unpublished
                     self.index.cas_states(self.slots[ids[back]], tier + 1, lib.TIERING_STATE_NONE)
+                # published, maybe served, then written before this accounting: dropped after a write
+                self.stats.invalidated += int(np.count_nonzero(by_copy & ~ok))
             done = ids[ok]
             np.frombuffer(self._where, np.int8)[done] = tier
             t.files += len(done)
