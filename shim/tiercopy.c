@@ -484,13 +484,6 @@ static int64_t voluntary_switches(void)
     return syscall(SYS_getrusage, RUSAGE_THREAD, &ru) == 0 ? (int64_t)ru.ru_nvcsw : -1;
 }
 
-/* The opens waiting on a state word woken (a shared futex: they are other
- * processes). */
-static void wake_state(uint32_t *state)
-{
-    syscall(SYS_futex, state, FUTEX_WAKE, INT32_MAX, NULL, NULL, 0);
-}
-
 /* Claims file f for its copy (NOTE [one read per file], docs/design.md):
  * NONE -> COPYING | claim, then the open counter compared with the one it
  * had when queued.  The order is what makes one of the two sides see the
@@ -508,7 +501,7 @@ static int claim(const struct tiering_batch *b, const struct tiering_batch_file 
     if (__atomic_load_n(&e->opens, __ATOMIC_SEQ_CST) != f->opens) {
         uint32_t mine = TIERING_STATE_COPYING | b->claim;
         __atomic_compare_exchange_n(&e->state, &mine, TIERING_STATE_NONE, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
-        wake_state(&e->state);
+        tiering_wake(&e->state);
         return TIERING_COPY_READ;
     }
     return TIERING_COPY_OK;
@@ -524,7 +517,7 @@ static int unclaim(const struct tiering_batch *b, const struct tiering_batch_fil
     uint32_t mine = TIERING_STATE_COPYING | b->claim;
     int done = __atomic_compare_exchange_n(&e->state, &mine, complete ? b->claim : TIERING_STATE_NONE, 0,
                                            __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
-    wake_state(&e->state);
+    tiering_wake(&e->state);
     return done && complete;
 }
 

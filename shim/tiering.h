@@ -32,6 +32,10 @@
 #include <stdint.h>
 #include <stddef.h>
 #include <time.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 /* BEGIN CDEF */
 #define TIERING_MAGIC 0x5845444e49524954
@@ -418,6 +422,13 @@ _Static_assert(sizeof(struct tiering_entry) == 40, "entry size");
 _Static_assert(sizeof(struct tiering_file) == 72, "file record size");
 _Static_assert(sizeof(struct tiering_event) == 32, "event size");
 _Static_assert(offsetof(struct tiering_header, ring_head) % 64 == 0, "ring_head on a cache line of its own");
+
+/* The opens waiting on a state word (TIERING_STATE_COPYING) woken: a shared
+ * futex, they are other processes (NOTE [one read per file]). */
+static inline void tiering_wake(uint32_t *state)
+{
+    syscall(SYS_futex, state, FUTEX_WAKE, INT32_MAX, NULL, NULL, 0);
+}
 
 static inline struct tiering_entry *tiering_entries(void *base)
 {

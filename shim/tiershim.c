@@ -357,7 +357,7 @@ static int64_t invalidate_file(const struct table *t, uint64_t slot)
         if (was != TIERING_STATE_INVALID)
             changed++;
         if (was & TIERING_STATE_COPYING) /* opens waiting for its copy: the PFS now */
-            syscall(SYS_futex, &t->tab[s].state, FUTEX_WAKE, INT32_MAX, NULL, NULL, 0);
+            tiering_wake(&t->tab[s].state);
         if ((s = ring_next(t, s)) == slot)
             break;
     }
@@ -544,7 +544,7 @@ EXPORT int tiering_state_cas(void *base, uint64_t slot, uint32_t expected, uint3
     int swapped = __atomic_compare_exchange_n(&e->state, &expected, desired, 0, __ATOMIC_SEQ_CST,
                                               __ATOMIC_SEQ_CST);
     if (swapped && (was & TIERING_STATE_COPYING)) /* opens may wait on it: NOTE [one read per file] */
-        syscall(SYS_futex, &e->state, FUTEX_WAKE, INT32_MAX, NULL, NULL, 0);
+        tiering_wake(&e->state);
     return swapped;
 }
 
@@ -2005,6 +2005,8 @@ static int route(int64_t slot, int flags, const char *rel, size_t rel_len, char 
 {
     struct tiering_entry *e = &entries[slot];
     uint32_t st = __atomic_load_n(&e->state, __ATOMIC_SEQ_CST);
+    if (st == TIERING_STATE_NONE)
+        return -1; /* no copy, none in flight: the common miss costs no more */
     const struct tiering_file *f = record(slot);
     if (!servable(slot, flags, f))
         return -1;
