@@ -77,6 +77,7 @@ class Settings:
     pfs: SlowFsOptions
     work: Path
     out: Path
+    configs: tuple[str, ...] = tuple(CONFIGS)
 
 
 def write_orders(rels: list[str], epochs: int, path: Path, seed: int = SEED) -> list[list[int]]:
@@ -146,7 +147,7 @@ def run_scenario(sc: Scenario, s: Settings) -> dict[str, Any]:
     try:
         shutil.copytree(src, shm_copy / "data", ignore=shutil.ignore_patterns(".*"))
         with SlowFs(src, mnt, s.pfs, stats_file=work / "slowfs-stats.json") as fs:
-            for name in CONFIGS:
+            for name in s.configs:
                 print(f"  {sc.name:<9} {name:<13}", end="", flush=True)
                 try:
                     entry = run_one(name, s, fs, profile, shm_copy / "data", orders, scratch)
@@ -280,13 +281,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--files", type=int)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--threads", type=int, default=8)
+    p.add_argument("--config", action="append", choices=CONFIGS,
+                   help="run only these configurations (repeatable; default all)")
     p.add_argument("--out", type=Path)
     p.add_argument("--name", default="pfsbound", help="the results' file names: NAME.json, NAME.md")
     p.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "tiering-pfsbound")
     a = p.parse_args(argv)
     files = a.files or (2000 if a.quick else 100_000)
     s = Settings(files=files, epochs=a.epochs, threads=a.threads, pfs=SlowFsOptions(), work=a.work,
-                 out=a.out or (RESULTS / "quick" if a.quick else RESULTS))
+                 out=a.out or (RESULTS / "quick" if a.quick else RESULTS),
+                 configs=tuple(c for c in CONFIGS if c in (a.config or CONFIGS)))
     names = a.scenario or list(SCENARIOS)
     command = "python -m bench.pfsbound " + " ".join(argv if argv is not None else sys.argv[1:])
     ensure_built()
