@@ -445,3 +445,36 @@ def test_epochs_from_options_are_the_files_the_samples_read(tmp_path: Path, extr
     assert got == want and len(got[0]) == (11 if sampler == "distributed" else 21)
     names = {cat.files.rel(int(f)) for f in got[0]}
     assert not any(n.endswith(".txt") for n in names)
+
+
+def test_an_order_file_is_read_a_line_at_a_time(tmp_path: Path) -> None:
+    """NOTE [order file memory]: the reading's Python allocations stay near
+    8 bytes per entry, not the file's size several times over (its bytes,
+    their text, a list of lines and a list of ints)."""
+    import tracemalloc
+
+    from tiering.clairvoyant.orderfile import read_order_arrays
+    n = 200_000
+    f = tmp_path / "order.txt"
+    f.write_text("".join(f"/pfs/imagenet/train/n{i % 1000:08d}/n{i % 1000:08d}_{i}.JPEG\n" for i in range(n)))
+    size = f.stat().st_size
+    tracemalloc.start()
+    try:
+        epochs = read_order_arrays(f, len)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert [len(e) for e in epochs] == [n] and epochs[0].dtype == np.int64
+    assert int(epochs[0][0]) == len("/pfs/imagenet/train/n00000000/n00000000_0.JPEG")
+    assert peak < 3 * 8 * n and peak < size / 2    # the text alone is size bytes, its lines twice that
+
+
+def test_an_order_file_through_a_pipe(tmp_path: Path) -> None:
+    import os
+    r, w = os.pipe()
+    os.write(w, b"3\n1\n\n2\n")
+    os.close(w)
+    try:
+        assert read_order_file(Path(f"/dev/fd/{r}")) == [[3, 1], [2]]
+    finally:
+        os.close(r)

@@ -14,7 +14,7 @@ import numpy as np
 from ..catalog import Catalog, Layout, PathIndex, dataset_ids
 from .feeds import ListFeed
 from .launcher import local_ranks, ranks_from_env
-from .orderfile import read_order_file
+from .orderfile import read_order_arrays
 from .samplers import SamplerSpec, epoch_arrays, epoch_order, node_stream_array
 
 PYTHON_NAMES = re.compile(r"^(python[0-9.]*|pypy[0-9.]*|torchrun|ipython[0-9]*)$")
@@ -163,10 +163,9 @@ def _order_file_epochs(opts: OrderOptions, catalog: Catalog) -> Iterator[np.ndar
     and needs no layout."""
     assert opts.order_file is not None
     try:
-        epochs = read_order_file(opts.order_file, _reject_path)
+        epochs = read_order_arrays(opts.order_file, _reject_path)
     except _PathEntry:
-        for order in _path_epochs(opts.order_file, catalog):
-            yield np.asarray(order, dtype=np.int64)
+        yield from _path_epochs(opts.order_file, catalog)
         return
     mapping = dataset_ids(catalog, layout_of(opts))
     orders: list[np.ndarray] = []
@@ -182,7 +181,7 @@ def _order_file_epochs(opts: OrderOptions, catalog: Catalog) -> Iterator[np.ndar
         yield mapping[idx]
 
 
-def _path_epochs(order_file: Path, catalog: Catalog) -> list[list[int]]:
+def _path_epochs(order_file: Path, catalog: Catalog) -> list[np.ndarray]:
     paths = PathIndex(catalog)
     named = 0
 
@@ -194,7 +193,7 @@ def _path_epochs(order_file: Path, catalog: Catalog) -> list[list[int]]:
         named += 1
         return cid
 
-    epochs = read_order_file(order_file, resolve)
+    epochs = read_order_arrays(order_file, resolve)
     if named != sum(map(len, epochs)):
         raise StreamError(f"{order_file}: mixes data-set indices and file paths; use one kind: paths "
                           "(each names its file), or indices (mapped to files by --layout)")
