@@ -247,7 +247,9 @@ def summary_text(s: dict[str, Any]) -> str:
     o = s.get("order") or {}
     if s["policy"] == "clairvoyant":   # else the policy line says why not
         lines.append(f"  order    {o['epochs_known']} epochs known, {o['matched_opens']:,} opens followed,"
-                     f" {o['fetches']:,} files fetched ahead, {o['evictions']:,} evicted")
+                     f" {o['fetches']:,} files fetched ahead, {o['evictions']:,} evicted"
+                     + (f", {o['passed_over']:,} left to COMMAND's own read (their copies could not have"
+                        " landed before it)" if o.get("passed_over") else ""))
     if o.get("mapping"):
         m = o["mapping"]
         lines.append(f"  mapping  indices to files: {m['source']}"

@@ -252,10 +252,10 @@ class Actions(Sequence[Action]):
     @overload
     def __getitem__(self, i: int) -> Action: ...
     @overload
-    def __getitem__(self, i: slice) -> Actions: ...
+    def __getitem__(self, i: slice | np.ndarray) -> Actions: ...
 
-    def __getitem__(self, i: int | slice) -> Action | Actions:
-        if isinstance(i, slice):
+    def __getitem__(self, i: int | slice | np.ndarray) -> Action | Actions:
+        if isinstance(i, (slice, np.ndarray)):
             return Actions(self.kind[i], self.file[i], self.tier[i], self.position[i], self.need[i])
         return Action(KINDS[int(self.kind[i])], int(self.file[i]), int(self.tier[i]), int(self.position[i]),
                       int(self.need[i]))
@@ -999,6 +999,23 @@ class Planner:
         """Forgets a resident file (its copy failed or was invalidated)."""
         if self._tier_mv[f] >= 0:
             self._leave(f)
+
+    def pass_over(self, files: np.ndarray, needs: np.ndarray, reach: int) -> None:
+        """Planned fetches not made (NOTE [skip ahead]): each file's use at
+        its need is left to the reader, which reads it before reach; the
+        file is no longer held, and the cursor goes back to its next use
+        after that one, no further back than reach (a use before reach
+        would be passed over again), so that it is planned there."""
+        files, needs = np.asarray(files, np.int64), np.asarray(needs, np.int64)
+        back = INF
+        for f, need in zip(files.tolist(), needs.tolist()):
+            self.drop(f)
+            if self.base <= need < self.end:
+                nxt = int(self._next[need - self.base])
+                if nxt != INF:
+                    back = min(back, nxt)
+        if back != INF:
+            self.cursor = min(self.cursor, max(back, reach, self.reader))
 
     def _make_room(self, f: int, need: int, log: _Log) -> int | None:
         size = self._alloc_mv[f]

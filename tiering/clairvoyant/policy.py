@@ -42,6 +42,20 @@ def first_fetch(kind: np.ndarray) -> int | None:
     return None
 
 
+def first_at_or_beyond(need: np.ndarray, reach: int) -> int:
+    """The index of the first action whose need is at least reach (len if
+    none), looked for in windows that grow eightfold (as first_fetch): the
+    head of the plan can be an epoch long, and this is asked at every
+    hand-out, almost always answered by its first entry."""
+    start, step = 0, 64
+    while start < len(need):
+        hit = np.flatnonzero(need[start:start + step] >= reach)
+        if len(hit):
+            return start + int(hit[0])
+        start, step = start + step, step * 8
+    return len(need)
+
+
 class Clairvoyant(Policy):
     """Places files ahead of the reader, in the order it will read them."""
 
@@ -71,6 +85,12 @@ class Clairvoyant(Policy):
     growth = 0.25
     pace_batch = 512     # ... in batches of this many (the copy workers then sleep between them)
     pace_wait = 0.25     # seconds the pace is not looked at again after it held (at most)
+    # NOTE [skip ahead]: a planned fetch of a position the reader reaches before a copy handed out
+    # now lands (the copies in flight at the copies' rate, times skip_margin, plus skip_slack
+    # seconds) is not handed out: the reader reads it, once
+    skip_margin = 1.25
+    skip_slack = 0.1
+    skip_known = 0.25    # seconds of the reader's opens and of the copies' ends its rates need
     clock = staticmethod(time.monotonic)
     defers_read_copies = False   # the plan places each use (NOTE [one read per file])
 
@@ -119,8 +139,11 @@ class Clairvoyant(Policy):
         self._stage_fits = pinned is None and int(allocations(self._sizes).sum()) <= sum(
             self.plan_capacities(placement.capacities))
         self._stage_next = 0
-        self._opened = np.zeros(len(self._sizes), bool) if self._stage_fits else None
+        self._opened = np.zeros(len(self._sizes), bool)   # ... and by NOTE [skip ahead]
         self.staged = 0                     # copies placed by the staging
+        self._landings: deque[tuple[float, int]] = deque()   # (time, copies ended) of the last rate_span s
+        self._landed_sum = 0                # the copies in _landings
+        self.passed_over = 0                # planned fetches left to the reader (NOTE [skip ahead])
 
     # -- the stream ----------------------------------------------------------
     def start(self) -> None:
@@ -265,7 +288,7 @@ class Clairvoyant(Policy):
         made later adopts what is placed and in flight."""
         p = self.placement
         n = len(self._sizes)
-        if not self._stage_fits or self._opened is None:
+        if not self._stage_fits:
             return
         while self._stage_next < n and not p.stopping:
             room = STAGE_IN_FLIGHT - p.copies_in_flight()
@@ -418,8 +441,7 @@ class Clairvoyant(Policy):
         if len(self._late[0]):
             keep = self._skip_late(files, from_tier)
             files, from_tier, pids = files[keep], from_tier[keep], pids[keep]
-        if self._opened is not None:
-            self._opened[files] = True
+        self._opened[files] = True
         part = min(self.part, self.progress.window) if self.progress is not None else self.part
         for k in range(0, len(files), part):
             if not self.following:
@@ -532,6 +554,7 @@ class Clairvoyant(Policy):
         elif self._resume_at and self.clock() < self._resume_at:
             return      # held by the pace: not a numpy pass per landed copy
         self._held_back = False
+        self._skip_ahead(rate if rate is not None else self._rate(self.skip_known))
         bound = self._lead_bound(rate)
         while self._actions and self.following:
             if p.stopping:
@@ -554,6 +577,58 @@ class Clairvoyant(Policy):
                 self._actions[0] = head[len(part):]
             else:
                 self._actions.popleft()
+
+    def _copy_rate(self) -> float | None:
+        """Copies ended per second over the last rate_span (None: not known
+        yet, fewer than skip_known seconds of them)."""
+        if len(self._landings) < 2:
+            return None
+        t0, t1 = self._landings[0][0], self._landings[-1][0]
+        if self.clock() - t1 > self.rate_span or t1 - t0 < self.skip_known:
+            return None
+        return (self._landed_sum - self._landings[0][1]) / (t1 - t0)
+
+    def _skip_ahead(self, rate: float | None) -> None:
+        """NOTE [skip ahead]: the planned fetches at the head of the plan
+        whose positions the reader reaches before a copy handed out now can
+        land are not handed out (the evictions among them are); the plan
+        takes each such file up again at its next use."""
+        if rate is None or rate <= 0 or not self._actions or self.planner is None:
+            return
+        copies = self._copy_rate()
+        if not copies:
+            return
+        land = self.placement.copies_in_flight() / copies * self.skip_margin + self.skip_slack
+        reach = self.planner.reader + int(rate * land)
+        while self._actions:
+            head = self._actions[0]
+            k = first_at_or_beyond(head.need, reach)   # fetches' needs ascend; evictions' are -1
+            if k == 0:
+                return
+            part = head[:k]
+            fetch = part.kind == FETCH
+            skip = fetch & ~self._opened[part.file]   # a file read before: its copy stays (see the note)
+            if (~fetch).any():
+                self._hand_out(part[np.flatnonzero(~fetch)])
+            if skip.any():
+                self.planner.pass_over(part.file[skip], part.need[skip], reach)
+                self.passed_over += int(skip.sum())
+            keep = fetch & ~skip
+            if keep.any():    # handed out next, before the rest of the head
+                if k < len(head):
+                    self._actions[0] = head[k:]
+                else:
+                    self._actions.popleft()
+                self._actions.appendleft(part[np.flatnonzero(keep)])
+                return
+            if k < len(head):
+                self._actions[0] = head[k:]
+                return
+            self._actions.popleft()
+        # a cursor taken back has the next uses of the files passed over to plan
+        self._actions.append(self.planner.advance())
+        if not len(self._actions[-1]):
+            self._actions.pop()
 
     def _hand_out(self, part: Actions) -> None:
         """Evictions one by one, each run of fetches to one tier in one
@@ -587,14 +662,15 @@ class Clairvoyant(Policy):
         while len(self._pace) > 2 and self._pace[1][0] <= now - self.rate_span:
             self._pace.popleft()
 
-    def _rate(self) -> float | None:
+    def _rate(self, least: float | None = None) -> float | None:
         """The reader's positions per second over the last rate_span (NOTE
         [prefetch horizon]); None: not reading (it has not read for
-        rate_span seconds, or its rate is not known yet)."""
+        rate_span seconds, or its rate is not known yet: fewer than
+        `least` seconds of reading, rate_span / 2 unless given)."""
         if self.planner is None or len(self._pace) < 2:
             return None
         (t0, r0), (t1, r1) = self._pace[0], self._pace[-1]
-        if self.clock() - t1 > self.rate_span or t1 - t0 < self.rate_span / 2:
+        if self.clock() - t1 > self.rate_span or t1 - t0 < (self.rate_span / 2 if least is None else least):
             return None
         return (r1 - r0) / (t1 - t0)
 
@@ -684,6 +760,11 @@ class Clairvoyant(Policy):
         """on_placed and on_failed of a batch's copies, then one refill; a
         published copy where the plan holds it (most) asks for nothing.
         Each file at most once (Policy.on_landed)."""
+        now = self.clock()
+        self._landings.append((now, len(files)))
+        self._landed_sum += len(files)
+        while len(self._landings) > 2 and self._landings[1][0] <= now - self.rate_span:
+            self._landed_sum -= self._landings.popleft()[1]
         if self.planner is not None:
             files, published = np.asarray(files, np.int64), np.asarray(published, bool)
             rest = ~(published & self.planner.held_on(files, tier))
@@ -728,6 +809,7 @@ class Clairvoyant(Policy):
             "held_by_pace": self.paced,
             "fetches": self.fetches,
             "staged": self.staged,
+            "passed_over": self.passed_over,
             "evictions": self.evictions,
             "refused": self.refused,
             "replans": self.resets,

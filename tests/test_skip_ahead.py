@@ -1,0 +1,164 @@
+"""NOTE [skip ahead] (docs/design.md): where the copies are slower than the
+reader, the clairvoyant policy does not hand out copies of positions the
+reader reaches before they can land; it leaves those to the reader and takes
+the files up again at their next use.
+
+A simulation on a fake clock: the reader opens `reader_rate` positions a
+second, the copies land first in, first out at `copy_rate` a second (a copy
+lands only if the reader has not opened its file in this epoch yet; else it
+is a copy made after the reader's read, the waste this avoids)."""
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from helpers import PlaceEach
+from tiering.clairvoyant.feeds import ListFeed
+from tiering.clairvoyant.policy import Clairvoyant
+from tiering.placement.api import NOT_PLACED
+
+SIZE = 4096
+DT = 0.01
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class Copier(PlaceEach):
+    """A Placement whose copies land in order at a rate the test sets."""
+
+    def __init__(self, files: int, capacity: int):
+        self.sizes = [SIZE] * files
+        self.capacities = [capacity]
+        self.stopping = False
+        self.queue: list[int] = []
+        self.placed: set[int] = set()
+        self.handed: list[int] = []
+
+    def where(self, i: int) -> int:
+        return 0 if i in self.placed else NOT_PLACED
+
+    def place(self, i: int, tier: int) -> bool:
+        if i in self.placed or i in self.queue:
+            return False
+        self.queue.append(i)
+        self.handed.append(i)
+        return True
+
+    def evict(self, i: int) -> bool:
+        self.placed.discard(i)
+        return True
+
+    def placements(self) -> Iterator[tuple[int, int]]:
+        return iter([(i, 0) for i in self.placed])
+
+    def copies_in_flight(self) -> int:
+        return len(self.queue)
+
+
+def simulate(n: int, epochs: int, reader_rate: float, copy_rate: float, skip: bool, hit_rate: float | None = None,
+             ) -> tuple[Clairvoyant, Copier, list[dict[str, int]]]:
+    """Per epoch: opens served from the tier, opens that read the PFS, and
+    copies made of a file the reader had read already in that epoch."""
+    rng = np.random.default_rng(3)
+    orders = [rng.permutation(n) for _ in range(epochs)]
+    clock = Clock()
+    copier = Copier(n, 2 * SIZE * n)
+    policy = Clairvoyant(copier, ListFeed(iter(orders)))  # type: ignore[arg-type]
+    policy.clock = clock   # type: ignore[method-assign,assignment]
+    if not skip:
+        policy._skip_ahead = lambda rate: None   # type: ignore[method-assign]
+    policy.start()
+    per_epoch = []
+    owed = 0.0
+    hit_rate = hit_rate or reader_rate
+    for order in orders:
+        counts = {"from_tier": 0, "from_pfs": 0, "copied_after_read": 0}
+        read_now: set[int] = set()
+        at, reader_owed = 0, 0.0
+        while at < n:
+            clock.t += DT
+            owed += copy_rate * DT
+            landed = []
+            while owed >= 1 and copier.queue:
+                f = copier.queue.pop(0)
+                owed -= 1
+                counts["copied_after_read"] += f in read_now
+                copier.placed.add(f)
+                landed.append(f)
+            if not copier.queue:
+                owed = 0.0
+            if landed:
+                policy.on_landed(np.array(landed, np.int64), 0, np.ones(len(landed), bool))
+            # the reader's time: 1 / reader_rate for a file it reads from the PFS, 1 / hit_rate
+            # for one the tier serves
+            reader_owed += DT
+            k = 0
+            while at + k < n and reader_owed > 0:
+                reader_owed -= 1 / (hit_rate if int(order[at + k]) in copier.placed else reader_rate)
+                k += 1
+            files = order[at:at + k]
+            at += len(files)
+            if len(files):
+                hit = np.array([int(f) in copier.placed for f in files])
+                counts["from_tier"] += int(hit.sum())
+                counts["from_pfs"] += int((~hit).sum())
+                read_now.update(int(f) for f in files[~hit])
+                policy.on_opens(files.astype(np.int64), hit, np.zeros(len(files), np.int64))
+            policy.poll()
+        per_epoch.append(counts)
+    return policy, copier, per_epoch
+
+
+@pytest.mark.parametrize("n", [20_000])
+def test_copies_slower_than_the_reader_are_not_made_of_files_the_reader_reads_first(n):
+    _, _, racing = simulate(n, 2, reader_rate=2000, copy_rate=1000, skip=False)
+    policy, copier, skipping = simulate(n, 2, reader_rate=2000, copy_rate=1000, skip=True)
+    # racing: the copies' head is where the reader is, so most copies of epoch 1 are made after
+    # the reader read the file (a second PFS read each)
+    assert racing[0]["copied_after_read"] > n // 4
+    # skipping ahead: a few (those handed out before the rates were known, a quarter of a second)
+    assert skipping[0]["copied_after_read"] < min(racing[0]["copied_after_read"] // 4, n // 8)
+    # ... and the reader meets the copies' front ahead of it, not at it
+    assert racing[0]["from_tier"] < n // 100 and skipping[0]["from_tier"] > n // 3
+    assert policy.passed_over > 0 and policy.report()["passed_over"] == policy.passed_over
+    # every file read once in epoch 1: by the reader or by a copy made before the reader came
+    assert skipping[0]["from_tier"] + skipping[0]["from_pfs"] == n
+
+
+def test_a_file_passed_over_is_fetched_for_its_next_use():
+    """The data set fits: what the reader read itself in epoch 1 is copied
+    for epoch 2 (the copier's rate is enough for that, here, once epoch 1's
+    copies are done), so epoch 2 reads nearly everything from the tier."""
+    n = 5000
+    policy, copier, per_epoch = simulate(n, 3, reader_rate=2000, copy_rate=1000, skip=True)
+    assert policy.passed_over > 0
+    passed = per_epoch[0]["from_pfs"]
+    assert passed > n // 10
+    # each file was handed out once: for epoch 1 or, passed over there, for its use in epoch 2
+    assert len(copier.handed) == len(set(copier.handed)) == n
+    assert len(copier.placed) == n   # every file is in the tier in the end
+    assert per_epoch[2]["from_pfs"] == 0
+
+
+def test_a_file_the_reader_read_is_not_passed_over_again():
+    """Served mostly from the tier in epoch 2, the reader is fast and the
+    reach long: the files passed over in epoch 1 are not passed over again
+    there (they were read once already; their copy is the file's one more
+    read, whenever it lands), so each file is passed over at most once."""
+    policy, copier, per_epoch = simulate(5000, 3, reader_rate=2000, copy_rate=1000, skip=True, hit_rate=20000)
+    assert 0 < policy.passed_over <= per_epoch[0]["from_pfs"]
+
+
+def test_a_copier_faster_than_the_reader_passes_nothing_over():
+    policy, copier, per_epoch = simulate(5000, 2, reader_rate=500, copy_rate=4000, skip=True)
+    assert policy.passed_over == 0
+    assert per_epoch[1]["from_pfs"] == 0
+    assert per_epoch[0]["copied_after_read"] == 0
