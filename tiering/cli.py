@@ -61,6 +61,9 @@ def _run_options(f):  # type: ignore[no-untyped-def]
                      help="Before COMMAND starts, fill the tiers with the first PERCENT (default 100) of what "
                           "fits, in the known order (--sampler/--order-file) or in catalog order; for data sets "
                           "read as a few large memory-mapped files (HF datasets, HDF5, LMDB, .npy)."),
+        click.option("--no-warm", is_flag=True,
+                     help="Do not warm a data set of a few large files before COMMAND starts (done by default "
+                          "where it fits the tiers)."),
         click.option("--stats-json", type=click.Path(dir_okay=False, path_type=Path),
                      help="Write the job's statistics to this JSON file."),
         click.option("--keep", is_flag=True, help="Keep the index and the tier copies after exit."),
@@ -95,12 +98,15 @@ def _run_options(f):  # type: ignore[no-untyped-def]
 
 
 def _do_run(profile: str, data: tuple[str, ...], policy: str | None, hook: bool | None, window: int,
-            warm: int | None, stats_json: Path | None, keep: bool, verbose: int, quiet: bool, progress: str,
+            warm: int | None, no_warm: bool, stats_json: Path | None, keep: bool, verbose: int, quiet: bool,
+            progress: str,
             progress_every: float | None, nodes: int | None, node_rank: int | None, rendezvous: str | None,
             job_id: str | None, rendezvous_timeout: float, command: tuple[str, ...], **kw: Any) -> None:
     reserve_standard_fds()
     order = _order(kw)
     setup_logging(0 if quiet else verbose)
+    if warm is not None and no_warm:
+        _leave(2, "tier-run: --warm and --no-warm contradict each other; give one of them")
     display = choose_display(progress, quiet, verbose, progress_every)
     try:
         node = node_identity(os.environ, Explicit(nodes, node_rank, rendezvous, job_id))
@@ -109,7 +115,8 @@ def _do_run(profile: str, data: tuple[str, ...], policy: str | None, hook: bool 
     try:
         prof = load_profile(profile)
         job = Job(JobOptions(list(data), list(command), prof, policy=policy, order=order, hook=hook, window=window,
-                             warm=warm, stats_json=stats_json, keep=keep, verbose=verbose, display=display, node=node,
+                             warm=warm, auto_warm=not no_warm, stats_json=stats_json, keep=keep, verbose=verbose,
+                             display=display, node=node,
                              rendezvous_timeout=rendezvous_timeout))
         if node.shared_node:   # launch form 2: one service for the tier-runs of this node
             from .cluster.member import run_member

@@ -25,7 +25,7 @@ from .clairvoyant.feeds import HookFeed, HookWatch, ListFeed
 from .clairvoyant.options import OrderOptions, StreamError, hook_blocker, is_python_command, list_feed
 from .clairvoyant.policy import Clairvoyant
 from .clairvoyant.samplers import OrderError
-from .clairvoyant.warm import WarmResult, warm_up
+from .clairvoyant.warm import WarmResult, few_large_files, warm_up
 from .cluster.identity import SINGLE, NodeIdentity
 from .cluster.rendezvous import DEFAULT_RENDEZVOUS_TIMEOUT
 from .command import (
@@ -42,7 +42,7 @@ from .command import (
 from .console import say
 from .fill import SizeFill
 from .observe.live import Display, JobInfo, JobWatch, fits_bytes
-from .placement.api import Policy, allocation
+from .placement.api import Policy, allocation, allocations
 from .placement.daemon import Daemon, DaemonSnapshot
 from .placement.index import Root, SharedIndex, library_path
 from .placement.policies import POLICIES as SIMPLE_POLICIES
@@ -59,6 +59,7 @@ from .rundirs import (
     remove_tree,
     sweep_leftovers,
 )
+from .units import human_bytes
 
 if TYPE_CHECKING:   # grpc is imported only by jobs that span nodes
     from .cluster.peering import PeerTier
@@ -96,6 +97,7 @@ class JobOptions:
     verbose: int = 0
     scan_threads: int = 16
     warm: int | None = None             # --warm PERCENT: fill the tiers before COMMAND starts
+    auto_warm: bool = True              # ... and without it, a data set of a few large files (--no-warm: not)
     display: Display = field(default_factory=lambda: Display("plain", 10.0))   # progress on stderr
     node: NodeIdentity = SINGLE         # this node in its job (NOTE [node identity])
     rendezvous_timeout: float = DEFAULT_RENDEZVOUS_TIMEOUT
@@ -117,6 +119,8 @@ class Job:
     timings: dict[str, float] = field(default_factory=dict)
     watch: JobWatch | None = None       # progress, status file, time series
     warm_order: np.ndarray | None = None   # the first epoch, when known before COMMAND (--warm)
+    warm_percent: int | None = None     # the warm-up's: --warm's, or 100 for a few large files that fit
+    few_large: bool = False             # the data set is a few large files (NOTE [few large files])
     warmed: WarmResult | None = None
     peer: PeerTier | None = None        # the peer tier of a job that spans several nodes
     cache_writer: int | None = None     # pid of the child writing the catalog cache (NOTE [cache written aside])
@@ -323,6 +327,12 @@ def _sizes_known(job: Job, place: bool) -> None:
     del saves     # the scan's RootScan shares the columns released next: they go only without it
     cat.files.release_indexed()
     give_back_freed_memory()
+    if few_large_files(cat.files.size):    # known only now: too late to warm (NOTE [few large files])
+        job.few_large = True
+        if job.opts.warm is None:
+            log.warning("the data set is %s large files (%s): a file opened once and memory-mapped is served "
+                        "from the tiers only when its copy is made before the open; --warm copies them before "
+                        "COMMAND starts", f"{len(cat.files):,}", human_bytes(cat.total_bytes))
     if place:
         _make_daemon(job)
         start_service(job)
@@ -508,6 +518,7 @@ def run(job: Job) -> int:
         with SetupWatch(ignored) as setup_watch:
             job.threads_paused = setup_watch.paused
             setup(job, names_first(opts))
+            few_large_files_first(job)
             warm(job)
         job.threads_paused = nullcontext
         env = child_environment(dict(os.environ), job.index.path if job.index else None,
@@ -534,15 +545,46 @@ def run(job: Job) -> int:
         restore_signals(old_mask)
 
 
+def few_large_files_first(job: Job) -> None:
+    """NOTE [few large files]: a data set of a few large files whose sizes
+    are known before COMMAND (a cached or a small catalog) is warmed before
+    COMMAND starts where it fits and --warm was not given, and said so in one
+    line; where it does not fit, the line says what --warm would do."""
+    opts, cat = job.opts, job.catalog
+    job.warm_percent = opts.warm
+    if cat is None or cat.deferred is not None or not job.tiers or not few_large_files(cat.files.size):
+        return
+    job.few_large = True
+    if opts.warm is not None:
+        return
+    sizes = cat.files.size
+    room = int(sum(t.capacity for t in job.tiers) * Clairvoyant.margin)
+    what = f"the data set is {len(sizes):,} large files ({human_bytes(cat.total_bytes)})"
+    if int(allocations(np.asarray(sizes, np.int64)).sum()) > room:
+        log.warning("%s, more than the tiers hold (%s): a file opened once and memory-mapped is served from "
+                    "the tiers only when its copy is made before the open; --warm copies what fits before "
+                    "COMMAND starts", what, human_bytes(room))
+    elif not opts.auto_warm or opts.node.multi_node or job.daemon is None:
+        log.warning("%s: a file opened once and memory-mapped is served from the tiers only when its copy is "
+                    "made before the open; --warm copies them before COMMAND starts", what)
+    else:
+        job.warm_percent = 100
+        if job.watch is not None:
+            job.watch.note(f"{what}: copied before COMMAND starts, as --warm would (a file opened once and "
+                           "memory-mapped is served from where it was when opened); --no-warm starts COMMAND at once")
+
+
 def warm(job: Job) -> None:
-    """--warm: copies before COMMAND starts (NOTE [warm-up]); a failure here
-    only means COMMAND starts with colder tiers."""
-    if job.opts.warm is None or job.daemon is None or not job.tiers:
+    """--warm (or a few large files: few_large_files_first): copies before
+    COMMAND starts (NOTE [warm-up]); a failure here only means COMMAND
+    starts with colder tiers."""
+    if job.warm_percent is None or job.daemon is None or not job.tiers:
         return
     watch = job.watch
     try:
-        job.warmed = warm_up(job.daemon, job.warm_order, job.opts.warm,
+        job.warmed = warm_up(job.daemon, job.warm_order, job.warm_percent,
                              watch.warming if watch is not None else lambda p: None)
+        job.warmed.auto = job.opts.warm is None
     except Exception as e:
         log.warning("the warm-up failed (%r): COMMAND starts with what is in the tiers", e)
         return
@@ -559,7 +601,6 @@ def _plan_peers(job: Job, cat: catalog_mod.Catalog) -> None:
     this node's budget for them, which the rendezvous publishes (NOTE [home
     nodes]); the PFS's rate per stream to compare with the network's."""
     from .clairvoyant.nodes import home_budget, planning_from_options
-    from .clairvoyant.planner import allocations
     from .cluster.links import pfs_stream_rate
     assert job.peer is not None
     opts, links = job.opts, job.peer.links
@@ -693,7 +734,8 @@ def _record(job: Job, exit_code: int) -> JobRecord:
     r = JobRecord(job.policy, exit_code, job.opts.command, job.opts.profile.name, cat.roots, len(cat.files),
                   cat.total_bytes, seconds=job.timings, no_order=job.no_order,
                   warm=job.warmed.to_json() if job.warmed is not None else None,
-                  unsized=int(cat.deferred.pending.sum()) if cat.deferred is not None else 0)
+                  unsized=int(cat.deferred.pending.sum()) if cat.deferred is not None else 0,
+                  few_large=job.few_large)
     if job.index is not None:
         r.counters = job.index.counters()
     if d is not None:

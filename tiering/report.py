@@ -40,6 +40,7 @@ class JobRecord:
     observed: dict[str, Any] = field(default_factory=dict)      # JobWatch.finish(): series, warm_after, t0
     warm: dict[str, Any] | None = None                           # --warm: WarmResult.to_json()
     unsized: int = 0              # files whose sizes were not read by the end (NOTE [names first]): not in bytes
+    few_large: bool = False       # the data set is a few large files (NOTE [few large files])
 
 
 def in_force(r: JobRecord) -> tuple[str, str | None]:
@@ -142,6 +143,7 @@ def to_json(r: JobRecord) -> dict[str, Any]:
         },
         "order": order,
         "warm": r.warm,
+        "few_large_files": r.few_large,
         "epochs": epoch_records(per_epoch, obs.get("t0"), series),
         "events": c.get("events_posted", 0),
         "events_dropped": c.get("events_dropped", 0),
@@ -229,7 +231,8 @@ def summary_text(s: dict[str, Any]) -> str:
     if s.get("warm"):
         w = s["warm"]
         lines.append(f"  warm-up  {w['files']:,} files ({human_bytes(w['bytes'])}) copied before COMMAND started "
-                     f"({w['percent']}% of what fits, {w['order']}), {w['seconds']:.1f} s")
+                     f"({w['percent']}% of what fits, {w['order']}), {w['seconds']:.1f} s"
+                     + (" without --warm: the data set is a few large files" if w.get("auto") else ""))
     for t in s["tiers"]:
         lines.append(f"  tier {t['name']:<8} {t['files']:>9,} files {human_bytes(t['bytes']):>11} placed"
                      f" (capacity {human_bytes(t['capacity'])})")
@@ -250,7 +253,11 @@ def summary_text(s: dict[str, Any]) -> str:
                      f" {o['fetches']:,} files fetched ahead, {o['evictions']:,} evicted"
                      + (f", {o['passed_over']:,} left to COMMAND's own read (their copies could not have"
                         " landed before it)" if o.get("passed_over") else ""))
-    if o.get("mapping"):
+    if o.get("mapping") and s.get("few_large_files"):
+        # NOTE [few large files]: indices mapped to a handful of files say nothing of what was served
+        lines.append(f"  mapping  not needed: the data set is {s['files']:,} large files, each opened and "
+                     "mapped whole")
+    elif o.get("mapping"):
         m = o["mapping"]
         lines.append(f"  mapping  indices to files: {m['source']}"
                      + (f" ({m['mapped']:,} of {m['indices']:,} indices)" if m.get("indices") else ""))

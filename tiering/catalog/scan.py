@@ -67,6 +67,7 @@ log = logging.getLogger("tiering")
 
 STAT_BATCH = 64           # entries stat'ed by one task through os.scandir
 C_STAT_BATCH = 2048       # ... and in C (a task costs more than an entry there)
+STAT_AT_ONCE = 64         # a names-first listing of at most this many files is stat'ed at once
 FORMAT_BITS = 0o170000    # of st_mode: the file type (stat.S_IFMT's mask)
 DT_REG = 8                # d_type of a regular file (dirent.h)
 DT_UNKNOWN = 0            # ... of an entry of unknown type: lstat'ed, followed only when a symlink
@@ -653,7 +654,14 @@ def scan(dirs: list[str], threads: int = 16, cache_dir: Path | None = None,
                 prog.phase = "scanning"
                 report(prog)
                 defer = names_first and len(roots) == 1 and _c_scanner() is not None
+                before = (prog.files, prog.dirs, prog.bytes)
                 part = _walk_root(r, threads, prog, report, defer)
+                if part.deferred and len(part.files) <= STAT_AT_ONCE:
+                    # a small data set is stat'ed before COMMAND (listed again: less than a fill
+                    # after COMMAND starts; a few large files are warmed before COMMAND opens
+                    # them, NOTE [few large files])
+                    prog.files, prog.dirs, prog.bytes = before
+                    part = _walk_root(r, threads, prog, report, False)
                 if part.unreadable:
                     log.warning(unreadable_text(r, part.unreadable))
                 if cache is not None and writable:

@@ -17,6 +17,17 @@ from .policy import Clairvoyant
 
 IN_FLIGHT = 256       # copies queued at a time
 TICK = 0.1            # seconds between looks at the copies (and progress updates)
+# NOTE [few large files]: a data set of at most FEW_FILES files whose mean size is at least
+# LARGE_MEAN is read as a few large files (opened once, memory-mapped): warmed without --warm
+FEW_FILES = 4096
+LARGE_MEAN = 32 << 20
+
+
+def few_large_files(sizes: np.ndarray) -> bool:
+    """Whether a data set of these file sizes is a few large files (NOTE
+    [few large files])."""
+    n = len(sizes)
+    return 0 < n <= FEW_FILES and int(np.sum(np.asarray(sizes, np.int64))) >= LARGE_MEAN * n
 
 
 @dataclass
@@ -38,6 +49,7 @@ class WarmResult:
     planned_bytes: int
     failed: int           # chosen but not copied (a copy failed, no room left)
     seconds: float
+    auto: bool = False    # without --warm: the data set is a few large files (NOTE [few large files])
 
     def to_json(self) -> dict[str, object]:
         return {k: round(v, 3) if isinstance(v, float) else v for k, v in asdict(self).items()}

@@ -272,6 +272,11 @@ class JobWatch:
         say(f"tiering: {how}: {count(files)} files ({size}) in {count(dirs)} directories, "
             f"{seconds:.1f} s{rate_text}")
 
+    def note(self, text: str) -> None:
+        """One line of what tier-run does, unless the display is off."""
+        if self.display.mode != "off":
+            say(f"tiering: {text}")
+
     def sizing(self, done: int, total: int, nbytes: int) -> None:
         """The sizes read so far after a names-first scan (NOTE [names
         first]), on the fill's thread: the status file only (COMMAND has
