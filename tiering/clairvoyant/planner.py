@@ -1000,6 +1000,14 @@ class Planner:
         if self._tier_mv[f] >= 0:
             self._leave(f)
 
+    def used_later(self, needs: np.ndarray) -> np.ndarray:
+        """Per known stream position: whether its file has a known use after it."""
+        needs = np.asarray(needs, np.int64)
+        out = np.zeros(len(needs), bool)
+        held = (needs >= self.base) & (needs < self.end)
+        out[held] = self._next[needs[held] - self.base] != INF
+        return out
+
     def pass_over(self, files: np.ndarray, needs: np.ndarray, reach: int) -> None:
         """Planned fetches not made (NOTE [skip ahead]): each file's use at
         its need is left to the reader, which reads it before reach; the

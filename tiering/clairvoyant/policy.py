@@ -607,7 +607,10 @@ class Clairvoyant(Policy):
                 return
             part = head[:k]
             fetch = part.kind == FETCH
-            skip = fetch & ~self._opened[part.file]   # a file read before: its copy stays (see the note)
+            # not a file read before, nor, where the data set fits, one used again: their copies stay
+            skip = fetch & ~self._opened[part.file]
+            if self._stage_fits and skip.any():
+                skip &= ~self.planner.used_later(part.need)
             if (~fetch).any():
                 self._hand_out(part[np.flatnonzero(~fetch)])
             if skip.any():
