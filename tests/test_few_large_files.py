@@ -49,12 +49,12 @@ def make_data(root: Path) -> dict[str, str]:
     return digests
 
 
-def run(tmp: Path, capacity: str, *extra: str) -> tuple[dict, dict, str, int]:
+def run(tmp: Path, capacity: str, *extra: str, second: str | None = None) -> tuple[dict, dict, str, int]:
     data = tmp / "pfs"
     digests = make_data(data)
     out, stats = tmp / "out.json", tmp / "stats.json"
     env = dict(os.environ, XDG_CACHE_HOME=str(tmp / "cache"))   # a cold scan: names first, then the sizes
-    r = tier_run(["--profile", str(profile(tmp, capacity)), "--data", str(data), "--stats-json", str(stats),
+    r = tier_run(["--profile", str(profile(tmp, capacity, second=second)), "--data", str(data), "--stats-json", str(stats),
                   *extra, "--", PYTHON, "-c", MAPPER, str(data), str(out)], env=env)
     if r.returncode:
         return {}, {}, r.stderr, r.returncode
@@ -85,13 +85,32 @@ def test_no_warm_starts_command_at_once_and_says_what_warm_would_do(tmp_path):
 def test_a_few_large_files_larger_than_the_tiers_are_not_warmed_and_the_line_says_why(tmp_path):
     got, stats, err, code = run(tmp_path, "48MiB")
     assert code == 0, err
-    assert "more than the tiers hold" in err and "--warm copies what fits" in err
+    assert "more than a warm-up can copy" in err and "--warm copies what fits" in err
     assert stats["warm"] is None and stats["opens"]["pfs"] == 3
+
+
+def test_files_that_fit_the_tiers_only_in_sum_are_not_warmed(tmp_path):
+    """Two tiers of 60 MiB hold 120 MiB, more than the 96 MiB of the three
+    files, but one file each: no warm-up that would leave one out."""
+    got, stats, err, code = run(tmp_path, "60MiB", second="60MiB")
+    assert code == 0, err
+    assert "more than a warm-up can copy" in err and "copied before COMMAND starts" not in err
+    assert stats["warm"] is None
 
 
 def test_warm_and_no_warm_together_are_an_error(tmp_path):
     _, _, err, code = run(tmp_path, "1GiB", "--warm", "--no-warm")
     assert code == 2 and "--warm and --no-warm" in err
+
+
+def test_what_fits_whole():
+    from tiering.clairvoyant.warm import fits_whole
+    mib = 1 << 20
+    assert fits_whole(np.array([40 * mib] * 3), [200 * mib])
+    assert not fits_whole(np.array([40 * mib] * 3), [61 * mib, 62 * mib])      # 123 MiB in sum, 2 files
+    assert fits_whole(np.array([40 * mib, 10 * mib, 10 * mib]), [41 * mib, 21 * mib])
+    assert not fits_whole(np.array([100 * mib]), [100 * mib])                   # the margin
+    assert fits_whole(np.zeros(0, np.int64), [])
 
 
 def test_what_counts_as_a_few_large_files():

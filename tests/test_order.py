@@ -3,6 +3,7 @@ element, over seeds, sizes, world sizes, ranks, epochs and batch settings."""
 from __future__ import annotations
 
 import itertools
+import os
 from pathlib import Path
 
 import numpy as np
@@ -470,7 +471,6 @@ def test_an_order_file_is_read_a_line_at_a_time(tmp_path: Path) -> None:
 
 
 def test_an_order_file_through_a_pipe(tmp_path: Path) -> None:
-    import os
     r, w = os.pipe()
     os.write(w, b"3\n1\n\n2\n")
     os.close(w)
@@ -478,3 +478,56 @@ def test_an_order_file_through_a_pipe(tmp_path: Path) -> None:
         assert read_order_file(Path(f"/dev/fd/{r}")) == [[3, 1], [2]]
     finally:
         os.close(r)
+
+
+def _tree(root: Path) -> list[str]:
+    for c in range(2):
+        (root / f"c{c}").mkdir(parents=True)
+        for k in range(5):
+            (root / f"c{c}" / f"{k}.jpg").write_bytes(b"x")
+    return [f"c{c}/{k}.jpg" for c in range(2) for k in range(5)]
+
+
+def _piped(path: Path, data: bytes, chunks: int = 1) -> Path:
+    """A FIFO at path that a thread writes data into, in `chunks` writes."""
+    import threading
+    os.mkfifo(path)
+
+    def write() -> None:
+        try:
+            with open(path, "wb") as f:
+                step = -(-len(data) // chunks)
+                for k in range(0, len(data), step):
+                    f.write(data[k:k + step])
+                    f.flush()
+        except BrokenPipeError:   # the reader refused it and closed its end
+            pass
+    threading.Thread(target=write, daemon=True).start()
+    return path
+
+
+@pytest.mark.parametrize("kind", ["paths", "indices"])
+def test_an_order_file_through_a_fifo_is_read_once_and_whole(tmp_path: Path, kind: str) -> None:
+    """A path file longer than a read's buffer, through a FIFO: every entry,
+    none lost to a first pass that told paths from indices."""
+    from tiering.catalog import scan
+    from tiering.clairvoyant.options import OrderOptions, epoch_arrays_from_options
+    rels = _tree(tmp_path / "ds")
+    cat = scan([str(tmp_path / "ds")])
+    ids = {cat.files.rel(i): i for i in range(len(cat.files))}
+    n = 1200
+    entries = [rels[k % len(rels)] for k in range(n)] if kind == "paths" else [str(k % len(rels)) for k in range(n)]
+    data = "".join(f"      {e}\n" for e in entries).encode()
+    fifo = _piped(tmp_path / "order", data, chunks=7)
+    got = [e.tolist() for e in epoch_arrays_from_options(OrderOptions(order_file=fifo), cat, {})]
+    want = [ids[e] for e in entries] if kind == "paths" else [k % len(rels) for k in range(n)]
+    assert got == [want]
+
+
+def test_a_npy_order_file_through_a_pipe_is_a_clear_error(tmp_path: Path) -> None:
+    import io
+    buf = io.BytesIO()
+    np.save(buf, np.arange(4))
+    fifo = _piped(tmp_path / "order", buf.getvalue(), chunks=3)   # the magic in pieces
+    with pytest.raises(OrderError, match="through a pipe.*save it"):
+        read_order_file(fifo)

@@ -173,3 +173,14 @@ def test_a_copier_faster_than_the_reader_passes_nothing_over():
     assert policy.passed_over == 0
     assert per_epoch[1]["from_pfs"] == 0
     assert per_epoch[0]["copied_after_read"] == 0
+
+
+def test_a_fast_copier_with_a_plan_close_to_the_reader_passes_next_to_nothing_over():
+    """Tiers of 0.3 D: the plan's fetches are near the reader; copies that
+    land at once are handed out, whatever the distance (no fixed slack)."""
+    n = 3000
+    _, _, racing = simulate(n, 2, reader_rate=2000, copy_rate=100_000, skip=False, room=0.3)
+    policy, _, skipping = simulate(n, 2, reader_rate=2000, copy_rate=100_000, skip=True, room=0.3)
+    assert racing[0]["from_tier"] == n
+    # a few: those whose copies queue behind the first hand-out (1,024 copies, 12 ms at this rate)
+    assert policy.passed_over <= n // 100 and skipping[0]["from_tier"] >= n - n // 100

@@ -25,7 +25,7 @@ from .clairvoyant.feeds import HookFeed, HookWatch, ListFeed
 from .clairvoyant.options import OrderOptions, StreamError, hook_blocker, is_python_command, list_feed
 from .clairvoyant.policy import Clairvoyant
 from .clairvoyant.samplers import OrderError
-from .clairvoyant.warm import WarmResult, few_large_files, warm_up
+from .clairvoyant.warm import WarmResult, few_large_files, fits_whole, warm_up
 from .cluster.identity import SINGLE, NodeIdentity
 from .cluster.rendezvous import DEFAULT_RENDEZVOUS_TIMEOUT
 from .command import (
@@ -558,12 +558,12 @@ def few_large_files_first(job: Job) -> None:
     if opts.warm is not None:
         return
     sizes = cat.files.size
-    room = int(sum(t.capacity for t in job.tiers) * Clairvoyant.margin)
     what = f"the data set is {len(sizes):,} large files ({human_bytes(cat.total_bytes)})"
-    if int(allocations(np.asarray(sizes, np.int64)).sum()) > room:
-        log.warning("%s, more than the tiers hold (%s): a file opened once and memory-mapped is served from "
-                    "the tiers only when its copy is made before the open; --warm copies what fits before "
-                    "COMMAND starts", what, human_bytes(room))
+    if not fits_whole(sizes, [t.capacity for t in job.tiers]):
+        log.warning("%s, more than a warm-up can copy (each file into one tier, to %d%% of its capacity): a "
+                    "file opened once and memory-mapped is served from the tiers only when its copy is made "
+                    "before the open; --warm copies what fits before COMMAND starts", what,
+                    round(Clairvoyant.margin * 100))
     elif not opts.auto_warm or opts.node.multi_node or job.daemon is None:
         log.warning("%s: a file opened once and memory-mapped is served from the tiers only when its copy is "
                     "made before the open; --warm copies them before COMMAND starts", what)

@@ -149,55 +149,41 @@ def _ids_of(mapping: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
     return lambda order: mapping[order]
 
 
-class _PathEntry(Exception):
-    """An order file names a path: it is read as an order of files."""
-
-
-def _reject_path(token: str) -> int:
-    raise _PathEntry(token)
-
-
 def _order_file_epochs(opts: OrderOptions, catalog: Catalog) -> Iterator[np.ndarray]:
     """An order file of data-set indices goes through the layout (index i ->
     the file sample i reads); one of file paths names the files themselves
-    and needs no layout."""
+    and needs no layout.  The file is read once (a pipe can be read once
+    only): indices as they are, paths resolved as they come."""
     assert opts.order_file is not None
-    try:
-        epochs = read_order_arrays(opts.order_file, _reject_path)
-    except _PathEntry:
-        yield from _path_epochs(opts.order_file, catalog)
-        return
-    mapping = dataset_ids(catalog, layout_of(opts))
-    orders: list[np.ndarray] = []
-    for k, order in enumerate(epochs):     # every epoch checked before the first is used (before COMMAND)
-        idx = np.asarray(order, dtype=np.int64)
-        bad = np.flatnonzero((idx < 0) | (idx >= len(mapping)))
-        if bad.size:
-            raise StreamError(f"{opts.order_file}: epoch {k + 1} names index {int(idx[bad[0]])}, but the data "
-                              f"set has {len(mapping)} samples (indices 0..{len(mapping) - 1})")
-        orders.append(idx)
-    del epochs
-    for idx in orders:
-        yield mapping[idx]
-
-
-def _path_epochs(order_file: Path, catalog: Catalog) -> list[np.ndarray]:
-    paths = PathIndex(catalog)
+    paths: PathIndex | None = None     # made at the first path (an index file needs none)
     named = 0
 
     def resolve(token: str) -> int:
-        nonlocal named
+        nonlocal paths, named
+        if paths is None:
+            paths = PathIndex(catalog)
         cid = paths.id_of(token if os.path.isabs(token) else os.path.join(catalog.roots[0], token))
         if cid < 0:
             raise LookupError(f"not a file under the --data directories {', '.join(catalog.roots)}")
         named += 1
         return cid
 
-    epochs = read_order_arrays(order_file, resolve)
-    if named != sum(map(len, epochs)):
-        raise StreamError(f"{order_file}: mixes data-set indices and file paths; use one kind: paths "
-                          "(each names its file), or indices (mapped to files by --layout)")
-    return epochs
+    epochs = read_order_arrays(opts.order_file, resolve)
+    if named:
+        if named != sum(map(len, epochs)):
+            raise StreamError(f"{opts.order_file}: mixes data-set indices and file paths; use one kind: paths "
+                              "(each names its file), or indices (mapped to files by --layout)")
+        yield from epochs
+        return
+    mapping = dataset_ids(catalog, layout_of(opts))
+    for k, idx in enumerate(epochs):     # every epoch checked before the first is used (before COMMAND)
+        bad = np.flatnonzero((idx < 0) | (idx >= len(mapping)))
+        if bad.size:
+            raise StreamError(f"{opts.order_file}: epoch {k + 1} names index {int(idx[bad[0]])}, but the data "
+                              f"set has {len(mapping)} samples (indices 0..{len(mapping) - 1})")
+    for k in range(len(epochs)):
+        yield mapping[epochs[k]]
+        epochs[k] = epochs[k][:0]       # each epoch's indices go once mapped
 
 
 def epochs_from_options(opts: OrderOptions, catalog: Catalog,

@@ -7,8 +7,9 @@ import io
 import operator
 import os
 import re
+import stat
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -48,33 +49,47 @@ def read_order_arrays(path: Path, resolve: Callable[[str], int] | None = None) -
         f = open(path, "rb")
     except OSError as e:
         raise OrderError(f"order file {path}: cannot read it ({e.strerror or e})") from e
-    with f:   # peeked at, not read: a pipe (--order-file <(...)) is read once
-        if _read(path, f, len(NPY_MAGIC)).startswith(NPY_MAGIC):
+    with f:   # read once: a pipe (--order-file <(...)) cannot be read again
+        head = _read(path, f, len(NPY_MAGIC))
+        if head == NPY_MAGIC:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise OrderError(f"order file {path}: a .npy array through a pipe; numpy reads it from a "
+                                 "file: save it to one and give that")
             return _read_npy(path)
         if path.suffix == ".npy":
             raise OrderError(f"order file {path}: named .npy but not a numpy file; write it with numpy.save")
-        epochs = _read_text(path, f, resolve)
+        epochs = _read_text(path, f, head, resolve)
     if not epochs:
         raise OrderError(f"order file {path}: no indices in it; write one index or path per line")
     return epochs
 
 
-def _read(path: Path, f: io.BufferedReader, peek: int = -1) -> bytes:
-    """f.readline(), or with peek >= 0 the file's next bytes (at least
-    `peek` of a regular file), left unread; a read error is an OrderError
-    (one that resolve raises is its own)."""
+def _read(path: Path, f: io.BufferedReader, n: int = -1) -> bytes:
+    """f.readline(), or with n >= 0 the next n bytes (fewer only at the end);
+    a read error is an OrderError (one that resolve raises is its own)."""
     try:
-        return f.peek(peek) if peek >= 0 else f.readline()
+        return f.read(n) if n >= 0 else f.readline()
     except OSError as e:
         raise OrderError(f"order file {path}: cannot read it ({e.strerror or e})") from e
 
 
-def _read_text(path: Path, f: io.BufferedReader, resolve: Callable[[str], int] | None) -> list[np.ndarray]:
+def _lines(path: Path, f: io.BufferedReader, head: bytes) -> Iterator[bytes]:
+    """The lines of head (the bytes read already) and then of the file."""
+    first = head.split(b"\n")
+    yield from (line + b"\n" for line in first[:-1])
+    rest = first[-1] + _read(path, f)
+    while rest:
+        yield rest
+        rest = _read(path, f)
+
+
+def _read_text(path: Path, f: io.BufferedReader, head: bytes,
+               resolve: Callable[[str], int] | None) -> list[np.ndarray]:
     """The epochs of a text order file, read line by line (a line of bytes at
     a time, each entry into an array of int64 per epoch)."""
     epochs: list[np.ndarray] = []
     current = array("q")
-    for lineno, raw in enumerate(iter(lambda: _read(path, f), b""), start=1):
+    for lineno, raw in enumerate(_lines(path, f, head), start=1):
         line = raw.decode("utf-8", errors="surrogateescape").strip()
         if not line or _EPOCH_LINE.match(line):
             if current:

@@ -86,10 +86,9 @@ class Clairvoyant(Policy):
     pace_batch = 512     # ... in batches of this many (the copy workers then sleep between them)
     pace_wait = 0.25     # seconds the pace is not looked at again after it held (at most)
     # NOTE [skip ahead]: a planned fetch of a position the reader reaches before a copy handed out
-    # now lands (the copies in flight at the copies' rate, times skip_margin, plus skip_slack
-    # seconds) is not handed out: the reader reads it, once
+    # now lands (the copies in flight and itself at the copies' rate, times skip_margin) is not
+    # handed out: the reader reads it, once
     skip_margin = 1.25
-    skip_slack = 0.1
     skip_known = 0.25    # seconds of the reader's opens and of the copies' ends its rates need
     clock = staticmethod(time.monotonic)
     defers_read_copies = False   # the plan places each use (NOTE [one read per file])
@@ -598,7 +597,7 @@ class Clairvoyant(Policy):
         copies = self._copy_rate()
         if not copies:
             return
-        land = self.placement.copies_in_flight() / copies * self.skip_margin + self.skip_slack
+        land = (self.placement.copies_in_flight() + 1) / copies * self.skip_margin
         reach = self.planner.reader + int(rate * land)
         while self._actions:
             head = self._actions[0]

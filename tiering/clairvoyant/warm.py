@@ -6,7 +6,7 @@ once at start and memory-mapped (HF datasets' Arrow files, HDF5, LMDB,
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -21,6 +21,20 @@ TICK = 0.1            # seconds between looks at the copies (and progress update
 # LARGE_MEAN is read as a few large files (opened once, memory-mapped): warmed without --warm
 FEW_FILES = 4096
 LARGE_MEAN = 32 << 20
+
+
+def fits_whole(sizes: np.ndarray, capacities: Sequence[int]) -> bool:
+    """Whether every file fits a tier of its own choosing, each tier filled
+    to the warm-up's budget (Clairvoyant.margin of its capacity): the
+    largest files first, each into the first tier with room (a few large
+    files: the sum of the capacities is not the test, a file is not split)."""
+    room = [int(c * Clairvoyant.margin) for c in capacities]
+    for need in np.sort(allocations(np.asarray(sizes, np.int64)))[::-1].tolist():
+        k = next((k for k, r in enumerate(room) if r >= need), None)
+        if k is None:
+            return False
+        room[k] -= need
+    return True
 
 
 def few_large_files(sizes: np.ndarray) -> bool:
