@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import numpy as np
-import pytest
 
 from helpers import PlaceEach
 from tiering.clairvoyant.feeds import ListFeed
