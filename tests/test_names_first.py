@@ -641,3 +641,39 @@ def test_the_cache_written_aside_holds_no_mapping_of_the_index(tmp_path, monkeyp
         cached = load_cache(tmp_path / "cache", str(root), pool)
     assert cached is not None and int(cached.files.size.sum()) == sum(map(len, FILES.values()))
     index.close()
+
+
+def test_no_cache_is_written_aside_when_a_file_was_gone_at_its_stat(tmp_path, monkeypatch):
+    """COMMAND ended before the sizes were read, and a file was gone at the
+    writer's stat (the root unmounted meanwhile: no directory changes, so
+    the cache would be taken as it is): the cache would hold it with size 0
+    and the next run would find it changed, so no cache is written (the next
+    run scans)."""
+    from tiering.fill import GATE_ENV, SizeFill
+    root, gate = tmp_path / "pfs", tmp_path / "gate"
+    write_tree(root)
+    age(root)
+    cat = scan([str(root)], cache_dir=tmp_path / "cache", names_first=True)
+    index, slots = SharedIndex.for_catalog(private_dir(tmp_path / "run") / "index", [Root(cat.roots[0], 0)],
+                                           [str(private_dir(tmp_path / "tier"))], cat, cat.deferred.pending)
+    gate.touch()
+    monkeypatch.setenv(GATE_ENV, str(gate))
+    fill = SizeFill(cat, index, slots, 2, lambda place: None)
+    fill.start()
+    fill.stop()
+    import tiering.fill as fill_mod
+    real = fill_mod.stat_deferred
+
+    def one_gone(cat, threads, done, *args, **kwargs):   # in the writer: the stat of one file failed
+        def first_gone(filled, gone):
+            if len(filled) and not len(gone):
+                filled, gone = filled[1:], np.concatenate([gone, filled[:1]])
+            done(filled, gone)
+        return real(cat, threads, first_gone, *args, **kwargs)
+
+    monkeypatch.setattr(fill_mod, "stat_deferred", one_gone)
+    pid = fill.cache_aside()
+    assert pid is not None and os.waitpid(pid, 0)[1] == 0
+    with ThreadPoolExecutor(2) as pool:
+        assert load_cache(tmp_path / "cache", str(root), pool) is None
+    index.close()

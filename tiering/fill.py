@@ -78,8 +78,15 @@ class SizeFill:
         if self.complete or not saves or self.cat.deferred is None:
             return None
         cat, threads = self.cat, self.threads
+        gone = [0]
+
+        def count(filled: np.ndarray, lost: np.ndarray) -> None:
+            gone[0] += len(lost)
+
+        # a file gone at its stat (removed, or the data root unmounted meanwhile) would be cached
+        # with size 0, and the next run would find it changed: no cache then (the next run scans)
         return save_in_child(saves, self.writer_prepare,
-                             first=lambda: stat_deferred(cat, threads, lambda filled, gone: None))
+                             first=lambda: stat_deferred(cat, threads, count) and not gone[0])
 
     def writer_prepare(self) -> None:
         """In the catalog cache writer the fill forks (here or once the sizes

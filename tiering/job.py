@@ -321,6 +321,9 @@ def _sizes_known(job: Job, place: bool) -> None:
     fill = job.fill
     assert fill is not None
     saves, fill.saves = fill.saves, []
+    if saves and fill.gone:    # as SizeFill.cache_aside: no cache that records files gone at their stat
+        log.info("%d files were gone when their sizes were read: the catalog cache is not written", fill.gone)
+        saves = []
     if saves:
         assert job.run_dir is not None
         job.cache_writer = catalog_mod.save_in_child(saves, fill.writer_prepare, job.run_dir / CACHE_WRITER_OUTPUT)
