@@ -409,6 +409,10 @@ def test_choose_display(progress, quiet, verbose, terminal, every, want):
 
 @pytest.mark.parametrize("policy, report, no_order, want", [
     ("clairvoyant", {"epochs_known": 0}, None, ("waiting", "waiting for the order (first touch meanwhile)")),
+    ("clairvoyant", {"epochs_known": 0, "staged": 12}, None,
+     ("waiting", "waiting for the order (staging the data set meanwhile)")),
+    ("clairvoyant", {"epochs_known": 0, "staged": 12, "mapping": {"source": "learnt in epoch 1"}}, None,
+     ("learning", "learning which files each index reads (staging the data set meanwhile)")),
     ("clairvoyant", {"epochs_known": 0, "mapping": {"source": "learnt in epoch 1"}}, None,
      ("learning", "learning which files each index reads (first touch meanwhile)")),
     ("clairvoyant", {"epochs_known": 2, "prefetch_lead": 40}, None, ("prefetching", "prefetching ahead of the reader")),

@@ -141,12 +141,14 @@ def phase(policy: str, report: dict[str, Any], no_order: str | None) -> tuple[st
         if no_order:
             return "fallback", f"fell back to first-touch: no order ({no_order})"
         source = str((report.get("mapping") or {}).get("source", ""))
+        # NOTE [staging while waiting]: a data set that fits is staged in catalog order meanwhile
+        meanwhile = "staging the data set meanwhile" if report.get("staged") else "first touch meanwhile"
         if source.startswith("learnt"):   # NOTE [learnt mapping]
-            return "learning", "learning which files each index reads (first touch meanwhile)"
+            return "learning", f"learning which files each index reads ({meanwhile})"
         errors = report.get("hook_errors") or []
         if errors:   # the hook said why no order comes (a DataLoader without indices, a sampler not torch's)
             return "fallback", f"first touch: the order hook gave up ({hook_reason(errors[-1])})"
-        return "waiting", "waiting for the order (first touch meanwhile)"
+        return "waiting", f"waiting for the order ({meanwhile})"
     if report.get("prefetch_lead"):
         return "prefetching", "prefetching ahead of the reader"
     return "following", "following the reader, no copy ahead of it"
