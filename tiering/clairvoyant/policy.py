@@ -729,12 +729,22 @@ class Clairvoyant(Policy):
         return part[:take]
 
     def on_placed(self, i: int, tier: int) -> None:
+        self._count_landed(1)
         self._landed(i, tier, True)
         self._refill()
 
     def on_failed(self, i: int) -> None:
+        self._count_landed(1)
         self._landed(i, -1, False)
         self._refill()
+
+    def _count_landed(self, n: int) -> None:
+        """n copies ended now: for the copies' rate (NOTE [skip ahead])."""
+        now = self.clock()
+        self._landings.append((now, n))
+        self._landed_sum += n
+        while len(self._landings) > 2 and self._landings[1][0] <= now - self.rate_span:
+            self._landed_sum -= self._landings.popleft()[1]
 
     def patient(self) -> bool:
         """While the horizon or the pace holds the fetches back, the lead is
@@ -762,11 +772,7 @@ class Clairvoyant(Policy):
         """on_placed and on_failed of a batch's copies, then one refill; a
         published copy where the plan holds it (most) asks for nothing.
         Each file at most once (Policy.on_landed)."""
-        now = self.clock()
-        self._landings.append((now, len(files)))
-        self._landed_sum += len(files)
-        while len(self._landings) > 2 and self._landings[1][0] <= now - self.rate_span:
-            self._landed_sum -= self._landings.popleft()[1]
+        self._count_landed(len(files))
         if self.planner is not None:
             files, published = np.asarray(files, np.int64), np.asarray(published, bool)
             rest = ~(published & self.planner.held_on(files, tier))
