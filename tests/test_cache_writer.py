@@ -66,7 +66,8 @@ FORKED_BESIDE = {1: ["MainThread", "tiering-fill"], 3: ["MainThread"]}
 @pytest.mark.parametrize("roots", [1, 3], ids=["names-first", "set-up"])
 def test_the_writer_is_forked_alone_takes_default_signals_and_stays_off_the_terminal(tmp_path: Path, roots: int):
     data = tmp_path / "pfs"
-    make_data(data, {f"c{i % 3}/f{i}.bin": 100 for i in range(30)})
+    # more files than a names-first listing stats at once (scan.STAT_AT_ONCE): the sizes come later
+    make_data(data, {f"c{i % 3}/f{i}.bin": 100 for i in range(90)})
     age(data)
     record, cache = tmp_path / "writer.json", tmp_path / "cache"
     r = subprocess.run([sys.executable, "-c", patched_tier_run(PATCH), "--profile", str(profile(tmp_path)),

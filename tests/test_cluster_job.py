@@ -279,7 +279,7 @@ def test_every_job_option_is_passed_to_the_node_service_kept_by_the_member_or_re
                       order=OrderOptions("random", 3, 2, 8, 1, 4, 32, True, tmp_path / "o.txt", "sorted",
                                          tmp_path / "m.txt", (".jpg",), tmp_path / "root"),
                       hook=False, window=7, scan_cache=tmp_path / "cache", stats_json=tmp_path / "s.json",
-                      keep=True, verbose=2, scan_threads=3, warm=50, display=Display("bar", 1.0),
+                      keep=True, verbose=2, scan_threads=3, warm=50, auto_warm=False, display=Display("bar", 1.0),
                       node=NodeIdentity("j", 1, 2, 1, 2, ("a", "b"), "slurm", "/r"), rendezvous_timeout=12.5)
     defaults = JobOptions([], [], other)
     assert [n for n in names if getattr(opts, n) == getattr(defaults, n)] == []   # every option set
