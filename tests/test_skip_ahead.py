@@ -67,7 +67,7 @@ class Copier(PlaceEach):
 
 
 def simulate(n: int, epochs: int, reader_rate: float, copy_rate: float, skip: bool, hit_rate: float | None = None,
-             room: float = 2.0) -> tuple[Clairvoyant, Copier, list[dict[str, int]]]:
+             room: float = 2.0, nodes: bool = False) -> tuple[Clairvoyant, Copier, list[dict[str, int]]]:
     """Per epoch: opens served from the tier, opens that read the PFS, and
     copies made of a file the reader had read already in that epoch; the
     tier holds `room` times the data set."""
@@ -75,7 +75,8 @@ def simulate(n: int, epochs: int, reader_rate: float, copy_rate: float, skip: bo
     orders = [rng.permutation(n) for _ in range(epochs)]
     clock = Clock()
     copier = Copier(n, int(room * SIZE * n))
-    policy = Clairvoyant(copier, ListFeed(iter(orders)))  # type: ignore[arg-type]
+    pinned = np.zeros(n, bool) if nodes else None     # a job of several nodes: its home files
+    policy = Clairvoyant(copier, ListFeed(iter(orders)), pinned=pinned)  # type: ignore[arg-type]
     policy.clock = clock   # type: ignore[method-assign,assignment]
     if not skip:
         policy._skip_ahead = lambda rate: None   # type: ignore[method-assign]
@@ -183,3 +184,9 @@ def test_a_fast_copier_with_a_plan_close_to_the_reader_passes_next_to_nothing_ov
     assert racing[0]["from_tier"] == n
     # a few: those whose copies queue behind the first hand-out (1,024 copies, 12 ms at this rate)
     assert policy.passed_over <= n // 100 and skipping[0]["from_tier"] >= n - n // 100
+
+
+def test_a_job_of_several_nodes_does_not_skip_ahead():
+    """A node's copy serves the other nodes too (NOTE [home nodes])."""
+    policy, _, _ = simulate(5000, 1, reader_rate=2000, copy_rate=1000, skip=True, room=0.5, nodes=True)
+    assert policy.passed_over == 0

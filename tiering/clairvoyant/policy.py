@@ -594,6 +594,8 @@ class Clairvoyant(Policy):
         takes each such file up again at its next use."""
         if rate is None or rate <= 0 or not self._actions or self.planner is None:
             return
+        if self.pinned is not None or getattr(self.placement, "peers", None) is not None:
+            return   # a job of several nodes: a node's copy serves the other nodes too (NOTE [home nodes])
         copies = self._copy_rate()
         if not copies:
             return
