@@ -333,9 +333,8 @@ def _sizes_known(job: Job, place: bool) -> None:
     if few_large_files(cat.files.size):    # known only now: too late to warm (NOTE [few large files])
         job.few_large = True
         if job.opts.warm is None:
-            log.warning("the data set is %s large files (%s): a file opened once and memory-mapped is served "
-                        "from the tiers only when its copy is made before the open; --warm copies them before "
-                        "COMMAND starts", f"{len(cat.files):,}", human_bytes(cat.total_bytes))
+            log.warning("the data set is %s large files (%s): %s", f"{len(cat.files):,}",
+                        human_bytes(cat.total_bytes), MAPPED_HINT)
     if place:
         _make_daemon(job)
         start_service(job)
@@ -548,6 +547,11 @@ def run(job: Job) -> int:
         restore_signals(old_mask)
 
 
+# NOTE [few large files]: what the lines about a few large files not warmed say
+MAPPED_HINT = ("a file opened once and memory-mapped is served from the tiers only when its copy is made before "
+               "the open; --warm copies them before COMMAND starts")
+
+
 def few_large_files_first(job: Job) -> None:
     """NOTE [few large files]: a data set of a few large files whose sizes
     are known before COMMAND (a cached or a small catalog) is warmed before
@@ -568,8 +572,7 @@ def few_large_files_first(job: Job) -> None:
                     "before the open; --warm copies what fits before COMMAND starts", what,
                     round(Clairvoyant.margin * 100))
     elif not opts.auto_warm or opts.node.multi_node or job.daemon is None:
-        log.warning("%s: a file opened once and memory-mapped is served from the tiers only when its copy is "
-                    "made before the open; --warm copies them before COMMAND starts", what)
+        log.warning("%s: %s", what, MAPPED_HINT)
     else:
         job.warm_percent = 100
         if job.watch is not None:
