@@ -485,7 +485,7 @@ static int64_t voluntary_switches(void)
 }
 
 /* Claims file f for its copy (NOTE [one read per file], docs/design.md):
- * NONE -> COPYING | claim, then the open counter compared with the one it
+ * NONE or QUEUED | claim -> COPYING | claim, then the open counter compared with the one it
  * had when queued.  The order is what makes one of the two sides see the
  * other: an open adds to the counter before it loads the state word, the
  * claim stores the state word before it loads the counter (both
@@ -494,10 +494,14 @@ static int64_t voluntary_switches(void)
 static int claim(const struct tiering_batch *b, const struct tiering_batch_file *f)
 {
     struct tiering_entry *e = &b->entries[b->slots[f->id]];
-    uint32_t none = TIERING_STATE_NONE;
-    if (!__atomic_compare_exchange_n(&e->state, &none, TIERING_STATE_COPYING | b->claim, 0, __ATOMIC_SEQ_CST,
-                                     __ATOMIC_SEQ_CST))
-        return TIERING_COPY_TAKEN;
+    uint32_t was = TIERING_STATE_QUEUED | b->claim; /* marked by the daemon: NOTE [queued copies] */
+    if (!__atomic_compare_exchange_n(&e->state, &was, TIERING_STATE_COPYING | b->claim, 0, __ATOMIC_SEQ_CST,
+                                     __ATOMIC_SEQ_CST)) {
+        uint32_t none = TIERING_STATE_NONE;
+        if (!__atomic_compare_exchange_n(&e->state, &none, TIERING_STATE_COPYING | b->claim, 0,
+                                         __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+            return TIERING_COPY_TAKEN;
+    }
     if (__atomic_load_n(&e->opens, __ATOMIC_SEQ_CST) != f->opens) {
         uint32_t mine = TIERING_STATE_COPYING | b->claim;
         __atomic_compare_exchange_n(&e->state, &mine, TIERING_STATE_NONE, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);

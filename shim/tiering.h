@@ -39,7 +39,7 @@
 
 /* BEGIN CDEF */
 #define TIERING_MAGIC 0x5845444e49524954
-#define TIERING_VERSION 10
+#define TIERING_VERSION 11
 #define TIERING_MAX_ROOTS 16
 #define TIERING_MAX_TIERS 4
 #define TIERING_PATH_MAX 512
@@ -50,10 +50,16 @@
  * TIERING_STATE_COPYING | (tier + 1) = a copy to that tier is being read from
  * the PFS: a read-only open waits for it (a futex on the state word, at most
  * header.copy_wait_ns) instead of reading the file a second time (NOTE [one
- * read per file], docs/design.md). */
+ * read per file], docs/design.md); TIERING_STATE_QUEUED | (tier + 1) = a copy
+ * to that tier is queued near the head of the tier's queue (the next to be
+ * made): a read-only open steps back its open count and waits for it (at
+ * most header.queue_wait_ns), so that the copy, not the open, reads the file
+ * (NOTE [queued copies]); the copy's claim takes it from QUEUED or NONE. */
 #define TIERING_STATE_NONE 0
 #define TIERING_STATE_INVALID 255
 #define TIERING_STATE_COPYING 0x100
+#define TIERING_STATE_QUEUED 0x200
+#define TIERING_STATE_TIER 0xff   /* the tier + 1 of a COPYING or QUEUED state */
 
 /* root.flags (informational: the shim resolves ".." only into real paths) */
 #define TIERING_ROOT_HAS_DIR_LINKS 1
@@ -222,8 +228,11 @@ struct tiering_header {
     uint64_t copy_wait_ns;   /* atomic, set by the daemon: how long an open
                                 waits for a copy in flight (TIERING_STATE_COPYING);
                                 0: it does not wait (NOTE [one read per file]) */
-    uint64_t copy_waits;     /* atomic; opens that waited for a copy in flight */
-    uint64_t pad[5];
+    uint64_t copy_waits;     /* atomic; opens that waited for a copy in flight or queued */
+    uint64_t queue_wait_ns;  /* atomic, set by the daemon: how long an open waits
+                                for a queued copy (TIERING_STATE_QUEUED) to be made;
+                                0: it does not wait (NOTE [queued copies]) */
+    uint64_t pad[4];
     uint64_t ring_head;      /* atomic; next position a producer takes (= events
                                 posted), on a cache line of its own */
     uint64_t pad2[7];
@@ -333,7 +342,8 @@ struct tiering_batch {
     void *arg;
     /* claims (NOTE [one read per file]), when entries is not NULL: before its
      * copy each file's state word (entries[slots[id]]) goes from NONE to
-     * TIERING_STATE_COPYING | claim, or the file is not copied (TAKEN); its
+     * TIERING_STATE_COPYING | claim (or from TIERING_STATE_QUEUED | claim, the
+     * daemon's mark: NOTE [queued copies]), or the file is not copied (TAKEN); its
      * open counter is then compared with the file's `opens` (a changed one:
      * READ, the claim is undone); a complete copy is published by the copy
      * itself (COPYING -> claim, the waiting opens woken), a failed one goes

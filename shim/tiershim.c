@@ -356,7 +356,7 @@ static int64_t invalidate_file(const struct table *t, uint64_t slot)
         uint32_t was = __atomic_exchange_n(&t->tab[s].state, TIERING_STATE_INVALID, __ATOMIC_SEQ_CST);
         if (was != TIERING_STATE_INVALID)
             changed++;
-        if (was & TIERING_STATE_COPYING) /* opens waiting for its copy: the PFS now */
+        if (was & (TIERING_STATE_COPYING | TIERING_STATE_QUEUED)) /* opens waiting for its copy: the PFS now */
             tiering_wake(&t->tab[s].state);
         if ((s = ring_next(t, s)) == slot)
             break;
@@ -543,7 +543,7 @@ EXPORT int tiering_state_cas(void *base, uint64_t slot, uint32_t expected, uint3
     uint32_t was = expected;
     int swapped = __atomic_compare_exchange_n(&e->state, &expected, desired, 0, __ATOMIC_SEQ_CST,
                                               __ATOMIC_SEQ_CST);
-    if (swapped && (was & TIERING_STATE_COPYING)) /* opens may wait on it: NOTE [one read per file] */
+    if (swapped && (was & (TIERING_STATE_COPYING | TIERING_STATE_QUEUED))) /* opens may wait on it: NOTE [one read per file] */
         tiering_wake(&e->state);
     return swapped;
 }
@@ -1944,25 +1944,53 @@ EXPORT int lremovexattr(const char *path, const char *name)
  * ended, or after header.copy_wait_ns, whichever comes first: the open then
  * takes the copy instead of reading the file from the PFS a second time
  * (NOTE [one read per file], docs/design.md).  A shared futex: the copy
- * wakes it in the daemon's process. */
+ * wakes it in the daemon's process.  A queued copy (TIERING_STATE_QUEUED) is
+ * waited for at most header.queue_wait_ns, and copy_wait_ns more once it
+ * runs, with the open's count stepped back meanwhile: the claim then finds
+ * no open and makes the copy, which is the file's one read (NOTE [queued
+ * copies]). */
 static uint32_t wait_copy(struct tiering_entry *e, uint32_t st)
 {
-    uint64_t bound = __atomic_load_n(&idx->copy_wait_ns, __ATOMIC_RELAXED);
-    struct timespec now, end;
-    if (!bound || clock_gettime(CLOCK_MONOTONIC, &now) < 0)
+    uint64_t copy_bound = __atomic_load_n(&idx->copy_wait_ns, __ATOMIC_RELAXED);
+    uint64_t bound = (st & TIERING_STATE_QUEUED) ? __atomic_load_n(&idx->queue_wait_ns, __ATOMIC_RELAXED)
+                                                 : copy_bound;
+    struct timespec now;
+    if (!bound || !copy_bound || clock_gettime(CLOCK_MONOTONIC, &now) < 0)
         return st;
-    uint64_t end_ns = (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec + bound;
-    end.tv_sec = (time_t)(end_ns / 1000000000u), end.tv_nsec = (long)(end_ns % 1000000000u);
+    int stepped = (st & TIERING_STATE_QUEUED) != 0;
+    if (stepped) /* sequentially consistent, as open_begins: NOTE [queued copies] */
+        __atomic_fetch_sub(&e->opens, 1, __ATOMIC_SEQ_CST);
+    int64_t left = (int64_t)bound, extended = !stepped;
+    int64_t began = (int64_t)now.tv_sec * 1000000000 + now.tv_nsec;
     count(&idx->copy_waits, 1);
-    while (st & TIERING_STATE_COPYING) {
-        int64_t left = ((int64_t)end.tv_sec - now.tv_sec) * 1000000000 + (end.tv_nsec - now.tv_nsec);
-        if (left <= 0)
-            break;
+    for (;;) {
+        if (!(st & (TIERING_STATE_COPYING | TIERING_STATE_QUEUED))) {
+            if (!stepped)
+                break;
+            /* counted again before the state is loaded again, as an open begins */
+            __atomic_fetch_add(&e->opens, 1, __ATOMIC_SEQ_CST);
+            stepped = 0;
+            st = __atomic_load_n(&e->state, __ATOMIC_SEQ_CST);
+            continue; /* a claim between the two: its copy is waited for */
+        }
+        if (left <= 0) {
+            if (!extended && (st & TIERING_STATE_COPYING)) { /* queued, then started: one copy's time more */
+                extended = 1, left = (int64_t)copy_bound;
+                began = (int64_t)now.tv_sec * 1000000000 + now.tv_nsec;
+                continue;
+            }
+            if (!stepped)
+                break;
+            __atomic_fetch_add(&e->opens, 1, __ATOMIC_SEQ_CST); /* the open reads the PFS: the claim sees it */
+            return __atomic_load_n(&e->state, __ATOMIC_SEQ_CST);
+        }
         struct timespec rel = {(time_t)(left / 1000000000), (long)(left % 1000000000)};
         syscall(SYS_futex, &e->state, FUTEX_WAIT, st, &rel, NULL, 0);
         st = __atomic_load_n(&e->state, __ATOMIC_ACQUIRE);
         if (clock_gettime(CLOCK_MONOTONIC, &now) < 0)
-            break;
+            left = 0, extended = 1;
+        else
+            left = (int64_t)(extended ? copy_bound : bound) - ((int64_t)now.tv_sec * 1000000000 + now.tv_nsec - began);
     }
     return st;
 }
@@ -2010,10 +2038,10 @@ static int route(int64_t slot, int flags, const char *rel, size_t rel_len, char 
     const struct tiering_file *f = record(slot);
     if (!servable(slot, flags, f))
         return -1;
-    if (UNLIKELY(st & TIERING_STATE_COPYING)) {
+    if (UNLIKELY(st & (TIERING_STATE_COPYING | TIERING_STATE_QUEUED))) {
         int saved = errno;
         /* wait only for a copy this open could be served, of a daemon still there */
-        if (may_wait && (st & ~TIERING_STATE_COPYING) <= redirect_tiers && daemon_alive())
+        if (may_wait && (st & TIERING_STATE_TIER) <= redirect_tiers && daemon_alive())
             st = wait_copy(e, st);
         errno = saved;
         if (!servable(slot, flags, f))

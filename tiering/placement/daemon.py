@@ -38,6 +38,7 @@ from ..catalog.model import IntColumn
 from . import index as index_mod
 from .api import NOT_PLACED, Policy, allocation, allocations
 from .index import Event, SharedIndex, events_array, ffi, lib
+from .queued import QUEUE_WINDOW_ROUNDS, QueueMarks, queue_wait
 from .tiers import (
     BATCH_BYTES,
     SHARE_FILES,
@@ -218,6 +219,11 @@ class Daemon:
         # the whole data set fits the tiers: a copy COMMAND read first is deferred, not dropped (else
         # only when the policy says so: Policy.defers_read_copies)
         self._fits = int(allocations(self._sizes_array).sum()) <= sum(t.capacity for t in tiers)
+        # the files next in each tier's queue, QUEUED on their state words where the data set fits the
+        # tiers (NOTE [queued copies])
+        self._marks = QueueMarks(index, self.slots, len(self.files),
+                                 QUEUE_WINDOW_ROUNDS * self.pfs_threads if self._batch.claims and self._fits else 0,
+                                 self._batched)
         self._copy_ns = 0.0                 # a small copy's seconds, averaged (copy_wait_ns is made from it)
         # catalog index by slot, and where each file is (tier or NOT_PLACED)
         self.file_of_slot = np.full(int(index.header.nslots), -1, np.int32)
@@ -307,6 +313,7 @@ class Daemon:
             self._opens_at[i] = self.index.opens[self.slots[i]]
             self._in_flight += 1
             self._queued[tier].append((i, need))
+            self._marks.mark_head(self._queued[tier], tier)
             self._wake_workers(tier, 1)
         return True
 
@@ -349,6 +356,7 @@ class Daemon:
             self._opens_at[taken] = self.index.opens[self.slots[taken]]
             self._in_flight += len(take)
             self._queued[tier].extend(zip(taken.tolist(), needs[take].tolist()))
+            self._marks.mark_head(self._queued[tier], tier)
             t.used += int(needs[take].sum())
             self._wake_workers(tier, len(take))
         placed[take] = True
@@ -493,6 +501,7 @@ class Daemon:
         for tier, (q, later) in enumerate(zip(self._queued, self._later)):
             self.tiers[tier].used -= sum(reserved for _, reserved in q) + sum(reserved for _, reserved in later)
             ids = [i for i, _ in q] + [i for i, _ in later]
+            self._marks.unmark(ids, tier)
             q.clear()
             later.clear()
             self._out_of_flight(ids)   # last, as in _publish
@@ -661,6 +670,10 @@ class Daemon:
                 if self._batched(batch[0][0]):
                     share = batch_share(len(q) + 1, self._idle[tier], self._waits_known(tier))
                     self._take_strided(q, batch, share, self._idle[tier] + 1 if share <= SHARE_FILES else 1)
+                    self._marks.mark_head(batch, tier, whole=True)   # made now (NOTE [queued copies])
+                else:   # not claimed, so not left marked
+                    self._marks.unmark([batch[0][0]], tier)
+                self._marks.mark_head(queued, tier)
                 self._running += len(batch)
             if len(batch) == 1 and not self._batched(batch[0][0]):
                 self._copy_job(batch[0][0], tier, batch[0][1])   # ends _running's count of it
@@ -703,7 +716,8 @@ class Daemon:
             return
         each = seconds / copies
         self._copy_ns = each if not self._copy_ns else self._copy_ns + COPY_WAIT_WEIGHT * (each - self._copy_ns)
-        self.index.set_copy_wait(min(COPY_WAIT_MAX, max(COPY_WAIT_MIN, COPY_WAIT_COPIES * self._copy_ns)))
+        wait = min(COPY_WAIT_MAX, max(COPY_WAIT_MIN, COPY_WAIT_COPIES * self._copy_ns))
+        self.index.set_copy_wait(wait, queue_wait(self._copy_ns, wait) if self._marks.window else 0.0)
 
     def _count_read(self, n: int) -> None:
         """The bytes a copy read: a small file's are added up in its thread and
@@ -815,6 +829,7 @@ class Daemon:
         ids = np.fromiter((i for i, _ in part), np.int64, len(part))
         with self._lock:
             try:
+                self._marks.unmark(ids.tolist(), tier)
                 self.stats.claims_read += len(part)
                 if self._stop.is_set() or self._closing:
                     for i, reserved in part:
@@ -850,6 +865,7 @@ class Daemon:
             status = np.where((status == lib.TIERING_COPY_TAKEN) | read, stopped, status)
         with self._lock:
             try:
+                self._marks.unmark(files, tier)   # a mark the claim did not take goes (NOTE [queued copies])
                 if out is not None:
                     self._waits[tier] = waits_average(*self._waits[tier], waits, len(part))
                     self.stats.pfs_opens += int(np.count_nonzero(status != stopped))

@@ -487,8 +487,10 @@ class SharedIndex:
         """The state words of slots, read now (a copy)."""
         return self._states[np.asarray(slots, np.int64)]
 
-    def set_copy_wait(self, seconds: float) -> None:
-        """How long an open waits for a copy in flight (NOTE [one read per file])."""
+    def set_copy_wait(self, seconds: float, queued: float = 0.0) -> None:
+        """How long an open waits for a copy in flight (NOTE [one read per
+        file]), and for a queued one (NOTE [queued copies])."""
+        self.header.queue_wait_ns = max(0, int(queued * 1e9))
         self.header.copy_wait_ns = max(0, int(seconds * 1e9))
 
     def cas_state(self, slot: int, expected: int, desired: int) -> bool:
