@@ -111,7 +111,7 @@ def moved_per_rank(k: int, num_replicas: int, fraction: float) -> int:
     """m: the samples each rank gives (and receives) before an epoch, Q * k rounded half up."""
     if num_replicas == 1:
         return 0
-    return min(k, math.floor(fraction * k + 0.5))
+    return min(k, math.floor(float(fraction) * k + 0.5))
 
 
 @lru_cache(maxsize=2)
@@ -252,7 +252,7 @@ class _PartialLocalShuffleSampler:
         check(n, num_replicas, rank, fraction, seed, partition, drop_last)
         self.dataset = dataset
         self.num_replicas, self.rank = num_replicas, rank
-        self.fraction, self.seed, self.shuffle = fraction, seed, shuffle
+        self.fraction, self.seed, self.shuffle = float(fraction), int(seed), shuffle
         self.drop_last, self.partition = drop_last, partition
         self.epoch = 0
         self.num_samples = per_rank(n, num_replicas, drop_last)
