@@ -19,10 +19,17 @@ def apply_options(f: Any, opts: list[Any]) -> Any:
 def order_options(f: Any) -> Any:
     """How the daemon learns the order the training reads the data set in."""
     return apply_options(f, [
-        click.option("--sampler", type=click.Choice(["random", "distributed", "sequential"]),
+        click.option("--sampler", type=click.Choice(["random", "distributed", "sequential", "pls"]),
                      help="The training's sampler: RandomSampler / DataLoader(shuffle=True) with a seeded "
-                          "generator, DistributedSampler, or SequentialSampler."),
-        click.option("--seed", type=int, help="Seed of the sampler's generator (DistributedSampler: its seed)."),
+                          "generator, DistributedSampler, SequentialSampler, or tiering's "
+                          "PartialLocalShuffleSampler (pls)."),
+        click.option("--seed", type=int, help="Seed of the sampler's generator (DistributedSampler, pls: its seed)."),
+        click.option("--fraction", type=float, metavar="Q",
+                     help="With --sampler pls: its fraction, the share of each rank's samples that moves to "
+                          "other ranks before each epoch (0 to 1; default 0.3)."),
+        click.option("--partition", type=click.Choice(["contiguous", "random"]),
+                     help="With --sampler pls: its partition, how the first epoch splits the data set "
+                          "(default contiguous)."),
         click.option("--epochs", type=click.IntRange(min=1),
                      help="Epochs the training runs (with --sampler; default 1)."),
         click.option("--world-size", type=click.IntRange(min=1),
@@ -58,8 +65,16 @@ def order_from(kw: dict[str, Any]) -> OrderOptions:
         raise click.UsageError("--epochs counts the epochs of --sampler's order: give --sampler too (an "
                                "--order-file holds its own epochs, and without either the hook follows "
                                "every epoch the training runs)")
+    fraction, partition = kw.pop("fraction"), kw.pop("partition")
+    for name, value in (("--fraction", fraction), ("--partition", partition)):
+        if value is not None and kw.get("sampler") != "pls":
+            raise click.UsageError(f"{name} is an option of --sampler pls (PartialLocalShuffleSampler); give "
+                                   f"--sampler pls too, or leave {name} out")
+    if fraction is not None and not 0 <= fraction <= 1:
+        raise click.UsageError(f"--fraction {fraction} is outside 0 to 1: it is the share of each rank's "
+                               "samples that moves to other ranks before each epoch")
     return OrderOptions(kw.pop("sampler"), kw.pop("seed"), epochs or 1, kw.pop("world_size"),
                         kw.pop("rank"), kw.pop("local_world_size"), kw.pop("batch_size"), kw.pop("drop_last"),
                         kw.pop("order_file"), kw.pop("layout"), kw.pop("manifest"),
                         tuple(e.strip() for e in ext.split(",") if e.strip()) if ext else None,
-                        kw.pop("layout_root"))
+                        kw.pop("layout_root"), fraction=fraction, partition=partition)

@@ -12,17 +12,19 @@ from pathlib import Path
 import numpy as np
 
 from ..catalog import Catalog, Layout, PathIndex, dataset_ids
+from ..samplers import DEFAULT_FRACTION
 from .feeds import ListFeed
 from .launcher import local_ranks, ranks_from_env
 from .orderfile import read_order_arrays
 from .samplers import SamplerSpec, epoch_arrays, epoch_order, node_stream_array
 
+RANKED = ("distributed", "pls")   # samplers whose ranks read shares of their own (a node serves its ranks')
 PYTHON_NAMES = re.compile(r"^(python[0-9.]*|pypy[0-9.]*|torchrun|ipython[0-9]*)$")
 
 
 @dataclass(frozen=True)
 class OrderOptions:
-    sampler: str | None = None          # random | distributed | sequential
+    sampler: str | None = None          # random | distributed | sequential | pls
     seed: int | None = None
     epochs: int = 1
     world_size: int | None = None
@@ -35,6 +37,8 @@ class OrderOptions:
     manifest: Path | None = None
     extensions: tuple[str, ...] | None = None
     layout_root: Path | None = None
+    fraction: float | None = None       # pls: the share moved before each epoch (None: the sampler's 0.3)
+    partition: str | None = None        # pls: "contiguous" (None) or "random"
 
     @property
     def given(self) -> bool:
@@ -108,15 +112,17 @@ def rank_specs(opts: OrderOptions, env: Mapping[str, str]) -> list[SamplerSpec]:
         local_world if opts.world_size is None else 1)
     if not 0 <= rank < world:
         raise StreamError(f"--rank {rank} is outside --world-size {world}: ranks go from 0 to {world - 1}")
-    ranks = [rank] if opts.sampler != "distributed" else local_ranks(world, rank, local_world)
+    ranked = opts.sampler in RANKED
+    ranks = local_ranks(world, rank, local_world) if ranked else [rank]
     if opts.sampler == "random" and opts.seed is None:
         raise StreamError("--sampler random needs --seed N: the seed of the generator given to the "
                           "DataLoader (without one the order cannot be known; use the hook instead)")
     kind = opts.sampler or "sequential"
-    return [SamplerSpec(kind=kind, seed=opts.seed if kind != "distributed" else (opts.seed or 0),
-                        num_replicas=world if kind == "distributed" else 1,
-                        rank=r if kind == "distributed" else 0,
-                        batch_size=opts.batch_size, batch_drop_last=opts.drop_last)
+    return [SamplerSpec(kind=kind, seed=(opts.seed or 0) if ranked else opts.seed,
+                        num_replicas=world if ranked else 1, rank=r if ranked else 0,
+                        batch_size=opts.batch_size, batch_drop_last=opts.drop_last,
+                        fraction=DEFAULT_FRACTION if opts.fraction is None else opts.fraction,
+                        partition=opts.partition or "contiguous")
             for r in ranks]
 
 

@@ -49,6 +49,8 @@ classes by tests/test_order.py:
   perm[i % n]); with drop_last and n % R != 0 it keeps the first
   R * ceil((n - R) / R) (0 when n < R); rank r takes padded[r::R].
 * SequentialSampler: range(n), no random numbers.
+* tiering.samplers.PartialLocalShuffleSampler ("pls"): no torch generator; its
+  orders are tiering's own functions (NOTE [partial local shuffling]), called here.
 """
 from __future__ import annotations
 
@@ -61,9 +63,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from .. import samplers as pls
 from . import torchrng
 
-KINDS = ("random", "distributed", "sequential")
+KINDS = ("random", "distributed", "sequential", "pls")
 
 
 class OrderError(Exception):
@@ -73,19 +76,21 @@ class OrderError(Exception):
 @dataclass(frozen=True)
 class SamplerSpec:
     """How the training samples its data set, as much as reproducing it needs."""
-    kind: str                           # "random" | "distributed" | "sequential"
+    kind: str                           # "random" | "distributed" | "sequential" | "pls"
     seed: int | None = None             # random: the torch.Generator seed (None: unknown);
-                                        # distributed: the sampler's seed (None means 0)
+                                        # distributed, pls: the sampler's seed (None means 0)
     replacement: bool = False           # random
     num_samples: int | None = None      # random (None: the data-set length)
-    num_replicas: int = 1               # distributed: world size
-    rank: int = 0                       # distributed
-    shuffle: bool = True                # distributed
-    drop_last: bool = False             # distributed: the sampler's drop_last
+    num_replicas: int = 1               # distributed, pls: world size
+    rank: int = 0                       # distributed, pls
+    shuffle: bool = True                # distributed, pls
+    drop_last: bool = False             # distributed, pls: the sampler's drop_last
     batch_size: int | None = None       # the BatchSampler's (DataLoader's) batch size
     batch_drop_last: bool = False       # the DataLoader's drop_last: the tail is not read
     dataloader: bool = True             # random: driven by DataLoader(generator=g), the same g
     persistent_workers: bool = False    # random + dataloader: DataLoader(persistent_workers=True)
+    fraction: float = pls.DEFAULT_FRACTION   # pls: the share of each rank's samples moved before an epoch
+    partition: str = "contiguous"       # pls: the first epoch's partition, "contiguous" | "random"
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -102,6 +107,17 @@ class SamplerSpec:
         if self.batch_drop_last and self.batch_size is None:
             raise OrderError("batch_drop_last needs batch_size: the dropped tail is what does not "
                              "fill a batch of that size")
+        if self.kind == "pls":
+            _pls_call(pls.check, 1, self.num_replicas, self.rank, self.fraction, self.seed or 0,
+                      self.partition)
+
+
+def _pls_call(fn: Any, *args: Any) -> Any:
+    """A function of tiering.samplers, its ValueError an OrderError."""
+    try:
+        return fn(*args)
+    except ValueError as e:
+        raise OrderError(str(e)) from None
 
 
 def positive_int(value: object) -> bool:
@@ -289,12 +305,8 @@ def _random_orders(spec: SamplerSpec, n: int, first: int, epochs: int) -> Iterat
 def _distributed_sizes(spec: SamplerSpec, n: int) -> tuple[int, int]:
     """(num_samples per rank, total_size), DistributedSampler.__init__'s arithmetic done
     in integers (torch uses math.ceil on floats: the same for any realistic n)."""
-    r = spec.num_replicas
-    if spec.drop_last and n % r != 0:
-        per_rank = -((r - n) // r)          # ceil((n - r) / r); 0 when n < r
-    else:
-        per_rank = -(-n // r)               # ceil(n / r)
-    return per_rank, per_rank * r
+    per_rank = pls.per_rank(n, spec.num_replicas, spec.drop_last)   # 0 when drop_last and n < r
+    return per_rank, per_rank * spec.num_replicas
 
 
 @functools.lru_cache(maxsize=2)   # the epoch asked and the next: the ranks of all nodes draw it once
@@ -316,13 +328,17 @@ def epoch_order_array(spec: SamplerSpec, dataset_len: int, epoch: int) -> np.nda
     For a generator-driven random sampler every earlier epoch's draws are replayed
     (states are cached, so asking epoch after epoch costs one epoch each); the training
     must run each epoch to its end with one fresh `for batch in loader` and draw nothing
-    else from that generator. For a distributed sampler `epoch` is the value given to
-    set_epoch."""
+    else from that generator. For a distributed or PLS sampler `epoch` is the value given
+    to set_epoch."""
     _check_args(spec, dataset_len, epoch)
     if spec.kind == "random":
         return next(_random_orders(spec, dataset_len, epoch, 1))
     if spec.kind == "distributed":
         return rank_share(spec, epoch_permutation(spec, dataset_len, epoch))
+    if spec.kind == "pls":
+        return _batch_cut(spec, _pls_call(pls.rank_order, spec.seed or 0, epoch, spec.num_replicas, spec.rank,
+                                          dataset_len, spec.fraction, spec.partition, spec.drop_last,
+                                          spec.shuffle))
     return _batch_cut(spec, np.arange(dataset_len, dtype=np.int64))
 
 

@@ -327,12 +327,20 @@ def _flatten(items, limit=None):
     return out
 
 
+def _is_pls(s):
+    """Whether s is tiering's PartialLocalShuffleSampler itself (not a
+    subclass): its order is a function of its fields and set_epoch's epoch,
+    with no RNG of the training's (NOTE [partial local shuffling])."""
+    return type(s).__module__ == "tiering.samplers" and type(s).__qualname__ == "PartialLocalShuffleSampler"
+
+
 def _own_samplers(s):
-    """True when s and the samplers inside it are torch's own classes: those
-    can be run on a copy without touching the real one (a custom sampler may
-    keep RNGs or state the copy would share, or never end)."""
+    """True when s and the samplers inside it are torch's own classes (or
+    tiering's PartialLocalShuffleSampler): those can be run on a copy without
+    touching the real one (a custom sampler may keep RNGs or state the copy
+    would share, or never end)."""
     while s is not None:
-        if not type(s).__module__.startswith("torch.utils.data"):
+        if not (type(s).__module__.startswith("torch.utils.data") or _is_pls(s)):
             return False
         s = getattr(s, "sampler", None)
     return True
@@ -408,7 +416,7 @@ def _orders(loader, index_sampler):
             torch.empty((), dtype=torch.int64).random_(generator=_clone_generator(loader.generator, clones))
         nxt_sampler = _copy_sampler(index_sampler, clones)
         inner = getattr(nxt_sampler, "sampler", nxt_sampler)
-        if isinstance(inner, tud.distributed.DistributedSampler):
+        if isinstance(inner, tud.distributed.DistributedSampler) or _is_pls(inner):
             inner.set_epoch(inner.epoch + 1)   # what a training loop calls before the next epoch
         nxt = _flatten(nxt_sampler, limit)
     return items, nxt

@@ -10,7 +10,7 @@ real order (the options `tiering plan` takes).
   concurrent clients (500 MB/s when missing), and its `latency_ms` per file;
 - tier-run's copies share one pool of `pfs.read_threads` threads (its PFS
   semaphore), whatever the tier;
-- each node's stream is the sampler's: with a distributed sampler node i
+- each node's stream is the sampler's: with a distributed or PLS sampler node i
   serves ranks i*L .. i*L+L-1 of a world of N*L ranks (L local ranks);
   otherwise every node reads the same stream."""
 from __future__ import annotations
@@ -19,7 +19,7 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ._deps import DEFAULT_PFS_MB_S, OrderOptions, Profile, epochs_from_options
+from ._deps import DEFAULT_PFS_MB_S, RANKED, OrderOptions, Profile, epochs_from_options
 from .config import FileSpec, SimConfig, StorageClass, Table
 
 DEFAULT_TIER_MB_S = {"memory": 10_000.0, "filesystem": 2_000.0}
@@ -61,7 +61,7 @@ def config_from_profile(profile: Profile, sizes_bytes: Sequence[int], node_epoch
 
 def node_streams(order: OrderOptions, catalog, nodes: int) -> list[list[list[int]]]:  # type: ignore[no-untyped-def]
     """Each node's epochs, from the same options `tiering plan` takes."""
-    if order.sampler != "distributed":
+    if order.sampler not in RANKED:
         one = [list(e) for e in epochs_from_options(order, catalog)]
         return [one] * nodes
     local = order.local_world_size or 1
