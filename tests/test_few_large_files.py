@@ -72,6 +72,8 @@ def test_a_few_large_files_that_fit_are_copied_before_command_opens_them(tmp_pat
     assert stats["opens"]["pfs"] == 0 and sum(stats["opens"]["by_tier"].values()) == 3
     assert stats["few_large_files"] is True
     assert "without --warm: the data set is a few large files" in err
+    # opened once each: no epoch rows counted from the opens, and the summary says why
+    assert stats["epochs"] == [] and "epochs   not counted: the data set's 3 large files" in err
 
 
 def test_no_warm_starts_command_at_once_and_says_what_warm_would_do(tmp_path):

@@ -144,7 +144,8 @@ def to_json(r: JobRecord) -> dict[str, Any]:
         "order": order,
         "warm": r.warm,
         "few_large_files": r.few_large,
-        "epochs": epoch_records(per_epoch, obs.get("t0"), series),
+        # a few large files are opened once and read in place: opens mark no epochs (NOTE [few large files])
+        "epochs": [] if r.few_large else epoch_records(per_epoch, obs.get("t0"), series),
         "events": c.get("events_posted", 0),
         "events_dropped": c.get("events_dropped", 0),
         "seconds": seconds,
@@ -238,6 +239,9 @@ def summary_text(s: dict[str, Any]) -> str:
                      f" (capacity {human_bytes(t['capacity'])})")
     if s.get("epochs"):
         lines += epoch_table(s["epochs"])
+    elif s.get("few_large_files"):
+        lines.append(f"  epochs   not counted: the data set's {s['files']:,} large files are each opened once and "
+                     "read in place (memory maps, reads at offsets), so opens do not mark its epochs")
     pl = s["placement"]
     if pl["copy_failures"] or pl["evictions"] or pl["invalidated"] or pl["changed_sources"]:
         reasons = pl.get("copy_failures_by_reason") or {}
@@ -246,7 +250,8 @@ def summary_text(s: dict[str, Any]) -> str:
                      f"evicted, {pl['invalidated']} invalidated by writes, {pl['changed_sources']} changed on the PFS")
     if pl.get("copies_read_first") or pl.get("opens_waited_for_copy"):
         lines.append(f"  one read {pl.get('copies_read_first', 0):,} copies left to COMMAND's own read, "
-                     f"{pl.get('opens_waited_for_copy', 0):,} opens waited for a copy in flight")
+                     f"{pl.get('opens_waited_for_copy', 0):,} opens waited for a copy in flight or next in its "
+                     "queue")
     o = s.get("order") or {}
     if s["policy"] == "clairvoyant":   # else the policy line says why not
         lines.append(f"  order    {o['epochs_known']} epochs known, {o['matched_opens']:,} opens followed,"
