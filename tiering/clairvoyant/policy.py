@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..observe.epochs import EpochLog
-from ..placement.api import Placement, Policy, allocations
+from ..placement.api import Placement, Policy, data_fits
 from ..placement.policies import STAGE_IN_FLIGHT, FirstTouch
 from .feeds import EpochOrder, HookFeed, ListFeed
 from .mapping import occurrences
@@ -135,8 +135,7 @@ class Clairvoyant(Policy):
         # staging while no order is followed (NOTE [staging while waiting]): only where the whole data
         # set fits the plan's capacities, on one node; the next file of the catalog to stage, and the
         # files the reader opened (not staged: its read was their one read)
-        self._stage_fits = pinned is None and int(allocations(self._sizes).sum()) <= sum(
-            self.plan_capacities(placement.capacities))
+        self._stage_fits = pinned is None and data_fits(self._sizes, self.plan_capacities(placement.capacities))
         self._stage_next = 0
         self._opened = np.zeros(len(self._sizes), bool)   # ... and by NOTE [skip ahead]
         self.staged = 0                     # copies placed by the staging

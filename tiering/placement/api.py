@@ -8,7 +8,7 @@ or touches daemon state, and every hook sees a consistent picture.
 """
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -28,6 +28,13 @@ def allocation(size: int) -> int:
 def allocations(sizes: np.ndarray) -> np.ndarray:
     """allocation() of each size (int64 array)."""
     return np.maximum(BLOCK, (sizes + BLOCK - 1) // BLOCK * BLOCK)
+
+
+def data_fits(sizes: np.ndarray, capacities: Iterable[int]) -> bool:
+    """Whether files of these sizes, allocated whole, fit the capacities'
+    sum (the data set fits the tiers: NOTE [one read per file], NOTE
+    [queued copies], NOTE [staging while waiting])."""
+    return int(allocations(sizes).sum()) <= sum(capacities)
 
 
 class Placement(Protocol):

@@ -36,7 +36,7 @@ import numpy as np
 from ..catalog import Catalog
 from ..catalog.model import IntColumn
 from . import index as index_mod
-from .api import NOT_PLACED, Policy, allocation, allocations
+from .api import NOT_PLACED, Policy, allocation, allocations, data_fits
 from .index import Event, SharedIndex, events_array, ffi, lib
 from .queued import QUEUE_WINDOW_ROUNDS, QueueMarks, queue_wait
 from .tiers import (
@@ -218,7 +218,7 @@ class Daemon:
         self._opens_at = np.zeros(len(self.files), np.uint32)
         # the whole data set fits the tiers: a copy COMMAND read first is deferred, not dropped (else
         # only when the policy says so: Policy.defers_read_copies)
-        self._fits = int(allocations(self._sizes_array).sum()) <= sum(t.capacity for t in tiers)
+        self._fits = data_fits(self._sizes_array, (t.capacity for t in tiers))
         # the files next in each tier's queue, QUEUED on their state words where the data set fits the
         # tiers (NOTE [queued copies])
         self._marks = QueueMarks(index, self.slots, len(self.files),
