@@ -611,6 +611,9 @@ class Clairvoyant(Policy):
             skip = fetch & ~self._opened[part.file]
             if self._stage_fits and skip.any():
                 skip &= ~self.planner.used_later(part.need)
+            # a use the reader has passed: a copy now cannot serve it, only a later use, for which it
+            # is planned again (behind the reader, it would take the copies' slots from what is ahead)
+            skip |= fetch & (part.need < self.planner.reader)
             if (~fetch).any():
                 self._hand_out(part[np.flatnonzero(~fetch)])
             if skip.any():
