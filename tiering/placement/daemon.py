@@ -38,7 +38,7 @@ from ..catalog.model import IntColumn
 from . import index as index_mod
 from .api import NOT_PLACED, Policy, allocation, allocations, data_fits
 from .index import Event, SharedIndex, events_array, ffi, lib
-from .queued import QUEUE_WINDOW_ROUNDS, QueueMarks, queue_wait
+from .queued import QUEUE_BATCH_MARKS, QUEUE_WINDOW_ROUNDS, QueueMarks, queue_wait
 from .tiers import (
     BATCH_BYTES,
     SHARE_FILES,
@@ -670,7 +670,8 @@ class Daemon:
                 if self._batched(batch[0][0]):
                     share = batch_share(len(q) + 1, self._idle[tier], self._waits_known(tier))
                     self._take_strided(q, batch, share, self._idle[tier] + 1 if share <= SHARE_FILES else 1)
-                    self._marks.mark_head(batch, tier, whole=True)   # made now (NOTE [queued copies])
+                    # its next copies, made within the bound (NOTE [queued copies]); the rest as it goes
+                    self._marks.mark_head(batch[:QUEUE_BATCH_MARKS], tier, whole=True)
                 else:   # not claimed, so not left marked
                     self._marks.unmark([batch[0][0]], tier)
                 self._marks.mark_head(queued, tier)
@@ -802,6 +803,9 @@ class Daemon:
             began = now
             self._settle_batch(batch[settled:settled + len(out)], tier, out, None, waits)
             settled += len(out)
+            if settled < len(batch) and self._marks.window:   # the batch's next copies (NOTE [queued copies])
+                with self._lock:
+                    self._marks.mark_head(batch[settled:settled + QUEUE_BATCH_MARKS], tier, whole=True)
         failure: Exception | None = None
         try:
             with self._reads.semaphore:

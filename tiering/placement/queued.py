@@ -6,8 +6,10 @@ The daemon holds one `QueueMarks` and calls it under its lock: `mark_head`
 after copies are queued or taken, `unmark` when a batch's files leave the
 queue (the claim took the mark, or the copy was not made), `unmark` of the
 queue's files when it is cancelled.  Only the first `window` files of a
-queue, and the batches taken from it, are marked: a file deep in the queue is not made soon, and an open
-that waited for it would only be slower."""
+queue, and of a batch taken from it the next QUEUE_BATCH_MARKS copies, are
+marked: a file deep in the queue, or in a batch its worker makes one after
+the other, is not made soon, and an open that waited for it would only be
+slower."""
 
 from __future__ import annotations
 
@@ -22,12 +24,14 @@ from .index import SharedIndex, lib
 QUEUE_WINDOW_ROUNDS = 4   # files marked per PFS slot: the copies of this many rounds of the workers
 QUEUE_WAIT_COPIES = 16.0  # an open waits for a queued copy at most this many small copies' time,
 QUEUE_WAIT_MAX = 0.5      # ... and at most this long (seconds)
+QUEUE_BATCH_MARKS = int(QUEUE_WAIT_COPIES)  # of a worker's batch, the next this many copies are
+                                           # marked: it makes them one after the other
 
 
 def queue_wait(copy_seconds: float, copy_wait: float) -> float:
     """How long an open waits for a queued copy: QUEUE_WAIT_COPIES small
-    copies' time (the queue's window and a worker's batch are made within
-    a few of them), at most QUEUE_WAIT_MAX and never less than the wait
+    copies' time (the queue's window and a worker's next marked copies are
+    made within a few of them), at most QUEUE_WAIT_MAX and never less than the wait
     for a copy in flight, `copy_wait`."""
     return max(copy_wait, min(QUEUE_WAIT_MAX, QUEUE_WAIT_COPIES * copy_seconds))
 
