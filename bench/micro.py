@@ -41,7 +41,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tiering.placement.index import FileStats, Root, SharedIndex, lib, library_path
+from tiering.placement.index import FileStats, Root, SharedIndex, lib
+from tiering.shimlib import library_path
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent

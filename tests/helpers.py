@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from sanitizers import PLAIN, Flavour
-from tiering.placement.index import FileStats, Root, SharedIndex, lib, library_path
+from tiering.placement.index import FileStats, Root, SharedIndex, lib
+from tiering.shimlib import library_path
 
 REPO = Path(__file__).resolve().parent.parent
 C_DIR = Path(__file__).resolve().parent / "c"

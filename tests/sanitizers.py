@@ -12,7 +12,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tiering.placement.index import library_path
+from tiering.shimlib import library_path
 
 REPO = Path(__file__).resolve().parent.parent
 SUPPRESSIONS = Path(__file__).resolve().parent / "c" / "tsan.supp"

@@ -35,7 +35,8 @@ from tiering.catalog import scan
 from tiering.catalog.cache import cache_file, load_cache
 from tiering.catalog.model import FILE_COLUMNS, Catalog
 from tiering.catalog.scan import stat_deferred
-from tiering.placement.index import Root, SharedIndex, lib, library_path
+from tiering.placement.index import Root, SharedIndex, lib
+from tiering.shimlib import library_path
 
 pytestmark = pytest.mark.usefixtures("no_leftovers")
 

@@ -20,9 +20,10 @@ from helpers import PYTHON, make_data, private_dir, settle_access_times, wait_fo
 from tiering.catalog import scan
 from tiering.placement import daemon as daemon_mod
 from tiering.placement.daemon import Daemon
-from tiering.placement.index import Root, SharedIndex, lib, library_path
+from tiering.placement.index import Root, SharedIndex, lib
 from tiering.placement.policies import POLICIES
 from tiering.placement.tiers import TierState
+from tiering.shimlib import library_path
 
 COPYING_RAM = lib.TIERING_STATE_COPYING | 1
 

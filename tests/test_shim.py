@@ -185,7 +185,7 @@ def test_symlinked_root_and_its_real_path_both_hit(tmp_path, cbin):
 
 
 def lib_path() -> Path:
-    from tiering.placement.index import library_path
+    from tiering.shimlib import library_path
     return library_path()
 
 
@@ -701,7 +701,8 @@ def test_header_layout_agrees_between_c_and_python(tmp_path, cbin):
     """The C side reads values the Python side wrote (and the reverse)."""
     import subprocess
 
-    from tiering.placement.index import ffi, header_path
+    from tiering.placement.index import ffi
+    from tiering.shimlib import header_path
     prog = tmp_path / "layout.c"
     prog.write_text(textwrap.dedent(r"""
         #include <stdio.h>

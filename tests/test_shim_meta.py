@@ -27,7 +27,8 @@ from helpers import (
     place_like_the_daemon,
     private_dir,
 )
-from tiering.placement.index import Credentials, FileStats, Root, SharedIndex, lib, library_path
+from tiering.placement.index import Credentials, FileStats, Root, SharedIndex, lib
+from tiering.shimlib import library_path
 
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))   # bench.slowfs

@@ -44,7 +44,7 @@ from .fill import SizeFill
 from .observe.live import Display, JobInfo, JobWatch, fits_bytes
 from .placement.api import Policy, allocation, allocations
 from .placement.daemon import Daemon, DaemonSnapshot
-from .placement.index import Root, SharedIndex, library_path
+from .placement.index import Root, SharedIndex
 from .placement.policies import POLICIES as SIMPLE_POLICIES
 from .placement.tiers import TierState
 from .profile import Network, Profile, data_root_problems
@@ -59,6 +59,7 @@ from .rundirs import (
     remove_tree,
     sweep_leftovers,
 )
+from .shimlib import library_path
 from .units import human_bytes
 
 if TYPE_CHECKING:   # grpc is imported only by jobs that span nodes

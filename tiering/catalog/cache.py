@@ -67,6 +67,7 @@ import numpy as np
 import psutil
 
 from ..npyfile import read_npy
+from ..shimlib import ffi, lib
 from .model import FILE_COLUMNS, FileTable, RootScan
 
 log = logging.getLogger("tiering")
@@ -241,7 +242,6 @@ def _check_ascending(t: FileTable) -> None:
         return
     k = -2
     try:
-        from ..placement.index import ffi, lib
         k = int(lib.tiering_scan_ascending(ffi.from_buffer("uint8_t[]", t.paths),
                                            ffi.from_buffer("int64_t[]", t.offsets), n))
     except (OSError, AttributeError):      # the library is not built

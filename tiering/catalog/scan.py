@@ -46,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from ..shimlib import ffi, lib, numpy_dtype
 from ..units import some_of
 from .cache import CacheRefused, PendingSave, SaveFn, cache_dir_problem, load_cache, save_now
 from .model import (
@@ -204,7 +205,6 @@ def _c_scanner() -> tuple[Any, Any] | None:
         return None
     if not _C_SCANNER:
         try:
-            from ..placement.index import ffi, lib
             _C_SCANNER.append((ffi, lib) if lib.tiering_scan_list else None)   # opens the library
         except (OSError, AttributeError):   # not built: os.scandir and os.stat
             _C_SCANNER.append(None)
@@ -212,7 +212,6 @@ def _c_scanner() -> tuple[Any, Any] | None:
 
 
 def _stat_dtype() -> np.dtype:
-    from ..placement.index import numpy_dtype
     return numpy_dtype("struct tiering_scan_stat")
 
 

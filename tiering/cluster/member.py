@@ -21,8 +21,8 @@ from ..catalog import CatalogError, normalise_roots
 from ..command import SetupWatch, block_signals, ignored_at_start, restore_signals
 from ..console import say
 from ..job import Job, JobError, check_command, child_environment, job_summary, run_command
-from ..placement.index import library_path
 from ..report import write_stats
+from ..shimlib import library_path
 from . import nodelock
 from .service import read_stats, write_job_file
 

@@ -16,15 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import cffi
 import numpy as np
 
 from ..catalog.model import FileTable, IntColumn
+from ..shimlib import ffi, lib, numpy_dtype
 
 if TYPE_CHECKING:
     from ..catalog import Catalog
 
-PACKAGE_DIR = Path(__file__).resolve().parent.parent     # tiering/
 RING_MIN = 1 << 16        # ring slots at least (2 MiB)
 RING_MAX = 1 << 20        # ... and at most (32 MiB: 2.6 s of events at 200 k opens/s)
 # identities of write opens an index filled from names first can log (16 MiB
@@ -34,51 +33,6 @@ DRAIN = 1 << 16           # events copied out of the ring per call of the C help
 BATCH_EVENTS = 1 << 18    # events in one drained batch at most (8 MiB; NOTE [event batches])
 
 
-def _first_existing(*candidates: Path) -> Path:
-    for c in candidates:
-        if c.exists():
-            return c
-    raise FileNotFoundError(
-        f"{candidates[0].name} not found (looked in {', '.join(str(c.parent) for c in candidates)}); "
-        "reinstall with `pip install .` or build in place with `make`"
-    )
-
-
-def header_path() -> Path:
-    """tiering.h: shipped inside the package, or shim/ in a source checkout."""
-    return _first_existing(PACKAGE_DIR / "tiering.h", PACKAGE_DIR.parent / "shim" / "tiering.h")
-
-
-def library_path() -> Path:
-    """libtiershim.so, built into the package by setup.py (or `make`)."""
-    return _first_existing(PACKAGE_DIR / "libtiershim.so", PACKAGE_DIR.parent / "shim" / "libtiershim.so")
-
-
-def _cdef_text() -> str:
-    text = header_path().read_text()
-    try:
-        return text.split("/* BEGIN CDEF */", 1)[1].split("/* END CDEF */", 1)[0]
-    except IndexError:
-        raise RuntimeError(f"{header_path()}: CDEF markers missing") from None
-
-
-ffi = cffi.FFI()
-ffi.cdef(_cdef_text())
-
-
-class _Library:
-    """libtiershim.so, opened on first use: importing tiering (profiles, the
-    catalog, `tiering profile check`) never needs the built library."""
-
-    _lib: Any = None
-
-    def __getattr__(self, name: str) -> Any:
-        if _Library._lib is None:
-            _Library._lib = ffi.dlopen(str(library_path()))
-        return getattr(_Library._lib, name)
-
-
-lib: Any = _Library()
 
 
 @dataclass(frozen=True)
@@ -155,17 +109,6 @@ def dac_capabilities() -> int:
     except (OSError, ValueError, IndexError):
         pass
     return 0
-
-
-_NUMPY_OF_C = {"uint64_t": "<u8", "int64_t": "<i8", "uint32_t": "<u4", "uint16_t": "<u2", "uint8_t": "|u1"}
-
-
-def numpy_dtype(struct: str) -> np.dtype:
-    """The numpy dtype of a struct of tiering.h (its scalar fields), from
-    cffi's offsets: one definition of the layout for numpy too."""
-    fields = [(name, f) for name, f in ffi.typeof(struct).fields if f.type.cname in _NUMPY_OF_C]
-    return np.dtype({"names": [n for n, _ in fields], "formats": [_NUMPY_OF_C[f.type.cname] for _, f in fields],
-                     "offsets": [f.offset for _, f in fields], "itemsize": ffi.sizeof(struct)})
 
 
 # struct tiering_event as numpy sees it; events_array fills its fields in
