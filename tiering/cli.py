@@ -388,9 +388,10 @@ def report_cmd(stats: Path, output: Path | None, direct: str | None) -> None:
     with the reader's epochs marked, and the epoch times (with --direct,
     beside the direct run's)."""
     from .observe.plot import PlotError, write_report
+    from .report import summary_text
     out = output or stats.with_suffix(".png")
     try:
-        write_report(stats, out, _epoch_seconds(direct) if direct is not None else None)
+        write_report(stats, out, _epoch_seconds(direct) if direct is not None else None, summary_text)
     except PlotError as e:
         raise InputError(str(e)) from None
     click.echo(f"tiering report: {out}")

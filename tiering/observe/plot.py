@@ -18,6 +18,7 @@ import html
 import io
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -240,7 +241,11 @@ def figure(s: dict[str, Any], direct: list[float] | None = None) -> Any:
     return fig
 
 
-def write_report(stats: Path, out: Path, direct: list[float] | None = None) -> None:
+def write_report(stats: Path, out: Path, direct: list[float] | None = None,
+                 summary: Callable[[dict[str, Any]], str] | None = None) -> None:
+    """The picture of a job from its --stats-json file, into out (.png, .svg,
+    .pdf, or .html with `summary`'s text of the stats below it: the caller's,
+    report.summary_text, which sits above this module)."""
     s = load_stats(stats)
     suffix = out.suffix.lower()
     if suffix not in PICTURE_SUFFIXES + (".html",):
@@ -251,7 +256,7 @@ def write_report(stats: Path, out: Path, direct: list[float] | None = None) -> N
         if suffix == ".html":
             buf = io.BytesIO()
             fig.savefig(buf, format="png", dpi=100)
-            out.write_text(_page(s, base64.b64encode(buf.getvalue()).decode()))
+            out.write_text(_page(s, base64.b64encode(buf.getvalue()).decode(), summary))
         else:
             fig.savefig(out, dpi=100)
     except OSError as e:
@@ -260,10 +265,9 @@ def write_report(stats: Path, out: Path, direct: list[float] | None = None) -> N
         plt.close(fig)
 
 
-def _page(s: dict[str, Any], png_b64: str) -> str:
-    from ..report import summary_text
+def _page(s: dict[str, Any], png_b64: str, summary: Callable[[dict[str, Any]], str] | None) -> str:
     try:
-        text = summary_text(s)
+        text = summary(s) if summary is not None else "(no summary)"
     except (KeyError, TypeError, ValueError, AttributeError, IndexError):
         text = "(no summary: the stats file is of another version)"
     return ("<!doctype html><meta charset='utf-8'><title>tier-run report</title>"
