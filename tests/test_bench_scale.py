@@ -36,7 +36,9 @@ def run_bench(tmp_path: Path) -> dict:
 def check_tier_run(run: dict, files: int) -> None:
     assert run["status"] == 0 and not run["killed"], run
     assert run["stats_exit_code"] == 0 and run["files"] == files
-    assert run["startup_s"] > 0 and run["teardown_s"] >= 0 and run["seconds"] >= run["startup_s"]
+    # the wall time covers start-up, COMMAND and the teardown after it (stamps of one clock)
+    assert run["startup_s"] > 0 and run["teardown_s"] > 0
+    assert run["startup_s"] + run["teardown_s"] <= run["seconds"]
     assert run["peak_rss"] > 10 << 20 and run["cpu_s"] > 0
 
 
@@ -62,7 +64,7 @@ def check_clairvoyant(res: dict, per_epoch: int) -> None:
         assert phases["opens"]["files"] == opened == phases["opens"]["tier"] and phases["opens"]["pfs"] == 0
         assert phases["opens"]["bytes"] == 0 and res["direct"]["opens_only_per_s"] > 0
     assert sum(p["files"] for p in reader["phases"]) == res["listed"]
-    assert res["events_dropped"] >= 0 and res["events"] > 0
+    assert isinstance(res["events_dropped"], int) and res["events"] > 0
     # each full-speed phase's own drops, from the time series: part of the job's
     for key in ["full"] + ["opens"] * bool(opened):
         assert 0 <= phases[key]["events_dropped"] <= res["events_dropped"]

@@ -16,6 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from helpers import EVENT_TIMEOUT
 from tiering.cluster import nodelock
 
 NODE = Path(__file__).resolve().parent / "cluster_node.py"
@@ -173,11 +174,12 @@ def test_a_member_joining_while_the_last_one_leaves_never_gets_a_withdrawn_servi
     assert len(starts) == len(stops) and 4 <= len(starts) <= 8
 
 
-def test_the_last_member_out_sees_itself_last_while_the_service_withdraws(tmp_path):
+def test_the_last_member_out_sees_itself_last_while_the_service_withdraws(tmp_path, monkeypatch):
     """The service withdraws holding elect.lock and members.lock while it
     removes the node directory's files (elect.lock last): the last member
     leaving at that moment is the last one, and waits for the service's
-    clean-up; another member's shared lock still means it is not."""
+    clean-up; another member's shared lock still means it is not.  The
+    service here withdraws once the member has found elect.lock held."""
     d = tmp_path / "node"
     d.mkdir(mode=0o700)
     for name in ("elect.lock", "members.lock"):
@@ -189,8 +191,20 @@ def test_the_last_member_out_sees_itself_last_while_the_service_withdraws(tmp_pa
     elect, members = nodelock._try_exclusive(d / "elect.lock"), nodelock._try_exclusive(d / "members.lock")
     assert elect is not None and members is not None
 
+    found_held = threading.Event()   # the member tried elect.lock while the service holds it
+    real_flock = fcntl.flock
+
+    def flock(fd: int, op: int) -> None:
+        try:
+            real_flock(fd, op)
+        except BlockingIOError:
+            if os.readlink(f"/proc/self/fd/{fd}").endswith("/elect.lock"):
+                found_held.set()
+            raise
+    monkeypatch.setattr(nodelock.fcntl, "flock", flock)
+
     def withdraw() -> None:
-        time.sleep(0.3)      # the member looks meanwhile (looking after it, it finds the files gone)
+        assert found_held.wait(EVENT_TIMEOUT)   # the member looks meanwhile (after this, it finds the files gone)
         (d / "members.lock").unlink()
         (d / "elect.lock").unlink()
         members.release()
@@ -201,6 +215,7 @@ def test_the_last_member_out_sees_itself_last_while_the_service_withdraws(tmp_pa
         assert m._no_member_left()
     finally:
         t.join()
+    assert found_held.is_set()
 
 
 def test_other_jobs_get_their_own_service(workdir):

@@ -570,9 +570,12 @@ def test_file_too_large_for_every_tier_does_not_stall_prefetching() -> None:
     assert [(a.kind, a.file) for a in p.advance()] == [("fetch", 1), ("fetch", 2), ("fetch", 3)]
 
 
-# -- speed --------------------------------------------------------------------------------------
+# -- size ---------------------------------------------------------------------------------------
 
-def test_simulate_speed() -> None:
+def test_simulate_of_20k_files_serves_every_access() -> None:
+    """20,000 files x 3 epochs through the planner: every access is served and
+    epoch 1 reads the data set from the PFS.  Its time is printed, not
+    asserted (speed is the benchmarks' business)."""
     n = 20_000
     sizes = lognormal_sizes(n, 11)
     orders = permutations(n, 3, 11)
@@ -583,8 +586,8 @@ def test_simulate_speed() -> None:
         took = time.perf_counter() - t
         print(f"simulate {n} files x 3 epochs, {len(caps)} tier(s), window {window}: {took:.2f} s,"
               f" {len(schedule)} actions")
-        assert took < 60
         assert sum(r.accesses for r in reps) == 3 * n
+        assert reps[0].pfs_bytes >= D
 
 
 def test_consumed_stream_is_trimmed_without_changing_the_plan(monkeypatch: pytest.MonkeyPatch) -> None:

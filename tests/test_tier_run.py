@@ -234,7 +234,8 @@ from tiering.placement.index import SharedIndex, ffi
 ix = SharedIndex.open(os.environ['TIERING_INDEX'])
 tier = ffi.string(ix.header.tiers[0].path).decode()
 modes = [oct(os.stat(p).st_mode & 0o7777) for p in (tier, os.path.join(os.path.dirname(tier), 'staging'))]
-for _ in range(500):                       # wait for the staged copy
+deadline = time.monotonic() + 120
+while time.monotonic() < deadline:         # wait for the staged copy
     with open({str(target)!r}, 'rb') as f:
         where = os.readlink(f'/proc/self/fd/{{f.fileno()}}')
         if where.startswith(tier):
