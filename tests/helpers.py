@@ -308,6 +308,30 @@ def sweep_with_boot_time_off(parent: Path, user: str, seconds: float = 1.0) -> l
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
+# -- a module loaded when first used (torch not imported at collection) ------------
+
+class LazyModule:
+    """The module at path (imported as name), loaded at its first attribute
+    looked up: a test module that uses a torch-importing helper (examples/
+    imagefolder.py, tests/workloads/reader.py) in a few tests does not import
+    torch while pytest collects."""
+
+    def __init__(self, name: str, path: Path):
+        self._name, self._path = name, path
+        self._module: object | None = None
+
+    def __getattr__(self, attr: str):  # type: ignore[no-untyped-def]
+        if self._module is None:
+            import importlib.util
+            spec = importlib.util.spec_from_file_location(self._name, self._path)
+            assert spec and spec.loader
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[self._name] = module
+            spec.loader.exec_module(module)
+            self._module = module
+        return getattr(self._module, attr)
+
+
 # -- a small tmpfs of a test's own (root only) -----------------------------------
 
 MS_RDONLY = 1

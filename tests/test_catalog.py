@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from helpers import age, alias_tree
+from helpers import LazyModule, age, alias_tree
 from tiering import catalog as catalog_mod
 from tiering.catalog import (
     IMG_EXTENSIONS,
@@ -42,11 +42,8 @@ from tiering.catalog.layout import _NameMatch
 from tiering.catalog.model import FILE_COLUMNS, FileTable
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "examples"))
-try:
-    import imagefolder  # type: ignore[import-not-found]  # examples/imagefolder.py: torchvision's rules
-finally:
-    sys.path.remove(str(REPO / "examples"))
+# examples/imagefolder.py, torchvision's rules; it imports torch: loaded by the first test that uses it
+imagefolder = LazyModule("imagefolder", REPO / "examples" / "imagefolder.py")
 
 
 def touch(path: Path, data: bytes | None = None) -> Path:

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import pytest
@@ -18,22 +16,15 @@ from click.testing import CliRunner
 
 from bench import datagen
 from bench.datagen import DatagenError, KiB, MiB, generate
+from helpers import LazyModule
 
 REPO = Path(__file__).resolve().parent.parent
 READER = REPO / "tests" / "workloads" / "reader.py"
 
 
-def load_module(name: str, path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-imagefolder = load_module("imagefolder_under_test", REPO / "examples" / "imagefolder.py")
-reader = load_module("reader_under_test", READER)
+# both import torch: loaded by the first test that uses them, not while pytest collects
+imagefolder = LazyModule("imagefolder_under_test", REPO / "examples" / "imagefolder.py")
+reader = LazyModule("reader_under_test", READER)
 
 
 def tree(root: Path) -> dict[str, str]:
