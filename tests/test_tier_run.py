@@ -474,12 +474,19 @@ def test_bad_profile_file_names_file_and_key(tmp_path):
     assert "bad.yaml" in r.stderr and "capacity" in r.stderr
 
 
+def console_script(name: str) -> str | None:
+    """A console script of the environment running the tests (its bin/, also
+    when it is not on PATH: make's .venv), else the one on PATH."""
+    here = Path(PYTHON).parent / name
+    return str(here) if here.exists() else shutil.which(name)
+
+
 def test_console_scripts_are_installed():
-    exe = shutil.which("tier-run")
-    assert exe, "tier-run is not on PATH: install the package (make install)"
+    exe = console_script("tier-run")
+    assert exe, "tier-run is not installed beside this Python nor on PATH: install the package (make install)"
     r = subprocess.run([exe, "--help"], capture_output=True, text=True)
     assert r.returncode == 0 and "--data" in r.stdout
-    r = subprocess.run([shutil.which("tiering") or "tiering", "profile", "list"], capture_output=True, text=True)
+    r = subprocess.run([console_script("tiering") or "tiering", "profile", "list"], capture_output=True, text=True)
     assert "auto" in r.stdout.split() and "frontera" in r.stdout.split()
 
 
