@@ -38,8 +38,17 @@ define PIP_INSTALL
 endef
 deps: $(DEPS)
 
+# the venv; where $(BASE_PY) lacks the venv module (Debian's python3 without
+# python3-venv), as root installs it with apt-get, otherwise says what to install
 $(VENV)/.tiering-deps: pyproject.toml setup.py
-	@test -x "$(PY)" || { echo "making the virtual environment $(VENV) ($(BASE_PY) -m venv)"; $(BASE_PY) -m venv "$(VENV)"; }
+	@test -x "$(PY)" || { echo "making the virtual environment $(VENV) ($(BASE_PY) -m venv)"; \
+	  $(BASE_PY) -m venv "$(VENV)" || { rm -rf "$(VENV)"; \
+	    if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	      apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y python3-venv && \
+	      $(BASE_PY) -m venv "$(VENV)" || exit 1; \
+	    else \
+	      echo "venv: $(BASE_PY) -m venv failed; run: sudo apt-get install -y python3-venv" >&2; exit 1; \
+	    fi; }; }
 	$(PIP_INSTALL)
 	@touch "$@"
 
@@ -54,8 +63,8 @@ lint: install
 	$(PY) -m mypy tiering
 
 # The quick loop, what to run while working: lint, then the tests not marked
-# slow (tests/conftest.py says which are).  Under 2 minutes on 2 cores
-# (README, "The two commands").
+# slow (@pytest.mark.slow in the test modules).  Under 2 minutes on 2 cores
+# (README, "The commands").
 check: lint
 	$(PYTEST) -m "not slow" $(PYTEST_ARGS)
 
