@@ -7,6 +7,8 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from bench import ext4mem
 from bench.publish import MODES
 from helpers import PYTHON, REPO
@@ -17,6 +19,7 @@ def leftovers() -> set[str]:
     return {p.name for p in Path("/dev/shm").iterdir() if p.name.startswith(("tiering-publish-", "tiering-bench-"))}
 
 
+@pytest.mark.slow
 def test_every_mode_publishes_every_file_complete_and_leaves_nothing_else(tmp_path: Path) -> None:
     out = tmp_path / "results"
     before = leftovers()

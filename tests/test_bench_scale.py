@@ -11,6 +11,8 @@ import math
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from bench import ext4mem
 from helpers import PYTHON, REPO
 
@@ -113,6 +115,7 @@ def test_a_phases_drops_are_read_off_the_series_around_it():
     assert dropped_during({"t": [1.0]}, 0.0, 0.5) is None   # a series without the column
 
 
+@pytest.mark.slow
 def test_scale_bench_runs_every_case_on_the_data_set(tmp_path: Path):
     doc = run_bench(tmp_path)
     assert doc["tree"]["files"] == FILES and doc["tree"]["classes"] == 1000

@@ -617,6 +617,7 @@ def test_corrupt_cache_ignored(tmp_path: Path, caplog: pytest.LogCaptureFixture)
 
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("what", ["a path twice", "zip directory"])
 def test_tier_run_ignores_a_damaged_cache_and_rewrites_it(tmp_path: Path, what: str, reliability) -> None:
     from helpers import PYTHON, profile, tier_run
@@ -1134,6 +1135,7 @@ def test_leaf_directories_with_entries_that_are_not_files_keep_their_order(tmp_p
     assert fast.files == general.files and np.array_equal(fast.files.dir, general.files.dir)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lister", ["c", "scandir"])
 def test_a_tree_of_leaf_directories_is_ordered_as_its_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                             lister: str) -> None:

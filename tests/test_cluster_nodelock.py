@@ -82,6 +82,7 @@ def _wait_gone(pid: int) -> None:
     raise AssertionError(f"process {pid} still runs after 30 s")
 
 
+@pytest.mark.slow
 def test_one_service_serves_every_member_and_outlives_all_but_the_last(workdir):
     tmp, members = workdir
     members += [Member(tmp) for _ in range(4)]
@@ -111,6 +112,7 @@ def test_one_service_serves_every_member_and_outlives_all_but_the_last(workdir):
     assert _log(tmp) == [f"start {service_pid}", f"stop {service_pid} unused"]
 
 
+@pytest.mark.slow
 def test_the_service_stops_when_every_member_is_killed(workdir):
     tmp, members = workdir
     members += [Member(tmp) for _ in range(3)]
@@ -124,6 +126,7 @@ def test_the_service_stops_when_every_member_is_killed(workdir):
     assert _log(tmp) == [f"start {pid}", f"stop {pid} unused"]
 
 
+@pytest.mark.slow
 def test_a_dead_service_is_replaced_by_the_next_member(workdir):
     tmp, members = workdir
     members.append(Member(tmp))
@@ -139,6 +142,7 @@ def test_a_dead_service_is_replaced_by_the_next_member(workdir):
     assert _log(tmp)[-1] == f"stop {second['service_pid']} unused"
 
 
+@pytest.mark.slow
 def test_a_stopped_service_withdraws_and_members_carry_on(workdir):
     tmp, members = workdir
     members += [Member(tmp), Member(tmp)]
@@ -218,6 +222,7 @@ def test_the_last_member_out_sees_itself_last_while_the_service_withdraws(tmp_pa
     assert found_held.is_set()
 
 
+@pytest.mark.slow
 def test_other_jobs_get_their_own_service(workdir):
     tmp, members = workdir
     members += [Member(tmp, job="a"), Member(tmp, job="b")]
@@ -285,6 +290,7 @@ def test_the_key_covers_user_job_and_data_roots():
                 nodelock.NodeKey("u", "j", ("/a",)).digest()}) == 4
 
 
+@pytest.mark.slow
 def test_a_member_that_waits_too_long_for_the_groups_lock_gets_a_clear_error(tmp_path):
     key = nodelock.NodeKey("tester", "job1", ("/pfs",))
     path = nodelock.node_dir(key, str(tmp_path))

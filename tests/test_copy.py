@@ -180,6 +180,7 @@ def test_a_source_renamed_over_while_copied_is_not_published(tmp_path, reads, ch
     assert staged(tier.staging) == []
 
 
+@pytest.mark.slow
 def test_a_chunked_copy_that_fails_to_start_a_helper_ends_only_when_no_helper_copies(tmp_path, reads, monkeypatch):
     """A helper of the chunk pool that cannot be started (a limit on threads)
     fails the copy; the copy ends (closing its descriptors) only once no

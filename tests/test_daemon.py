@@ -441,6 +441,7 @@ class HungDaemon(Daemon):
         return super()._copy_many(*args)
 
 
+@pytest.mark.slow
 def test_stop_gives_up_on_a_copy_blocked_in_a_pfs_read(setup_factory):
     HungDaemon.release.clear()
     HungDaemon.entered.clear()
@@ -671,6 +672,7 @@ def test_a_symlink_inside_the_tier_is_never_followed(tmp_path, setup_factory):
     assert list(outside.iterdir()) == [] and staged(s.tier.staging) == []
 
 
+@pytest.mark.slow
 def test_published_copies_cost_the_daemon_no_python_object_each(setup_factory):
     """The bookkeeping of a published copy is a slot in per-file arrays (at
     1.28 M files a dict entry per copy was ~130 MiB): the memory the daemon

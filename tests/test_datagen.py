@@ -79,6 +79,7 @@ def test_layout_and_info(tmp_path: Path) -> None:
     assert all(len(list(d.iterdir())) == 2 for d in per.root.iterdir() if d.is_dir())
 
 
+@pytest.mark.slow
 def test_size_distribution_and_clipping(tmp_path: Path) -> None:
     info = generate(tmp_path / "m", classes=5, files=500, seed=0)  # default mean 110 KiB
     mean = info.bytes / info.files
@@ -302,6 +303,7 @@ def run_reader(root: Path, out: Path, *args: str) -> dict:
     return json.loads(out.read_text())
 
 
+@pytest.mark.slow
 def test_reader_modes_agree(reader_tree: Path, tmp_path: Path) -> None:
     plain = run_reader(reader_tree, tmp_path / "p.json", "--mode", "plain", "--epochs", "3")
     dl = run_reader(reader_tree, tmp_path / "d.json", "--mode", "dataloader", "--epochs",
@@ -321,6 +323,7 @@ def test_reader_modes_agree(reader_tree: Path, tmp_path: Path) -> None:
     assert orders == [e["order_sha256"] for e in dl["epochs"]] and len(set(orders)) == 3
 
 
+@pytest.mark.slow
 def test_reader_spawn(reader_tree: Path, tmp_path: Path) -> None:
     res = run_reader(reader_tree, tmp_path / "s.json", "--epochs", "1", "--workers", "1",
                      "--mp-context", "spawn")

@@ -230,6 +230,7 @@ def test_two_tiers_unit_sizes_equal_one_tier_optimum() -> None:
         assert cost(run) == opt, (seed, stream, caps)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("window", [2, 4, None])
 def test_prefetching_ahead_on_small_cases(window: int | None) -> None:
     """Fetching ahead never beats the optimum and stays within 2x of it on these
@@ -294,7 +295,8 @@ def random_case(seed: int, files: int = 300, epochs: int = 4, tiers: int = 2,
     return orders, sizes, caps
 
 
-INVARIANT_CASES = [(seed, tiers, window, ahead)
+# the first case in the quick loop, the others slow (about a second each)
+INVARIANT_CASES = [pytest.param(seed, tiers, window, ahead, marks=() if seed == 0 else pytest.mark.slow)
                    for seed, (tiers, window, ahead) in enumerate(
                        (t, w, a) for t in (1, 2, 3) for w in (1, 8, 64, None) for a in (0, 1))]
 
@@ -590,6 +592,7 @@ def test_simulate_of_20k_files_serves_every_access() -> None:
         assert reps[0].pfs_bytes >= D
 
 
+@pytest.mark.slow
 def test_consumed_stream_is_trimmed_without_changing_the_plan(monkeypatch: pytest.MonkeyPatch) -> None:
     """The planner forgets the consumed head of the stream (memory follows the
     known future, not the run's length), and the plan is the same as without."""

@@ -211,6 +211,7 @@ def test_each_open_reads_the_bytes_again(tree: tuple[Path, dict[str, bytes]], tm
         assert d["errors"] == 0
 
 
+@pytest.mark.slow
 def test_metadata_latency(tree: tuple[Path, dict[str, bytes]], tmp_path: Path) -> None:
     src, _ = tree
     meta_ms, n = 5.0, 50
