@@ -63,9 +63,10 @@ lint: install
 	$(PY) -m mypy tiering
 
 # The quick loop, what to run while working: lint, then the tests not marked
-# slow (@pytest.mark.slow in the test modules).  Under 2 minutes on 2 cores
+# slow (@pytest.mark.slow in the test modules; the tools they run installed as
+# for make test, the sanitizers' runtimes aside: those runs are slow).  Under 2 minutes on 2 cores
 # (README, "The commands").
-check: lint
+check: lint test-deps bench-deps
 	$(PYTEST) -m "not slow" $(PYTEST_ARGS)
 
 # The whole suite, the slow tests too (the wheel installed in a fresh venv,
