@@ -368,6 +368,9 @@ def tmpfs_mounted(path: Path, size: str, read_only: bool = False) -> Iterator[Pa
 # -- waiting for events, with generous bounds (never a bare sleep) ------------------
 
 EVENT_TIMEOUT = 120.0   # seconds: far above what any event takes on a loaded 2-core machine
+# seconds a benchmark's smoke run may take before it counts as hung: 15 times the longest
+# (bench.scale's, about 2 minutes on 2 cores), so that a busy machine never trips it
+BENCH_TIMEOUT = 1800.0
 
 
 def wait_for(predicate, what: str, timeout: float = EVENT_TIMEOUT, every: float = 0.02):

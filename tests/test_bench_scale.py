@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from bench import ext4mem
-from helpers import PYTHON, REPO
+from helpers import BENCH_TIMEOUT, PYTHON, REPO
 
 FILES = 100_000
 EPOCHS = 4
@@ -29,7 +29,7 @@ def run_bench(tmp_path: Path) -> dict:
     r = subprocess.run([PYTHON, "-m", "bench.scale", "--files", str(FILES), "--epochs", str(EPOCHS),
                         "--paced-seconds", "1", "--rate", "2000", "--large", f"{LARGE[0]}x{LARGE[1] >> 20}",
                         "--limit", "300", "--copy-rounds", str(COPY_ROUNDS), "--work", str(tmp_path / "work"), "--out", str(out)],
-                       cwd=REPO, capture_output=True, text=True, timeout=900)
+                       cwd=REPO, capture_output=True, text=True, timeout=BENCH_TIMEOUT)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert (out / "scale.md").read_text().count("\n|") >= 20
     return json.loads((out / "scale.json").read_text())
