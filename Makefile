@@ -1,31 +1,78 @@
-# tiering: build, install, test, demo.  Each target installs what it needs.
-PY ?= python3
+# tiering: build, install, check, test, demo.  Each target installs what it needs.
+#
+# Everything goes into a virtual environment of the checkout's own, .venv
+# (VENV=DIR for another), made with $(BASE_PY) -m venv when it is missing;
+# its bin/ comes first on PATH for what the targets run.  PY=python names an
+# interpreter to install into instead (its environment, as it is).
+BASE_PY ?= python3
+VENV ?= .venv
+ifeq ($(origin PY),undefined)
+PY = $(VENV)/bin/python
+export PATH := $(abspath $(VENV))/bin:$(PATH)
+DEPS = $(VENV)/.tiering-deps
+else
+DEPS = deps-always
+endif
 PIP = $(PY) -m pip install -q --disable-pip-version-check
-DEMO_DIR ?= $(or $(TMPDIR),/tmp)/tiering-demo
+# DEMO_DIR=DIR: where make demo works (default: $TMPDIR/tiering-demo-$USER, examples/demo.py)
+DEMO_DIR ?=
 
 # pytest unbuffered (-u), naming each test as it runs (-v): progress shows as
 # the tests go, also through a pipe (CI), never minutes of nothing
 PYTEST = $(PY) -u -m pytest -v
 
-.PHONY: all build install test test-deps reliability sanitize sanitizer-deps demo clean bench bench-quick bench-micro bench-deps bench-multinode
+.PHONY: all build deps deps-always install check lint test test-deps reliability sanitize sanitizer-deps demo clean bench bench-quick bench-micro bench-deps bench-multinode
 
 all: build
 
-# libtiershim.so into tiering/ (what `pip install .` does inside the wheel)
-build:
+# libtiershim.so and libtierplan.so into tiering/ (what `pip install .` does inside the wheel)
+build: deps
 	$(PY) setup.py -q build_ext --inplace
 
-# Python dependencies, torch 2.13.0 (CPU) for the tests and the demo, and the
-# package itself in editable mode (console scripts tier-run and tiering).
-install:
-	$(PIP) "torch==2.13.0"
+# Python dependencies, torch 2.13.0 (CPU) for the tests and the demo, ruff
+# and mypy, and the package itself in editable mode (console scripts tier-run
+# and tiering); into .venv again only when pyproject.toml or setup.py changed.
+define PIP_INSTALL
+	$(PIP) "torch==2.13.0" "setuptools>=61"
 	$(PIP) -e ".[test]"
-	$(MAKE) build
+endef
+deps: $(DEPS)
+
+# the venv; where $(BASE_PY) lacks the venv module (Debian's python3 without
+# python3-venv), as root installs it with apt-get, otherwise says what to install
+$(VENV)/.tiering-deps: pyproject.toml setup.py
+	@test -x "$(PY)" || { echo "making the virtual environment $(VENV) ($(BASE_PY) -m venv)"; \
+	  $(BASE_PY) -m venv "$(VENV)" || { rm -rf "$(VENV)"; \
+	    if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	      apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y python3-venv && \
+	      $(BASE_PY) -m venv "$(VENV)" || exit 1; \
+	    else \
+	      echo "venv: $(BASE_PY) -m venv failed; run: sudo apt-get install -y python3-venv" >&2; exit 1; \
+	    fi; }; }
+	$(PIP_INSTALL)
+	@touch "$@"
+
+deps-always:
+	$(PIP_INSTALL)
+
+install: deps build
+
+# ruff on the Python sources, mypy on the package (both configured in pyproject.toml)
+lint: install
+	$(PY) -m ruff check tiering tests bench
+	$(PY) -m mypy tiering
+
+# The quick loop, what to run while working: lint, then the tests not marked
+# slow (@pytest.mark.slow in the test modules; the tools they run installed as
+# for make test, the sanitizers' runtimes aside: those runs are slow).  Under 2 minutes on 2 cores
+# (README, "The commands").
+check: lint test-deps bench-deps
+	$(PYTEST) -m "not slow" $(PYTEST_ARGS)
 
 # The whole suite, the slow tests too (the wheel installed in a fresh venv,
-# the simulator's published scenario, the C tests under the sanitizers):
-# about 25 minutes on 2 cores.
-test: install bench-deps test-deps sanitizer-deps
+# the benchmarks' smoke runs, the emulated nodes, the C tests under the
+# sanitizers), after lint; its time is in the README.
+test: install lint bench-deps test-deps sanitizer-deps
 	$(PYTEST) $(PYTEST_ARGS)
 
 # The C tests of the shim's lock-free parts under AddressSanitizer with UBSan
@@ -81,10 +128,15 @@ print-%:
 # on 2 cores.  Where FUSE cannot be mounted it says so and runs both on the
 # local copy (no benefit to see then).
 demo: install
-	$(PY) examples/demo.py --dir "$(DEMO_DIR)"
+	$(PY) examples/demo.py $(if $(DEMO_DIR),--dir "$(DEMO_DIR)")
 
+# the build's outputs (not the virtual environment: make distclean removes it too)
 clean:
-	rm -rf build *.egg-info tiering/libtiershim.so shim/libtiershim.so
+	rm -rf build *.egg-info tiering/libtiershim.so tiering/clairvoyant/libtierplan.so shim/libtiershim.so
+
+.PHONY: distclean
+distclean: clean
+	rm -rf "$(VENV)"
 
 # The benchmark suite: the emulated PFS (slowfs), three scenarios, every
 # policy against the PFS directly and the /dev/shm lower bound; writes
@@ -136,7 +188,7 @@ bench-micro: build
 # beside the final one, O_TMPFILE and linkat; on the temporary directory's disk,
 # /dev/shm and (as root) ext4 in memory; writes bench/results/publish.{json,md}.
 .PHONY: bench-publish
-bench-publish:
+bench-publish: deps
 	$(PY) -m bench.publish $(PUBLISH_ARGS)
 
 # Multi-node benchmark: a torchrun gloo training across 1, 2 and 3 emulated

@@ -12,14 +12,20 @@ the capability) the demo says so and runs both on the local copy: both then
 read from the page cache, and any difference is noise.
 
     python examples/demo.py [--dir DIR] [--epochs 3] [--per-class 100]
+
+DIR (default $TMPDIR/tiering-demo-$USER, /tmp without TMPDIR) is the user's
+own: made 0700 when missing, refused when it is another user's or not a
+directory.
 """
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -34,9 +40,34 @@ TRAIN = REPO / "examples" / "train_tiny_cnn.py"
 EPOCH_LINE = re.compile(r"^epoch (\d+)/(\d+)\s+([\d.]+) s")
 
 
+def default_dir() -> Path:
+    """$TMPDIR/tiering-demo-$USER: each user's own, also in a /tmp they share."""
+    return Path(os.environ.get("TMPDIR") or "/tmp") / f"tiering-demo-{getpass.getuser()}"
+
+
+def own_dir(path: Path) -> Path:
+    """path as a directory of this user's, made 0700 when missing; SystemExit
+    with the reason when it is another user's, or not a directory."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = path.lstat()
+    if not stat.S_ISDIR(st.st_mode):
+        raise SystemExit(f"demo: {path} is not a directory (a symlink?): choose another with --dir "
+                         "(make demo DEMO_DIR=...)")
+    if st.st_uid != os.geteuid():
+        raise SystemExit(f"demo: {path} belongs to another user (uid {st.st_uid}): choose another with --dir "
+                         "(make demo DEMO_DIR=...)")
+    return path
+
+
+def tier_run_command() -> str:
+    """The tier-run of the environment running the demo, else the one on PATH."""
+    here = Path(sys.executable).parent / "tier-run"
+    return str(here) if here.exists() else shutil.which("tier-run") or "tier-run"
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--dir", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "tiering-demo")
+    p.add_argument("--dir", type=Path, default=default_dir())
     p.add_argument("--classes", type=int, default=10)
     p.add_argument("--per-class", type=int, default=100)
     p.add_argument("--epochs", type=int, default=3)
@@ -96,7 +127,7 @@ def side_by_side(direct: list[float], tiered: list[float], where: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     t_start = time.monotonic()
-    a.dir.mkdir(parents=True, exist_ok=True)
+    own_dir(a.dir)
     data = a.dir / "data"
     generate(data, a.classes, a.per_class)
     stats = a.dir / "stats.json"
@@ -114,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
                   flush=True)
         train = [sys.executable, str(TRAIN), "--data", str(pfs), "--epochs", str(a.epochs)]
         direct, rc1 = run_training(train, "the training reading the PFS directly")
-        tier_run = shutil.which("tier-run") or "tier-run"
+        tier_run = tier_run_command()
         cache = tempfile.mkdtemp(prefix="tiering-demo-cache-")   # a first run: the catalog is scanned
         env_cmd = ["env", f"XDG_CACHE_HOME={cache}", tier_run, "--progress-every", "5", "--data", str(pfs),
                    "--stats-json", str(stats), "--"]

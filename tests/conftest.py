@@ -49,10 +49,12 @@ def flavour(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """A test marked sanitizers("asan", "tsan") runs plain and under each
-    sanitizer named (marked asan, tsan: `make sanitize` runs those)."""
+    sanitizer named (marked asan, tsan: `make sanitize` runs those; and slow:
+    the shim and the C programs built again with the sanitizer, then run
+    several times slower, are not part of the quick loop)."""
     marker = metafunc.definition.get_closest_marker("sanitizers")
     if marker:
-        kinds = [pytest.param(k, marks=getattr(pytest.mark, k)) for k in marker.args]
+        kinds = [pytest.param(k, marks=[getattr(pytest.mark, k), pytest.mark.slow]) for k in marker.args]
         metafunc.parametrize("flavour", ["plain", *kinds], indirect=True, scope="session")
 
 

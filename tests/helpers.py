@@ -309,9 +309,69 @@ def sweep_with_boot_time_off(parent: Path, user: str, seconds: float = 1.0) -> l
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
+# -- a module loaded when first used (torch not imported at collection) ------------
+
+class LazyModule:
+    """The module at path (imported as name), loaded at its first attribute
+    looked up: a test module that uses a torch-importing helper (examples/
+    imagefolder.py, tests/workloads/reader.py) in a few tests does not import
+    torch while pytest collects."""
+
+    def __init__(self, name: str, path: Path):
+        self._name, self._path = name, path
+        self._module: object | None = None
+
+    def __getattr__(self, attr: str):  # type: ignore[no-untyped-def]
+        if self._module is None:
+            import importlib.util
+            spec = importlib.util.spec_from_file_location(self._name, self._path)
+            assert spec and spec.loader
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[self._name] = module
+            spec.loader.exec_module(module)
+            self._module = module
+        return getattr(self._module, attr)
+
+
+# -- a small tmpfs of a test's own (root only) -----------------------------------
+
+MS_RDONLY = 1
+MNT_DETACH = 2
+
+
+@contextmanager
+def tmpfs_mounted(path: Path, size: str, read_only: bool = False) -> Iterator[Path]:
+    """A tmpfs of `size` mounted on path for the block, detached after.  Mounting
+    needs root (CAP_SYS_ADMIN): the test is skipped, saying why, when it is not
+    root or the mount is refused with EPERM (a container without the
+    capability); any other failure fails the test."""
+    import ctypes
+    import errno
+
+    import pytest
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.mount(b"tmpfs", os.fsencode(path), b"tmpfs", MS_RDONLY if read_only else 0,
+                  f"size={size}".encode()) != 0:
+        err = ctypes.get_errno()
+        if err == errno.EPERM:
+            pytest.skip(f"mounting a tmpfs was refused here (EPERM): {os.strerror(err)}")
+        raise OSError(err, f"mount -t tmpfs on {path}: {os.strerror(err)}")
+    try:
+        yield path
+    finally:
+        if libc.umount2(os.fsencode(path), MNT_DETACH) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"umount {path}: {os.strerror(err)}")
+
+
 # -- waiting for events, with generous bounds (never a bare sleep) ------------------
 
 EVENT_TIMEOUT = 120.0   # seconds: far above what any event takes on a loaded 2-core machine
+# seconds a benchmark's smoke run may take before it counts as hung: 15 times the longest
+# (bench.scale's, about 2 minutes on 2 cores), so that a busy machine never trips it
+BENCH_TIMEOUT = 1800.0
 
 
 def wait_for(predicate, what: str, timeout: float = EVENT_TIMEOUT, every: float = 0.02):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import PYTHON, REPO
+from helpers import BENCH_TIMEOUT, PYTHON, REPO
 
 pytestmark = [pytest.mark.slow, pytest.mark.fuse]
 
@@ -19,7 +19,7 @@ CONFIGS = ["pfs", "off", "first-touch", "stage", "lru", "clairvoyant", "lower-bo
 def test_quick_bench_produces_complete_results(tmp_path: Path):
     out = tmp_path / "results"
     r = subprocess.run([PYTHON, "-m", "bench.run", "--quick", "--out", str(out), "--work", str(tmp_path / "work")],
-                       cwd=REPO, capture_output=True, text=True, timeout=900)
+                       cwd=REPO, capture_output=True, text=True, timeout=BENCH_TIMEOUT)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     for scenario in ("fits-ram", "ram+ssd", "twice"):
         res = json.loads((out / f"{scenario}.json").read_text())

@@ -7,11 +7,14 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from helpers import PYTHON, REPO
 
 RESULTS = REPO / "bench" / "results"
 
 
+@pytest.mark.slow
 def test_the_report_is_made_from_the_results_and_is_the_readme_table(tmp_path: Path):
     shutil.copy(RESULTS / "multinode.json", tmp_path / "multinode.json")
     r = subprocess.run([PYTHON, "-m", "bench.multinode", "--report-only", "--out", str(tmp_path)], cwd=REPO,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import PYTHON, REPO
+from helpers import BENCH_TIMEOUT, PYTHON, REPO
 
 pytestmark = [pytest.mark.slow, pytest.mark.fuse]
 
@@ -21,7 +21,7 @@ def test_quick_pfsbound_has_every_configuration(tmp_path: Path):
     out = tmp_path / "results"
     r = subprocess.run([PYTHON, "-m", "bench.pfsbound", "--quick", "--files", "200", "--epochs", "2",
                         "--out", str(out), "--work", str(tmp_path / "work")],
-                       cwd=REPO, capture_output=True, text=True, timeout=600)
+                       cwd=REPO, capture_output=True, text=True, timeout=BENCH_TIMEOUT)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     res = json.loads((out / "pfsbound.json").read_text())
     assert [s["scenario"] for s in res["scenarios"]] == ["pfs-fits", "pfs-half"]

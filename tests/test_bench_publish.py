@@ -7,9 +7,11 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from bench import ext4mem
 from bench.publish import MODES
-from helpers import PYTHON, REPO
+from helpers import BENCH_TIMEOUT, PYTHON, REPO
 
 
 def leftovers() -> set[str]:
@@ -17,12 +19,13 @@ def leftovers() -> set[str]:
     return {p.name for p in Path("/dev/shm").iterdir() if p.name.startswith(("tiering-publish-", "tiering-bench-"))}
 
 
+@pytest.mark.slow
 def test_every_mode_publishes_every_file_complete_and_leaves_nothing_else(tmp_path: Path) -> None:
     out = tmp_path / "results"
     before = leftovers()
     r = subprocess.run([PYTHON, "-m", "bench.publish", "--files", "1500", "--size", "3000", "--rounds", "2",
                         "--dir", str(tmp_path), "--out", str(out)], cwd=REPO, capture_output=True, text=True,
-                       timeout=600)
+                       timeout=BENCH_TIMEOUT)
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads((out / "publish.json").read_text())
     names = [fs["name"] for fs in res["file_systems"]]

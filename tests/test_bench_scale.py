@@ -11,8 +11,10 @@ import math
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from bench import ext4mem
-from helpers import PYTHON, REPO
+from helpers import BENCH_TIMEOUT, PYTHON, REPO
 
 FILES = 100_000
 EPOCHS = 4
@@ -27,7 +29,7 @@ def run_bench(tmp_path: Path) -> dict:
     r = subprocess.run([PYTHON, "-m", "bench.scale", "--files", str(FILES), "--epochs", str(EPOCHS),
                         "--paced-seconds", "1", "--rate", "2000", "--large", f"{LARGE[0]}x{LARGE[1] >> 20}",
                         "--limit", "300", "--copy-rounds", str(COPY_ROUNDS), "--work", str(tmp_path / "work"), "--out", str(out)],
-                       cwd=REPO, capture_output=True, text=True, timeout=900)
+                       cwd=REPO, capture_output=True, text=True, timeout=BENCH_TIMEOUT)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert (out / "scale.md").read_text().count("\n|") >= 20
     return json.loads((out / "scale.json").read_text())
@@ -36,7 +38,9 @@ def run_bench(tmp_path: Path) -> dict:
 def check_tier_run(run: dict, files: int) -> None:
     assert run["status"] == 0 and not run["killed"], run
     assert run["stats_exit_code"] == 0 and run["files"] == files
-    assert run["startup_s"] > 0 and run["teardown_s"] >= 0 and run["seconds"] >= run["startup_s"]
+    # the wall time covers start-up, COMMAND and the teardown after it (stamps of one clock)
+    assert run["startup_s"] > 0 and run["teardown_s"] > 0
+    assert run["startup_s"] + run["teardown_s"] <= run["seconds"]
     assert run["peak_rss"] > 10 << 20 and run["cpu_s"] > 0
 
 
@@ -62,7 +66,7 @@ def check_clairvoyant(res: dict, per_epoch: int) -> None:
         assert phases["opens"]["files"] == opened == phases["opens"]["tier"] and phases["opens"]["pfs"] == 0
         assert phases["opens"]["bytes"] == 0 and res["direct"]["opens_only_per_s"] > 0
     assert sum(p["files"] for p in reader["phases"]) == res["listed"]
-    assert res["events_dropped"] >= 0 and res["events"] > 0
+    assert isinstance(res["events_dropped"], int) and res["events"] > 0
     # each full-speed phase's own drops, from the time series: part of the job's
     for key in ["full"] + ["opens"] * bool(opened):
         assert 0 <= phases[key]["events_dropped"] <= res["events_dropped"]
@@ -111,6 +115,7 @@ def test_a_phases_drops_are_read_off_the_series_around_it():
     assert dropped_during({"t": [1.0]}, 0.0, 0.5) is None   # a series without the column
 
 
+@pytest.mark.slow
 def test_scale_bench_runs_every_case_on_the_data_set(tmp_path: Path):
     doc = run_bench(tmp_path)
     assert doc["tree"]["files"] == FILES and doc["tree"]["classes"] == 1000

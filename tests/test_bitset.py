@@ -4,6 +4,7 @@ the largest those of a plain set; distinct_small is np.unique for small ids."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -12,6 +13,7 @@ from tiering.clairvoyant.bitset import BitSet, distinct_small
 SIZES = st.sampled_from([1, 63, 64, 65, 4096, 4097, 300_000])
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None, derandomize=True)
 @given(size=SIZES, data=st.data())
 def test_a_bit_tree_holds_what_a_set_holds(size: int, data: st.DataObject) -> None:

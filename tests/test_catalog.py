@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from helpers import age, alias_tree
+from helpers import LazyModule, age, alias_tree
 from tiering import catalog as catalog_mod
 from tiering.catalog import (
     IMG_EXTENSIONS,
@@ -42,11 +42,8 @@ from tiering.catalog.layout import _NameMatch
 from tiering.catalog.model import FILE_COLUMNS, FileTable
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "examples"))
-try:
-    import imagefolder  # type: ignore[import-not-found]  # examples/imagefolder.py: torchvision's rules
-finally:
-    sys.path.remove(str(REPO / "examples"))
+# examples/imagefolder.py, torchvision's rules; it imports torch: loaded by the first test that uses it
+imagefolder = LazyModule("imagefolder", REPO / "examples" / "imagefolder.py")
 
 
 def touch(path: Path, data: bytes | None = None) -> Path:
@@ -620,6 +617,7 @@ def test_corrupt_cache_ignored(tmp_path: Path, caplog: pytest.LogCaptureFixture)
 
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("what", ["a path twice", "zip directory"])
 def test_tier_run_ignores_a_damaged_cache_and_rewrites_it(tmp_path: Path, what: str, reliability) -> None:
     from helpers import PYTHON, profile, tier_run
@@ -1137,6 +1135,7 @@ def test_leaf_directories_with_entries_that_are_not_files_keep_their_order(tmp_p
     assert fast.files == general.files and np.array_equal(fast.files.dir, general.files.dir)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lister", ["c", "scandir"])
 def test_a_tree_of_leaf_directories_is_ordered_as_its_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                             lister: str) -> None:

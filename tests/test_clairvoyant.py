@@ -34,6 +34,7 @@ def plan(data: Path, prof: Path, *opts: str) -> dict:
     return json.loads(r.stdout)
 
 
+@pytest.mark.slow
 def test_unchanged_script_is_followed_through_the_hook(tmp_path):
     data = tmp_path / "pfs"
     contents = dataset(data)
@@ -51,6 +52,7 @@ def test_unchanged_script_is_followed_through_the_hook(tmp_path):
     assert rd["digest"] == digest(contents)
 
 
+@pytest.mark.slow
 def test_sampler_options_match_the_plan(tmp_path):
     data = tmp_path / "pfs"
     contents = dataset(data)
@@ -68,6 +70,7 @@ def test_sampler_options_match_the_plan(tmp_path):
     assert rd["digest"] == digest(contents)
 
 
+@pytest.mark.slow
 def test_data_twice_the_tiers_streams_within_capacity(tmp_path):
     data = tmp_path / "pfs"
     contents = dataset(data)
@@ -89,6 +92,7 @@ def test_data_twice_the_tiers_streams_within_capacity(tmp_path):
     assert rd["digest"] == digest(contents)
 
 
+@pytest.mark.slow
 def test_a_different_seed_is_noticed_and_first_touch_takes_over(tmp_path):
     data = tmp_path / "pfs"
     contents = dataset(data)
@@ -103,6 +107,7 @@ def test_a_different_seed_is_noticed_and_first_touch_takes_over(tmp_path):
     assert rd["digest"] == digest(contents)
 
 
+@pytest.mark.slow
 def test_order_file(tmp_path):
     from tiering.clairvoyant.samplers import SamplerSpec, epoch_orders
     data = tmp_path / "pfs"
@@ -166,6 +171,7 @@ BAD_ORDER_FILES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(BAD_ORDER_FILES))
 def test_a_bad_order_file_stops_tier_run_and_plan_with_exit_2(tmp_path, name, reliability):
     data = tmp_path / "pfs"

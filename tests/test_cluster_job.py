@@ -136,6 +136,7 @@ def service_pids(members: list[subprocess.Popen[str]]) -> set[int]:
     return pids
 
 
+@pytest.mark.slow
 def test_three_ranks_share_one_service_and_exit_with_their_own_status(tmp_path: Path, job):
     data, flags, want, _ = job
     job_id = f"f2a{os.getpid()}"
@@ -167,6 +168,7 @@ def test_three_ranks_share_one_service_and_exit_with_their_own_status(tmp_path: 
     assert not node_dir_of(tmp_path, job_id).exists()
 
 
+@pytest.mark.slow
 def test_a_killed_member_changes_nothing_for_the_others(tmp_path: Path, job):
     data, flags, want, _ = job
     members = [start_member(tmp_path, r, 0, f"f2b{os.getpid()}") for r in range(3)]
@@ -185,6 +187,7 @@ def test_a_killed_member_changes_nothing_for_the_others(tmp_path: Path, job):
     assert not node_dir_of(tmp_path, f"f2b{os.getpid()}").exists()
 
 
+@pytest.mark.slow
 def test_a_service_that_cannot_start_is_a_clear_error(tmp_path: Path, job):
     data, flags, _, _ = job
     # clairvoyant without an order: the service's set-up refuses, the member says why
@@ -236,6 +239,7 @@ def test_node_directories_of_dead_services_are_swept(tmp_path: Path):
 
 # -- options and profile ---------------------------------------------------------------
 
+@pytest.mark.slow
 def test_inconsistent_node_options_exit_2_before_command(tmp_path: Path, job):
     data, flags, _, prof = job
     marker = tmp_path / "ran"
@@ -320,6 +324,7 @@ def peer_run(tmp: Path, rank: int, rdzv: Path, prof: Path, extra: list[str], com
                             text=True)
 
 
+@pytest.mark.slow
 def test_a_rendezvous_that_cannot_complete_leaves_the_job_on_one_node(tmp_path: Path, job):
     data, flags, _, _ = job
     prof = write_profile(tmp_path / "lo.yaml", tmp_path / "tiers", "network: {bandwidth: 1000, interface: lo}\n")
@@ -345,6 +350,7 @@ def test_a_rendezvous_that_cannot_complete_leaves_the_job_on_one_node(tmp_path: 
 REASON = netns.unavailable()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(REASON is not None, reason=f"no emulated nodes: {REASON}")
 def test_two_nodes_meet_and_serve_copies_to_the_job_only(tmp_path: Path, job):
     data, flags, want, _ = job

@@ -85,6 +85,7 @@ def server(net, files):
     s.kill()
 
 
+@pytest.mark.slow
 def test_a_node_fetches_another_nodes_copy_and_strangers_are_refused(net, files, server):
     src, data, secret, wrong, dest = files
     assert server.address.startswith(net.node(0).address + ":")
@@ -99,6 +100,7 @@ def test_a_node_fetches_another_nodes_copy_and_strangers_are_refused(net, files,
                                  "refused": 2}
 
 
+@pytest.mark.slow
 def test_an_absent_copy_is_answered_at_once(net, files, server):
     src, _, secret, _, dest = files
     # a deadline far beyond the test's own timeout: only an immediate answer passes
@@ -130,6 +132,7 @@ def _result(client: subprocess.Popen) -> dict:
     return result
 
 
+@pytest.mark.slow
 def test_a_peer_killed_mid_stream_leaves_no_partial_copy(net, files, server):
     client, dest = _fetch_until_bytes_arrive(net, files, server, timeout=3600)
     server.proc.kill()
@@ -137,6 +140,7 @@ def test_a_peer_killed_mid_stream_leaves_no_partial_copy(net, files, server):
     assert os.listdir(dest) == []
 
 
+@pytest.mark.slow
 def test_a_stopped_peer_is_given_up_at_the_deadline(net, files, server):
     client, dest = _fetch_until_bytes_arrive(net, files, server, timeout=8)
     os.kill(server.proc.pid, signal.SIGSTOP)

@@ -16,6 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from helpers import EVENT_TIMEOUT
 from tiering.cluster import nodelock
 
 NODE = Path(__file__).resolve().parent / "cluster_node.py"
@@ -81,6 +82,7 @@ def _wait_gone(pid: int) -> None:
     raise AssertionError(f"process {pid} still runs after 30 s")
 
 
+@pytest.mark.slow
 def test_one_service_serves_every_member_and_outlives_all_but_the_last(workdir):
     tmp, members = workdir
     members += [Member(tmp) for _ in range(4)]
@@ -110,6 +112,7 @@ def test_one_service_serves_every_member_and_outlives_all_but_the_last(workdir):
     assert _log(tmp) == [f"start {service_pid}", f"stop {service_pid} unused"]
 
 
+@pytest.mark.slow
 def test_the_service_stops_when_every_member_is_killed(workdir):
     tmp, members = workdir
     members += [Member(tmp) for _ in range(3)]
@@ -123,6 +126,7 @@ def test_the_service_stops_when_every_member_is_killed(workdir):
     assert _log(tmp) == [f"start {pid}", f"stop {pid} unused"]
 
 
+@pytest.mark.slow
 def test_a_dead_service_is_replaced_by_the_next_member(workdir):
     tmp, members = workdir
     members.append(Member(tmp))
@@ -138,6 +142,7 @@ def test_a_dead_service_is_replaced_by_the_next_member(workdir):
     assert _log(tmp)[-1] == f"stop {second['service_pid']} unused"
 
 
+@pytest.mark.slow
 def test_a_stopped_service_withdraws_and_members_carry_on(workdir):
     tmp, members = workdir
     members += [Member(tmp), Member(tmp)]
@@ -173,11 +178,12 @@ def test_a_member_joining_while_the_last_one_leaves_never_gets_a_withdrawn_servi
     assert len(starts) == len(stops) and 4 <= len(starts) <= 8
 
 
-def test_the_last_member_out_sees_itself_last_while_the_service_withdraws(tmp_path):
+def test_the_last_member_out_sees_itself_last_while_the_service_withdraws(tmp_path, monkeypatch):
     """The service withdraws holding elect.lock and members.lock while it
     removes the node directory's files (elect.lock last): the last member
     leaving at that moment is the last one, and waits for the service's
-    clean-up; another member's shared lock still means it is not."""
+    clean-up; another member's shared lock still means it is not.  The
+    service here withdraws once the member has found elect.lock held."""
     d = tmp_path / "node"
     d.mkdir(mode=0o700)
     for name in ("elect.lock", "members.lock"):
@@ -189,8 +195,20 @@ def test_the_last_member_out_sees_itself_last_while_the_service_withdraws(tmp_pa
     elect, members = nodelock._try_exclusive(d / "elect.lock"), nodelock._try_exclusive(d / "members.lock")
     assert elect is not None and members is not None
 
+    found_held = threading.Event()   # the member tried elect.lock while the service holds it
+    real_flock = fcntl.flock
+
+    def flock(fd: int, op: int) -> None:
+        try:
+            real_flock(fd, op)
+        except BlockingIOError:
+            if os.readlink(f"/proc/self/fd/{fd}").endswith("/elect.lock"):
+                found_held.set()
+            raise
+    monkeypatch.setattr(nodelock.fcntl, "flock", flock)
+
     def withdraw() -> None:
-        time.sleep(0.3)      # the member looks meanwhile (looking after it, it finds the files gone)
+        assert found_held.wait(EVENT_TIMEOUT)   # the member looks meanwhile (after this, it finds the files gone)
         (d / "members.lock").unlink()
         (d / "elect.lock").unlink()
         members.release()
@@ -201,8 +219,10 @@ def test_the_last_member_out_sees_itself_last_while_the_service_withdraws(tmp_pa
         assert m._no_member_left()
     finally:
         t.join()
+    assert found_held.is_set()
 
 
+@pytest.mark.slow
 def test_other_jobs_get_their_own_service(workdir):
     tmp, members = workdir
     members += [Member(tmp, job="a"), Member(tmp, job="b")]
@@ -270,6 +290,7 @@ def test_the_key_covers_user_job_and_data_roots():
                 nodelock.NodeKey("u", "j", ("/a",)).digest()}) == 4
 
 
+@pytest.mark.slow
 def test_a_member_that_waits_too_long_for_the_groups_lock_gets_a_clear_error(tmp_path):
     key = nodelock.NodeKey("tester", "job1", ("/pfs",))
     path = nodelock.node_dir(key, str(tmp_path))

@@ -111,6 +111,7 @@ def test_calls_without_the_secret_are_refused_and_counted(served):
     assert server.counters.snapshot() == {"refused": 4}
 
 
+@pytest.mark.slow
 def test_a_server_serves_only_once_it_knows_the_secret(tmp_path):
     (tmp_path / "f").write_bytes(b"abc")
     server = PeerServer("127.0.0.1", None, lambda r, p: Published(str(tmp_path / p), 3, 1))

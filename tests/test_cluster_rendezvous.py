@@ -46,6 +46,7 @@ def test_every_node_learns_every_address_and_the_one_secret(tmp_path):
     assert not job_dir.exists()
 
 
+@pytest.mark.slow
 def test_a_node_that_does_not_show_up_is_named_after_the_timeout(tmp_path):
     nodes = [node(tmp_path, 0), node(tmp_path, 2)]
     with ThreadPoolExecutor(2) as pool:
@@ -60,11 +61,13 @@ def test_a_node_that_does_not_show_up_is_named_after_the_timeout(tmp_path):
         assert "shared by every node" in err or "node-local file system" in err
 
 
+@pytest.mark.slow
 def test_without_node_0_the_secret_is_missing(tmp_path):
     with pytest.raises(RendezvousError, match=r"node 0 \(n0\) has not written the job's secret"):
         node(tmp_path, 1).meet("h:1", 0.5)
 
 
+@pytest.mark.slow
 def test_files_of_an_earlier_run_of_the_same_job_are_never_used(tmp_path):
     old = [node(tmp_path, r, 2) for r in range(2)]
     old_meeting = meet_all(old)[0]
@@ -80,6 +83,7 @@ def test_files_of_an_earlier_run_of_the_same_job_are_never_used(tmp_path):
     assert [p.address for p in new[1].peers] == ["10.0.0.1:5000", "10.0.0.2:5001"]
 
 
+@pytest.mark.slow
 def test_an_entry_without_a_valid_proof_is_ignored(tmp_path):
     n0 = node(tmp_path, 0, 2)
     n0.path.mkdir(mode=0o700, parents=True)

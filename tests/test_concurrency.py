@@ -41,6 +41,7 @@ def churn(se: ShimEnv, stop: threading.Event, counts: dict[str, int]) -> None:
                 counts["placed"] += 1
 
 
+@pytest.mark.slow
 @pytest.mark.sanitizers("asan")   # under TSan too slow for the counts it asserts
 def test_threads_and_processes_read_the_right_bytes_while_copies_come_and_go(shimenv, tmp_path):
     expected = {str(shimenv.root / r): hashlib.sha256(d).hexdigest() for r, d in shimenv.contents.items()}
@@ -67,6 +68,7 @@ def test_threads_and_processes_read_the_right_bytes_while_copies_come_and_go(shi
     assert c["opens"] == res["reads"]
 
 
+@pytest.mark.slow
 @pytest.mark.sanitizers("asan", "tsan")
 def test_events_from_many_processes_are_all_accounted(shimenv, tmp_path):
     shimenv.place_all()
@@ -108,6 +110,7 @@ def racer_env(tmp_path: Path, n: int, flavour: Flavour) -> ShimEnv:
     return se
 
 
+@pytest.mark.slow
 @pytest.mark.sanitizers("asan", "tsan")
 def test_no_read_is_served_a_copy_opened_after_a_write_was_done(tmp_path, cbin, flavour):
     """NOTE [linearizable redirect]: a write open invalidates before it

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import make_data, private_dir, staged, sweep_with_boot_time_off
+from helpers import EVENT_TIMEOUT, make_data, private_dir, staged, sweep_with_boot_time_off, tmpfs_mounted
 from tiering.catalog import scan
 from tiering.placement.api import allocation
 from tiering.placement.daemon import Daemon
@@ -322,9 +322,7 @@ def test_vanished_source_is_a_failure_not_a_crash(setup_factory):
 def test_full_device_leaves_no_partial_copy(tmp_path, setup_factory):
     mnt = tmp_path / "small"
     mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True, text=True)
-    assert r.returncode == 0, f"this test mounts a small tmpfs and needs root: {r.stderr}"
-    try:
+    with tmpfs_mounted(mnt, "2m"):
         # the profile claims far more room than the device has
         s = setup_factory(files=FILES, tier_dir=private_dir(mnt / "tier"), capacity=1 << 30)
         for rel in FILES:
@@ -339,16 +337,22 @@ def test_full_device_leaves_no_partial_copy(tmp_path, setup_factory):
                 assert (s.tier.data / "0" / rel).read_bytes() == s.contents[rel]
         assert s.tier.used == allocated_on_disk(s.tier.data)
         s.close()
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)])
 
 
 class SlowDaemon(Daemon):
     """Counts how many copies (a file, or a batch of small ones) read the
-    PFS at once."""
+    PFS at once.  Each copy waits in its PFS read, bounded, until `target`
+    copies have been in it together once; after that, each lingers a little,
+    so that a copy beyond the bound would show in the peak (a busy host can
+    only hide an overlap then, never make one up)."""
     active = 0
     peak = 0
-    guard = threading.Lock()
+    target = 1
+    cond = threading.Condition()
+
+    @classmethod
+    def reset(cls, target: int) -> None:
+        cls.active, cls.peak, cls.target = 0, 0, target
 
     def _copy(self, *args):  # type: ignore[no-untyped-def]
         return self._slowly(super()._copy, *args)
@@ -358,19 +362,25 @@ class SlowDaemon(Daemon):
 
     @staticmethod
     def _slowly(copy, *args):  # type: ignore[no-untyped-def]
-        with SlowDaemon.guard:
-            SlowDaemon.active += 1
-            SlowDaemon.peak = max(SlowDaemon.peak, SlowDaemon.active)
-        time.sleep(0.05)  # a slow PFS read, so that the copies overlap
+        c = SlowDaemon
+        with c.cond:
+            c.active += 1
+            c.peak = max(c.peak, c.active)
+            c.cond.notify_all()
+            if c.peak < c.target:   # a slow PFS read: until target copies are in it at once
+                if not c.cond.wait_for(lambda: c.peak >= c.target, timeout=EVENT_TIMEOUT):
+                    c.target = 0    # never reached: the peak says so, the other copies do not wait
+            else:
+                c.cond.wait_for(lambda: c.active > c.target, timeout=0.05)
         try:
             return copy(*args)
         finally:
-            with SlowDaemon.guard:
-                SlowDaemon.active -= 1
+            with c.cond:
+                c.active -= 1
 
 
 def test_pfs_reads_are_bounded_by_the_profile(setup_factory):
-    SlowDaemon.active = SlowDaemon.peak = 0
+    SlowDaemon.reset(target=2)
     files = {f"f{i}": 100 for i in range(12)}
     s = setup_factory(files=files, pfs_threads=2, threads=6, daemon_cls=SlowDaemon)
     for rel in files:
@@ -380,9 +390,21 @@ def test_pfs_reads_are_bounded_by_the_profile(setup_factory):
     assert SlowDaemon.peak == 2
 
 
+class StopGatedDaemon(Daemon):
+    """Its copies wait in their PFS read (bounded) until stop() was called."""
+
+    def _copy(self, *args):  # type: ignore[no-untyped-def]
+        self._stop.wait(EVENT_TIMEOUT)
+        return super()._copy(*args)
+
+    def _copy_many(self, *args):  # type: ignore[no-untyped-def]
+        self._stop.wait(EVENT_TIMEOUT)
+        return super()._copy_many(*args)
+
+
 def test_stop_cancels_queued_copies_and_releases_their_room(setup_factory):
     files = {f"f{i}": 50_000 for i in range(40)}
-    s = setup_factory(files=files, pfs_threads=1, threads=1, daemon_cls=SlowDaemon)
+    s = setup_factory(files=files, pfs_threads=1, threads=1, daemon_cls=StopGatedDaemon)
     for rel in files:
         s.d.place(s.i[rel], 0)
     s.d.stop()
@@ -393,7 +415,7 @@ def test_stop_cancels_queued_copies_and_releases_their_room(setup_factory):
 
 
 def test_pfs_concurrency_is_reached_with_few_tier_threads(setup_factory):
-    SlowDaemon.active = SlowDaemon.peak = 0
+    SlowDaemon.reset(target=4)
     files = {f"f{i}": 100 for i in range(12)}
     s = setup_factory(files=files, pfs_threads=4, threads=1, daemon_cls=SlowDaemon)
     for rel in files:
@@ -419,6 +441,7 @@ class HungDaemon(Daemon):
         return super()._copy_many(*args)
 
 
+@pytest.mark.slow
 def test_stop_gives_up_on_a_copy_blocked_in_a_pfs_read(setup_factory):
     HungDaemon.release.clear()
     HungDaemon.entered.clear()
@@ -649,6 +672,7 @@ def test_a_symlink_inside_the_tier_is_never_followed(tmp_path, setup_factory):
     assert list(outside.iterdir()) == [] and staged(s.tier.staging) == []
 
 
+@pytest.mark.slow
 def test_published_copies_cost_the_daemon_no_python_object_each(setup_factory):
     """The bookkeeping of a published copy is a slot in per-file arrays (at
     1.28 M files a dict entry per copy was ~130 MiB): the memory the daemon

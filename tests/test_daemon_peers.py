@@ -195,7 +195,8 @@ def _refused(peer: Peer, links: PeerLinks) -> None:
     links.clients[1] = PeerClient(peer.address, b"another job's secret" + bytes(12), links.counters)
 
 
-@pytest.mark.parametrize("fault, reason", [(_absent, "absent"), (_stopped, "error"), (_stalled, "deadline"),
+@pytest.mark.parametrize("fault, reason", [(_absent, "absent"), (_stopped, "error"),
+                                           pytest.param(_stalled, "deadline", marks=pytest.mark.slow),  # waits it out
                                            (_refused, "refused")])
 def test_a_peer_that_cannot_serve_costs_a_pfs_copy_of_the_same_bytes_counted_by_reason(
         setups, peer, fault, reason):

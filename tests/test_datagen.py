@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import pytest
@@ -18,22 +16,15 @@ from click.testing import CliRunner
 
 from bench import datagen
 from bench.datagen import DatagenError, KiB, MiB, generate
+from helpers import LazyModule
 
 REPO = Path(__file__).resolve().parent.parent
 READER = REPO / "tests" / "workloads" / "reader.py"
 
 
-def load_module(name: str, path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-imagefolder = load_module("imagefolder_under_test", REPO / "examples" / "imagefolder.py")
-reader = load_module("reader_under_test", READER)
+# both import torch: loaded by the first test that uses them, not while pytest collects
+imagefolder = LazyModule("imagefolder_under_test", REPO / "examples" / "imagefolder.py")
+reader = LazyModule("reader_under_test", READER)
 
 
 def tree(root: Path) -> dict[str, str]:
@@ -88,6 +79,7 @@ def test_layout_and_info(tmp_path: Path) -> None:
     assert all(len(list(d.iterdir())) == 2 for d in per.root.iterdir() if d.is_dir())
 
 
+@pytest.mark.slow
 def test_size_distribution_and_clipping(tmp_path: Path) -> None:
     info = generate(tmp_path / "m", classes=5, files=500, seed=0)  # default mean 110 KiB
     mean = info.bytes / info.files
@@ -311,6 +303,7 @@ def run_reader(root: Path, out: Path, *args: str) -> dict:
     return json.loads(out.read_text())
 
 
+@pytest.mark.slow
 def test_reader_modes_agree(reader_tree: Path, tmp_path: Path) -> None:
     plain = run_reader(reader_tree, tmp_path / "p.json", "--mode", "plain", "--epochs", "3")
     dl = run_reader(reader_tree, tmp_path / "d.json", "--mode", "dataloader", "--epochs",
@@ -330,6 +323,7 @@ def test_reader_modes_agree(reader_tree: Path, tmp_path: Path) -> None:
     assert orders == [e["order_sha256"] for e in dl["epochs"]] and len(set(orders)) == 3
 
 
+@pytest.mark.slow
 def test_reader_spawn(reader_tree: Path, tmp_path: Path) -> None:
     res = run_reader(reader_tree, tmp_path / "s.json", "--epochs", "1", "--workers", "1",
                      "--mp-context", "spawn")

@@ -63,6 +63,7 @@ def run(tmp: Path, capacity: str, *extra: str, second: str | None = None) -> tup
     return got, json.loads(stats.read_text()), r.stderr, 0
 
 
+@pytest.mark.slow
 def test_a_few_large_files_that_fit_are_copied_before_command_opens_them(tmp_path):
     got, stats, err, code = run(tmp_path, "1GiB")
     assert code == 0, err
@@ -76,6 +77,7 @@ def test_a_few_large_files_that_fit_are_copied_before_command_opens_them(tmp_pat
     assert stats["epochs"] == [] and "epochs   not counted: the data set's 3 large files" in err
 
 
+@pytest.mark.slow
 def test_no_warm_starts_command_at_once_and_says_what_warm_would_do(tmp_path):
     got, stats, err, code = run(tmp_path, "1GiB", "--no-warm")
     assert code == 0, err
@@ -84,6 +86,7 @@ def test_no_warm_starts_command_at_once_and_says_what_warm_would_do(tmp_path):
     assert "--warm copies them before COMMAND starts" in err
 
 
+@pytest.mark.slow
 def test_a_few_large_files_larger_than_the_tiers_are_not_warmed_and_the_line_says_why(tmp_path):
     got, stats, err, code = run(tmp_path, "48MiB")
     assert code == 0, err
@@ -91,6 +94,7 @@ def test_a_few_large_files_larger_than_the_tiers_are_not_warmed_and_the_line_say
     assert stats["warm"] is None and stats["opens"]["pfs"] == 3
 
 
+@pytest.mark.slow
 def test_files_that_fit_the_tiers_only_in_sum_are_not_warmed(tmp_path):
     """Two tiers of 60 MiB hold 120 MiB, more than the 96 MiB of the three
     files, but one file each: no warm-up that would leave one out."""

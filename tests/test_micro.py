@@ -30,6 +30,7 @@ REDIRECTED = {"shim1k_redirected", "shim1k_relative", "shim1M_redirected", "shim
               "read_redirected", "own1k_redirected", "own1M_redirected"}
 
 
+@pytest.mark.slow
 def test_micro_quick(tmp_path: Path) -> None:
     out = tmp_path / "out"
     p = subprocess.run([sys.executable, "-m", "bench.micro", "--quick", "--out", str(out)],
@@ -128,6 +129,7 @@ int main(int argc, char **argv) {
     assert r.stdout.split() == ["1", "900", "900", "3", "0"]
 
 
+@pytest.mark.slow
 def test_micro_c_refuses_wrong_target(tmp_path: Path) -> None:
     """The C program exits 3 when the descriptor does not point where --expect says."""
     cc = shutil.which("cc") or shutil.which("gcc")

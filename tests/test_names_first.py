@@ -216,6 +216,7 @@ def test_files_opened_for_writing_during_the_fill_are_invalidated_under_every_pa
     assert all(v[2:] == [sha(se.contents[rel]), False] for rel, v in got.items())
 
 
+@pytest.mark.slow
 def test_a_fill_whose_writes_cannot_be_known_says_so(tmp_path):
     """A log that overflowed (-2) or a writer that never finished its entry
     (-1): the caller disables the index (tiering.fill)."""
@@ -304,6 +305,7 @@ def tree_digest(root: Path) -> str:
     return h.hexdigest()
 
 
+@pytest.mark.slow
 def test_a_cold_tier_run_starts_command_before_the_sizes_and_caches_the_full_catalog(tmp_path):
     """Cold: COMMAND starts while the sizes are read, reads the same bytes,
     the report counts every file and byte, and the cache written after the
@@ -333,6 +335,7 @@ def test_a_cold_tier_run_starts_command_before_the_sizes_and_caches_the_full_cat
     assert r.returncode == 0 and "catalog from cache" in r.stderr and r.stdout.strip() == tree_digest(data)
 
 
+@pytest.mark.slow
 def test_command_exiting_during_the_fill_ends_the_job_cleanly(tmp_path):
     """COMMAND is done before a single size is read (the fill held back
     past the teardown's grace): its status is the job's, the report says
@@ -361,6 +364,7 @@ def test_command_exiting_during_the_fill_ends_the_job_cleanly(tmp_path):
     assert cached is not None and int(cached.files.size.sum()) == sum(map(len, FILES.values()))
 
 
+@pytest.mark.slow
 def test_a_signal_during_the_fill_reaches_command_and_everything_is_cleaned_up(tmp_path):
     data, gate = tmp_path / "pfs", tmp_path / "gate"
     write_tree(data)
@@ -423,6 +427,7 @@ WRITE_DURING_FILL = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_writes_during_the_fill_through_a_hard_link_and_a_symlink_are_never_served_stale(tmp_path):
     data, gate, outside = tmp_path / "pfs", tmp_path / "gate", tmp_path / "elsewhere"
     write_tree(data)
@@ -440,6 +445,7 @@ def test_writes_during_the_fill_through_a_hard_link_and_a_symlink_are_never_serv
     assert r.stdout.strip() == "new bytes"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("options", [["--policy", "stage"], ["--warm", "100"]], ids=["stage", "warm"])
 def test_policies_that_copy_before_command_read_every_size_first(tmp_path, options):
     """--policy stage and --warm place before COMMAND starts: the scan stats
@@ -576,6 +582,7 @@ MANY_WRITER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_fill_that_sees_tens_of_thousands_of_files_written_keeps_the_index(tmp_path):
     """COMMAND writes 20,000 files of its own while the sizes are read (a
     cache of preprocessed samples, outside the data set) and opens one

@@ -55,6 +55,7 @@ def reader_args(data: Path, out: Path, *extra: str) -> list[str]:
 
 # -- progress ------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_log_gets_plain_lines_and_commands_stdout_stays_its_own(tmp_path):
     data = tmp_path / "pfs"
     dataset(data)
@@ -113,6 +114,7 @@ def run_in_pty(cmd: list[str], timeout: float = 300) -> tuple[int, str]:
 STEPS = "import os, time\nfor k in range(3):\n    os.write(1, b'step %d\\n' % k)\n    time.sleep(1)"
 
 
+@pytest.mark.slow
 def test_a_terminal_gets_a_bar_while_scanning_and_whole_lines_once_command_runs(tmp_path):
     data = tmp_path / "pfs"
     dataset(data, n=2000)
@@ -129,6 +131,7 @@ def test_a_terminal_gets_a_bar_while_scanning_and_whole_lines_once_command_runs(
     assert "tiering: policy first-touch, 2,000 files" in after
 
 
+@pytest.mark.slow
 def test_the_starting_line_comes_before_commands_first_line_however_slow_the_daemon_starts(tmp_path):
     """tier-run says COMMAND starts before it forks it: a daemon slow to start
     (a loaded machine, here a patched one) cannot let COMMAND's first line
@@ -146,6 +149,7 @@ def test_the_starting_line_comes_before_commands_first_line_however_slow_the_dae
     assert out.index("tiering: starting COMMAND") < out.index("step 0"), out
 
 
+@pytest.mark.slow
 def test_a_terminal_gets_a_bar_while_warming_up_and_the_tiers_are_full_when_command_starts(tmp_path):
     data = tmp_path / "pfs"
     dataset(data, n=500)
@@ -159,6 +163,7 @@ def test_a_terminal_gets_a_bar_while_warming_up_and_the_tiers_are_full_when_comm
     assert "tiering: policy first-touch, 500 files" in after
 
 
+@pytest.mark.slow
 def test_verbose_shows_the_placement_log_and_its_copies_add_up_to_the_summarys(tmp_path):
     """-v: what placement did, a line at the status line's rate while
     copies land and a last one at the end; the copies they say add up to the
@@ -180,6 +185,7 @@ def test_verbose_shows_the_placement_log_and_its_copies_add_up_to_the_summarys(t
     assert r.returncode == 0 and "tiering: placement" not in r.stderr, r.stderr
 
 
+@pytest.mark.slow
 def test_with_warm_the_tiers_are_warm_at_the_warm_ups_end(tmp_path):
     """--warm copies before COMMAND starts: the tiers are warm when it
     ends, not at tier-run's first look once COMMAND runs."""
@@ -196,6 +202,7 @@ def test_with_warm_the_tiers_are_warm_at_the_warm_ups_end(tmp_path):
     assert "tiers warm after" not in r.stderr, r.stderr
 
 
+@pytest.mark.slow
 def test_quiet_prints_nothing_but_the_json_has_everything(tmp_path):
     data = tmp_path / "pfs"
     dataset(data)
@@ -208,6 +215,7 @@ def test_quiet_prints_nothing_but_the_json_has_everything(tmp_path):
 
 
 
+@pytest.mark.slow
 def test_progress_off_drops_the_progress_and_keeps_the_summary(tmp_path):
     data = tmp_path / "pfs"
     dataset(data)
@@ -261,6 +269,7 @@ with open(out, "w") as f:
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("with_len", [False, True], ids=["no length", "a length"])
 def test_once_the_hook_gave_up_the_status_says_first_touch_and_why_not_waiting(tmp_path, with_len):
     """A DataLoader over an IterableDataset has no indices: the hook says so
@@ -293,6 +302,7 @@ def head_dataset(root: Path, n: int = 24) -> dict[str, bytes]:
     return make_data(root, {f"c{i % 3}/f{i:03d}.bin": MIB for i in range(n)})
 
 
+@pytest.mark.slow
 def test_a_reader_of_the_first_4_kib_of_1_mib_files_from_the_pfs_reports_4_kib_an_open(tmp_path):
     data = tmp_path / "pfs"
     head_dataset(data)
@@ -314,6 +324,7 @@ def test_a_reader_of_the_first_4_kib_of_1_mib_files_from_the_pfs_reports_4_kib_a
            "an upper bound)" in r.stderr
 
 
+@pytest.mark.slow
 def test_per_epoch_bytes_are_what_the_reader_read_from_the_pfs_and_from_the_tiers(tmp_path):
     data = tmp_path / "pfs"
     head_dataset(data)
@@ -368,12 +379,14 @@ def check_epochs(stats: dict, rd: dict, contents: dict[str, bytes]) -> None:
     assert [e["start"] for e in ep] == sorted(e["start"] for e in ep)
 
 
+@pytest.mark.slow
 def test_per_epoch_numbers_agree_with_what_the_reader_counted_through_the_hook(hooked_run):
     stats, rd, contents, _ = hooked_run
     assert stats["policy"] == "clairvoyant" and "per_epoch" not in stats["order"]
     check_epochs(stats, rd, contents)
 
 
+@pytest.mark.slow
 def test_per_epoch_numbers_agree_with_what_the_reader_counted_with_the_sampler_given(tmp_path):
     data = tmp_path / "pfs"
     contents = dataset(data)
@@ -385,6 +398,7 @@ def test_per_epoch_numbers_agree_with_what_the_reader_counted_with_the_sampler_g
     check_epochs(json.loads(stats.read_text()), json.loads(out.read_text()), contents)
 
 
+@pytest.mark.slow
 def test_a_lead_in_seconds_is_never_more_than_the_job_has_run(tmp_path):
     """A reader that pauses between epochs while the plan holds the next
     ones: the lead in seconds, on the status lines and per epoch, is what
@@ -405,6 +419,7 @@ def test_a_lead_in_seconds_is_never_more_than_the_job_has_run(tmp_path):
         assert e["prefetch_lead_seconds"] is None or e["prefetch_lead_seconds"] <= e["start"] + e["seconds"], e
 
 
+@pytest.mark.slow
 def test_the_summary_shows_the_epochs_and_the_net_pfs_traffic(tmp_path):
     data = tmp_path / "pfs"
     dataset(data)
@@ -457,6 +472,7 @@ def status_as_other_user(*args: str) -> tuple[int, str]:
         return code, f.read()
 
 
+@pytest.mark.slow
 def test_status_attaches_to_a_running_job_read_only_and_refuses_another_user(tmp_path):
     data = tmp_path / "pfs"
     dataset(data)
@@ -514,6 +530,7 @@ def test_status_attaches_to_a_running_job_read_only_and_refuses_another_user(tmp
 
 # -- tiering report -----------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_report_draws_four_panels_that_are_not_empty(hooked_run, tmp_path):
     import numpy as np
     from PIL import Image
@@ -551,6 +568,7 @@ def times_panel(s: dict, direct: list[float] | None = None):  # type: ignore[no-
         plt.close(fig)
 
 
+@pytest.mark.slow
 def test_the_reports_picture_shows_the_epoch_times_and_the_direct_runs_beside_them():
     s = small_stats()
     assert times_panel(s) == ("Epoch times under tier-run", {"under tier-run": [0.9, 0.8]}, ["1", "2"])
@@ -563,6 +581,7 @@ def test_the_reports_picture_shows_the_epoch_times_and_the_direct_runs_beside_th
         {"directly (PFS)": [3.9], "under tier-run": [2.0]}, ["COMMAND"])
 
 
+@pytest.mark.slow
 def test_report_refuses_direct_seconds_that_are_not_seconds(tmp_path):
     good = tmp_path / "good.json"
     good.write_text(json.dumps(small_stats()))
@@ -572,6 +591,7 @@ def test_report_refuses_direct_seconds_that_are_not_seconds(tmp_path):
         assert r.returncode == 2 and "--direct" in r.stderr and "seconds per epoch" in r.stderr, (bad, r.stderr)
 
 
+@pytest.mark.slow
 def test_report_says_what_is_wrong_with_its_input(tmp_path):
     bad = tmp_path / "x.json"
     bad.write_text('{"hello": 1}')
@@ -623,6 +643,7 @@ def test_the_demo_prints_both_runs_side_by_side(tmp_path, local):
         assert "served at" in out and "by slowfs" in out
 
 
+@pytest.mark.slow
 def test_a_path_too_long_for_the_tier_is_a_failure_with_its_reason_in_the_summary_and_json(tmp_path, reliability):
     from test_daemon import long_rel
     data = tmp_path / "pfs"
@@ -687,6 +708,7 @@ MALFORMED_STATS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("what", sorted(MALFORMED_STATS))
 def test_report_of_a_malformed_stats_file_is_a_clear_error_with_exit_2(tmp_path, what, reliability):
     good = tmp_path / "good.json"

@@ -448,6 +448,7 @@ def test_epochs_from_options_are_the_files_the_samples_read(tmp_path: Path, extr
     assert not any(n.endswith(".txt") for n in names)
 
 
+@pytest.mark.slow
 def test_an_order_file_is_read_a_line_at_a_time(tmp_path: Path) -> None:
     """NOTE [order file memory]: the reading's Python allocations stay near
     8 bytes per entry, not the file's size several times over (its bytes,

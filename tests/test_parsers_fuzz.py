@@ -94,6 +94,7 @@ def profile_texts() -> st.SearchStrategy[bytes]:
     return st.one_of(shipped, built, shaped)
 
 
+@pytest.mark.slow
 @FUZZ
 @given(text=profile_texts())
 def test_a_profile_is_loaded_or_a_profile_error(work: Path, text: bytes) -> None:
@@ -253,6 +254,7 @@ def doc_changes(doc: dict[str, Any]) -> st.SearchStrategy[bytes]:
     )
 
 
+@pytest.mark.slow
 @settings(FUZZ, max_examples=150)
 @given(data=st.data())
 def test_a_damaged_catalog_cache_is_used_or_ignored_never_raised(
@@ -292,6 +294,7 @@ def test_a_stats_file_is_loaded_or_a_plot_error(work: Path, content: bytes) -> N
         assert str(e)
 
 
+@pytest.mark.slow
 @settings(FUZZ, max_examples=10)
 @given(content=stats_changes())
 def test_tiering_report_of_any_stats_file_exits_0_or_2(work: Path, content: bytes) -> None:

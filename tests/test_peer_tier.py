@@ -30,6 +30,7 @@ def tier(tmp_path, rank: int, nodes: int, budget: int, timeout: float = 120.0) -
     return t
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("nodes", [2, 3])
 def test_nodes_whose_tiers_differ_compute_the_same_homes_once_they_met(tmp_path, nodes):
     per_node = int(SIZES.sum()) // nodes
@@ -63,6 +64,7 @@ def test_nodes_that_never_meet_have_no_homes(tmp_path):
     alone.close()
 
 
+@pytest.mark.slow
 def test_every_count_of_the_server_and_the_client_reaches_the_record_and_the_summary(tmp_path):
     t = tier(tmp_path, 0, 2, 0)
     t.server = PeerServer("127.0.0.1", None, lambda root, rel: None)

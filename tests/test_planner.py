@@ -230,6 +230,7 @@ def test_two_tiers_unit_sizes_equal_one_tier_optimum() -> None:
         assert cost(run) == opt, (seed, stream, caps)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("window", [2, 4, None])
 def test_prefetching_ahead_on_small_cases(window: int | None) -> None:
     """Fetching ahead never beats the optimum and stays within 2x of it on these
@@ -294,7 +295,8 @@ def random_case(seed: int, files: int = 300, epochs: int = 4, tiers: int = 2,
     return orders, sizes, caps
 
 
-INVARIANT_CASES = [(seed, tiers, window, ahead)
+# the first case in the quick loop, the others slow (about a second each)
+INVARIANT_CASES = [pytest.param(seed, tiers, window, ahead, marks=() if seed == 0 else pytest.mark.slow)
                    for seed, (tiers, window, ahead) in enumerate(
                        (t, w, a) for t in (1, 2, 3) for w in (1, 8, 64, None) for a in (0, 1))]
 
@@ -570,9 +572,12 @@ def test_file_too_large_for_every_tier_does_not_stall_prefetching() -> None:
     assert [(a.kind, a.file) for a in p.advance()] == [("fetch", 1), ("fetch", 2), ("fetch", 3)]
 
 
-# -- speed --------------------------------------------------------------------------------------
+# -- size ---------------------------------------------------------------------------------------
 
-def test_simulate_speed() -> None:
+def test_simulate_of_20k_files_serves_every_access() -> None:
+    """20,000 files x 3 epochs through the planner: every access is served and
+    epoch 1 reads the data set from the PFS.  Its time is printed, not
+    asserted (speed is the benchmarks' business)."""
     n = 20_000
     sizes = lognormal_sizes(n, 11)
     orders = permutations(n, 3, 11)
@@ -583,10 +588,11 @@ def test_simulate_speed() -> None:
         took = time.perf_counter() - t
         print(f"simulate {n} files x 3 epochs, {len(caps)} tier(s), window {window}: {took:.2f} s,"
               f" {len(schedule)} actions")
-        assert took < 60
         assert sum(r.accesses for r in reps) == 3 * n
+        assert reps[0].pfs_bytes >= D
 
 
+@pytest.mark.slow
 def test_consumed_stream_is_trimmed_without_changing_the_plan(monkeypatch: pytest.MonkeyPatch) -> None:
     """The planner forgets the consumed head of the stream (memory follows the
     known future, not the run's length), and the plan is the same as without."""

@@ -71,6 +71,7 @@ def catalogs(draw: st.DrawFn) -> dict:
             "known_ahead": draw(st.integers(0, 2)), "trim": draw(st.sampled_from([3, 1 << 16]))}
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(c=catalogs())
 def test_c_core_and_python_plan_as_the_reference(monkeypatch: pytest.MonkeyPatch, c: dict) -> None:
@@ -101,6 +102,7 @@ OPS = st.lists(st.tuples(st.sampled_from(["advance", "advance", "consume", "cons
                          st.integers(0, 1 << 30)), max_size=80)
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(c=catalogs(), ops=OPS)
 def test_driven_step_by_step_the_core_keeps_the_python_state(monkeypatch: pytest.MonkeyPatch, c: dict,

@@ -70,6 +70,7 @@ def bulk(request: pytest.FixtureRequest) -> object:
     new.BULK, new.REBUILD_SHARE = saved
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(c=cases())
 def test_simulate_is_the_reference(bulk: object, c: dict) -> None:
@@ -101,6 +102,7 @@ OPS = st.lists(st.tuples(st.sampled_from(["advance", "consume", "consume", "cons
                          st.integers(0, 1 << 30)), max_size=120)
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(c=cases(), ops=OPS)
 def test_driven_like_the_daemon_it_acts_as_the_reference(bulk: object, c: dict, ops: list[tuple[str, int]]) -> None:
@@ -145,6 +147,7 @@ def test_driven_like_the_daemon_it_acts_as_the_reference(bulk: object, c: dict, 
         same_state(a, b, files)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(6))
 def test_trimming_keeps_the_decisions(monkeypatch: pytest.MonkeyPatch, bulk: object, seed: int) -> None:
     """Longer runs with the stream's head trimmed often: the same plan as the

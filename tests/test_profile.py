@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import textwrap
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import tmpfs_mounted
 from tiering import profile as prof
 from tiering import rundirs
 from tiering.profile import (
@@ -334,22 +336,14 @@ def test_validation_errors_name_file_key_and_fix(case_id, tmp_path):
 
 
 def test_unwritable_path_is_an_error(tmp_path):
-    import subprocess
     locked = tmp_path / "locked"
     locked.mkdir(mode=0o500)
-    mounted = False
-    if os.geteuid() == 0:  # root writes through mode bits: a read-only mount stops it
-        r = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(locked)],
-                           capture_output=True, text=True)
-        assert r.returncode == 0, f"as root this test mounts a read-only tmpfs: {r.stderr}"
-        mounted = True
-    try:
+    with contextlib.ExitStack() as stack:
+        if os.geteuid() == 0:  # root writes through mode bits: a read-only mount stops it
+            stack.enter_context(tmpfs_mounted(locked, "1m", read_only=True))
         path = write(tmp_path, one_tier(tmp_path, path=str(locked), capacity="4KiB"))
         with pytest.raises(ProfileError, match=r"tiers\[0\].path: path .* is not writable.*optional: true"):
             check_profile(str(path))
-    finally:
-        if mounted:
-            subprocess.run(["umount", "-l", str(locked)])
 
 
 def test_check_profile_missing_file(tmp_path):

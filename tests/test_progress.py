@@ -134,6 +134,7 @@ def feed(pr: Progress, files: list[int], pids: list[int], batch: int) -> None:
         pr.on_opens(np.array(files[k:k + batch]), np.array(pids[k:k + batch]))
 
 
+@pytest.mark.slow
 def test_batches_match_like_single_opens():
     rng = random.Random(3)
     order = list(range(3000))
@@ -227,6 +228,7 @@ def test_big_batches_across_an_epoch_boundary(batch: int):
     assert pr.planner.reader == 2 * n and not pr.diverged
 
 
+@pytest.mark.slow
 def test_a_worker_lagging_far_behind_is_late_not_another_order():
     """One of 8 workers stalls (its process descheduled) while the others
     read three windows further: its opens arrive for positions already

@@ -117,6 +117,7 @@ def small_book_shim(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_a_descriptor_above_the_fd_book_is_the_data_files(tmp_path, small_book_shim):
     """A descriptor numbered past the shim's fd book (opened there, and
     duplicated there from a booked one) answers as the data file."""

@@ -498,6 +498,7 @@ def test_threads_duplicating_and_closing_one_file_at_once_count_its_bytes_once(s
         booked = c["read_pfs"]
 
 
+@pytest.mark.slow
 @pytest.mark.sanitizers("asan", "tsan")
 def test_a_dup_racing_with_a_close_of_its_source_leaks_no_cell_and_books_no_byte_twice(shimenv, cbin):
     """Rounds of a dup of a descriptor while another thread closes it and a

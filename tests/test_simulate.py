@@ -173,8 +173,9 @@ def test_simulate_command_json_and_text(tmp_path: Path) -> None:
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout)
     assert list(d["policies"]) == ["lower-bound", "hdmlp"]
-    h = d["policies"]["hdmlp"]
-    assert isinstance(h["pfs_bytes"], int) and len(h["epochs"]) == 3 and h["seconds"] >= 0
+    h, lb = d["policies"]["hdmlp"], d["policies"]["lower-bound"]
+    assert isinstance(h["pfs_bytes"], int) and h["pfs_bytes"] > 0 and len(h["epochs"]) == 3
+    assert h["seconds"] == pytest.approx(sum(h["epochs"])) and h["seconds"] >= lb["seconds"] * (1 - 1e-9)
     r = CliRunner().invoke(main, ["simulate", "--config", str(f), "--sweep", "nodes=1,2", "--policy", "naive"])
     assert r.exit_code == 0 and "nodes" in r.stdout and r.stdout.count("\n") >= 3
     r = CliRunner().invoke(main, ["simulate"])

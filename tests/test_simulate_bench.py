@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from bench.predict import POLICY_OF, Probe, predict
-from helpers import PYTHON, REPO
+from helpers import BENCH_TIMEOUT, PYTHON, REPO
 from tiering.simulate.config import FileSpec, SimConfig, StorageClass, Table
 from tiering.simulate.runner import simulate
 
@@ -138,7 +138,7 @@ def test_the_bench_stores_a_prediction_beside_every_configuration(tmp_path: Path
     out = tmp_path / "results"
     r = subprocess.run([PYTHON, "-m", "bench.run", "--quick", "--scenario", "ram+ssd", "--scenario", "twice",
                         "--out", str(out), "--work", str(tmp_path / "work")],
-                       cwd=REPO, capture_output=True, text=True, timeout=900)
+                       cwd=REPO, capture_output=True, text=True, timeout=BENCH_TIMEOUT)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     for scenario in ("ram+ssd", "twice"):
         res = json.loads((out / f"{scenario}.json").read_text())

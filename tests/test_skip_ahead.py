@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import numpy as np
+import pytest
 
 from helpers import PlaceEach
 from tiering.clairvoyant.feeds import ListFeed
@@ -124,6 +125,7 @@ def simulate(n: int, epochs: int, reader_rate: float, copy_rate: float, skip: bo
     return policy, copier, per_epoch
 
 
+@pytest.mark.slow
 def test_copies_slower_than_the_reader_are_not_made_of_files_the_reader_reads_first():
     n = 20_000
     _, _, racing = simulate(n, 1, reader_rate=2000, copy_rate=1000, skip=False)
@@ -174,6 +176,7 @@ def test_a_file_the_reader_read_is_not_passed_over_again():
     assert 0 < policy.passed_over <= per_epoch[0]["from_pfs"]
 
 
+@pytest.mark.slow
 def test_a_copier_faster_than_the_reader_passes_nothing_over():
     policy, copier, per_epoch = simulate(5000, 2, reader_rate=500, copy_rate=4000, skip=True)
     assert policy.passed_over == 0

@@ -126,7 +126,7 @@ def test_usage_errors_exit_2(binary: Path, tmp_path: Path) -> None:
     for args in ([], [str(tmp_path)], [str(tmp_path), str(tmp_path), "--max-inflight", "0"],
                  [str(tmp_path), str(tmp_path), "--bandwidth-mbps", "fast"],
                  [str(tmp_path), str(tmp_path), "--no-such-option"]):
-        p = subprocess.run([str(binary), *args], capture_output=True, text=True, timeout=10)
+        p = subprocess.run([str(binary), *args], capture_output=True, text=True, timeout=120)
         assert p.returncode == 2, (args, p.stderr)
         assert "usage: slowfs SOURCE MOUNTPOINT" in p.stderr
 
@@ -211,6 +211,7 @@ def test_each_open_reads_the_bytes_again(tree: tuple[Path, dict[str, bytes]], tm
         assert d["errors"] == 0
 
 
+@pytest.mark.slow
 def test_metadata_latency(tree: tuple[Path, dict[str, bytes]], tmp_path: Path) -> None:
     src, _ = tree
     meta_ms, n = 5.0, 50

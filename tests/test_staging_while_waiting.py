@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import numpy as np
+import pytest
 
 from helpers import PlaceEach
 from tiering.clairvoyant.feeds import ListFeed
@@ -65,6 +66,7 @@ class Tiers(PlaceEach):
             policy.on_landed(np.array([i for i, _ in done], np.int64), done[0][1], np.ones(len(done), bool))
 
 
+@pytest.mark.slow
 def test_waiting_for_the_order_the_catalog_is_staged_in_order_but_what_the_reader_opened():
     n = 3 * STAGE_IN_FLIGHT + 100
     fits = Tiers(n, [allocation(SIZE) * n // 2, allocation(SIZE) * n])     # fits in RAM and SSD together

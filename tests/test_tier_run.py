@@ -37,7 +37,8 @@ from tiering.rundirs import index_parent, make_private_dir
 pytestmark = pytest.mark.usefixtures("no_leftovers")
 
 
-@pytest.mark.parametrize("ctx", ["fork", pytest.param("spawn", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("ctx", ["fork", "spawn"])
 def test_epochs_after_the_first_are_served_from_the_tier(tmp_path, ctx):
     data = tmp_path / "pfs"
     contents = dataset(data)
@@ -68,6 +69,7 @@ def test_epochs_after_the_first_are_served_from_the_tier(tmp_path, ctx):
     assert "from tiers" in r.stderr and "tier ram" in r.stderr
 
 
+@pytest.mark.slow
 def test_partial_fit_serves_exactly_the_placed_files(tmp_path):
     data = tmp_path / "pfs"
     contents = dataset(data)
@@ -96,6 +98,7 @@ def test_partial_fit_serves_exactly_the_placed_files(tmp_path):
     assert rd["digest"] == digest(contents)
 
 
+@pytest.mark.slow
 def test_two_tiers_fill_fastest_first(tmp_path):
     data = tmp_path / "pfs"
     contents = dataset(data)
@@ -109,6 +112,7 @@ def test_two_tiers_fill_fastest_first(tmp_path):
     assert rd["digest"] == digest(contents)
 
 
+@pytest.mark.slow
 def test_stage_copies_everything_at_start(tmp_path):
     data = tmp_path / "pfs"
     contents = dataset(data)
@@ -119,6 +123,7 @@ def test_stage_copies_everything_at_start(tmp_path):
     assert rd["digest"] == digest(contents)
 
 
+@pytest.mark.slow
 def test_lru_evicts_to_stay_within_capacity(tmp_path):
     data = tmp_path / "pfs"
     contents = dataset(data)
@@ -131,6 +136,7 @@ def test_lru_evicts_to_stay_within_capacity(tmp_path):
     assert rd["digest"] == digest(contents)
 
 
+@pytest.mark.slow
 def test_off_places_nothing_but_counts(tmp_path):
     data = tmp_path / "pfs"
     contents = dataset(data, n=50)
@@ -222,6 +228,7 @@ assert where == {str(target)!r}, where
     reliability.checked(reads=1, nbytes=len(contents["c0/f0000.bin"]) + 3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("umask", [0o000, 0o022])
 def test_tier_directories_are_private_whatever_the_umask(tmp_path, umask):
     """NOTE [tier roots]: the shim redirects only into 0700 tier roots."""
@@ -234,7 +241,8 @@ from tiering.placement.index import SharedIndex, ffi
 ix = SharedIndex.open(os.environ['TIERING_INDEX'])
 tier = ffi.string(ix.header.tiers[0].path).decode()
 modes = [oct(os.stat(p).st_mode & 0o7777) for p in (tier, os.path.join(os.path.dirname(tier), 'staging'))]
-for _ in range(500):                       # wait for the staged copy
+deadline = time.monotonic() + 120
+while time.monotonic() < deadline:         # wait for the staged copy
     with open({str(target)!r}, 'rb') as f:
         where = os.readlink(f'/proc/self/fd/{{f.fileno()}}')
         if where.startswith(tier):
@@ -284,6 +292,7 @@ def test_signals_reach_the_command_and_everything_is_cleaned_up(tmp_path, sig, r
     reliability.survived(f"{signal.Signals(sig).name} sent to tier-run (forwarded, all cleaned up)")
 
 
+@pytest.mark.slow
 def test_a_stopped_and_continued_tier_run_goes_on(tmp_path, reliability):
     """SIGSTOP of tier-run for longer than its wait for COMMAND (1 s), then
     SIGCONT: the interrupted wait is no signal to forward (it once forwarded
@@ -418,6 +427,7 @@ def test_a_data_root_that_holds_the_index_parent_is_refused_before_command(tmp_p
             f"of the data set (COMMAND would list it); stage the data set in a directory of its own") in r.stderr
 
 
+@pytest.mark.slow
 def test_existing_ld_preload_is_kept_and_nesting_loads_the_shim_once(tmp_path):
     data = tmp_path / "pfs"
     contents = dataset(data, n=3)
@@ -473,15 +483,23 @@ def test_bad_profile_file_names_file_and_key(tmp_path):
     assert "bad.yaml" in r.stderr and "capacity" in r.stderr
 
 
+def console_script(name: str) -> str | None:
+    """A console script of the environment running the tests (its bin/, also
+    when it is not on PATH: make's .venv), else the one on PATH."""
+    here = Path(PYTHON).parent / name
+    return str(here) if here.exists() else shutil.which(name)
+
+
 def test_console_scripts_are_installed():
-    exe = shutil.which("tier-run")
-    assert exe, "tier-run is not on PATH: install the package (make install)"
+    exe = console_script("tier-run")
+    assert exe, "tier-run is not installed beside this Python nor on PATH: install the package (make install)"
     r = subprocess.run([exe, "--help"], capture_output=True, text=True)
     assert r.returncode == 0 and "--data" in r.stdout
-    r = subprocess.run([shutil.which("tiering") or "tiering", "profile", "list"], capture_output=True, text=True)
+    r = subprocess.run([console_script("tiering") or "tiering", "profile", "list"], capture_output=True, text=True)
     assert "auto" in r.stdout.split() and "frontera" in r.stdout.split()
 
 
+@pytest.mark.slow
 def test_two_data_roots_with_the_same_relative_paths_keep_their_own_bytes(tmp_path, reliability):
     a, b = tmp_path / "a", tmp_path / "b"
     ca = make_data(a, {"x/same.bin": 3000, "only-a.bin": 10}, seed=1)
@@ -531,6 +549,7 @@ def test_ignored_signals_stay_ignored_and_python_ignores_do_not_leak(tmp_path):
     assert blocked == 0                                     # tier-run's own blocked signals are not
 
 
+@pytest.mark.slow
 def test_disable_variable_turns_the_shim_off_under_tier_run(tmp_path):
     data = tmp_path / "pfs"
     contents = dataset(data, n=20)
@@ -555,6 +574,7 @@ def test_disable_variable_turns_the_shim_off_under_tier_run(tmp_path):
     assert s["tiers"][0]["files"] == len(contents) and s["opens"]["total"] == 0
 
 
+@pytest.mark.slow
 def test_a_hung_pfs_read_does_not_hold_tier_run_after_the_command(tmp_path, reliability):
     """Copies blocked in a PFS read (simulated: the C copy, of one file or of
     a batch, never returns) are abandoned after the stop timeout; tier-run
@@ -601,6 +621,7 @@ READ_ALL = ("import hashlib, os, sys\n"
             "print(h.hexdigest())\n")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["-I", "-E", "PYTHONPATH replaced", "order directory unusable"])
 def test_a_hook_that_cannot_start_is_reported_once(tmp_path, how, reliability):
     data = tmp_path / "pfs"
@@ -634,6 +655,7 @@ def test_a_hook_that_cannot_start_is_reported_once(tmp_path, how, reliability):
     reliability.checked(reads=len(contents), nbytes=sum(map(len, contents.values())))
 
 
+@pytest.mark.slow
 def test_a_hook_missing_from_the_installation_is_reported_once(tmp_path, reliability):
     data = tmp_path / "pfs"
     contents = dataset(data, n=4)
@@ -661,6 +683,7 @@ def test_a_hook_missing_from_the_installation_is_reported_once(tmp_path, reliabi
 
 # -- COMMAND's exit status, whatever happens to the report ---------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where, message", [
     ("missing/dir/s.json", "the directory {tmp}/missing/dir does not exist; create it first (mkdir -p {tmp}/missing/dir)"),
     ("/sys/tiering-stats.json", "cannot create a file in /sys"),
@@ -679,6 +702,7 @@ def test_a_stats_json_that_cannot_be_written_stops_before_command(tmp_path, wher
     reliability.survived(f"--stats-json {where!r} unusable: refused before COMMAND")
 
 
+@pytest.mark.slow
 def test_a_broken_pipe_on_stderr_keeps_the_commands_status(tmp_path, reliability):
     """tier-run ... 2>&1 | head -1: the summary meets a closed pipe."""
     data = tmp_path / "pfs"
@@ -701,6 +725,7 @@ def test_a_broken_pipe_on_stderr_keeps_the_commands_status(tmp_path, reliability
     reliability.survived("tier-run's stderr a broken pipe")
 
 
+@pytest.mark.slow
 def test_a_closed_stderr_keeps_the_commands_status_and_stdout(tmp_path, reliability):
     """tier-run ... 2>&-: nothing of tier-run's ends up on stdout."""
     data = tmp_path / "pfs"
@@ -713,6 +738,7 @@ def test_a_closed_stderr_keeps_the_commands_status_and_stdout(tmp_path, reliabil
     reliability.survived("tier-run started with stderr closed")
 
 
+@pytest.mark.slow
 def test_a_full_device_for_the_json_keeps_the_commands_status(tmp_path, reliability):
     data = tmp_path / "pfs"
     dataset(data, n=2)
@@ -726,6 +752,7 @@ def test_a_full_device_for_the_json_keeps_the_commands_status(tmp_path, reliabil
 
 # -- tier-run killed, signals, how COMMAND starts -------------------------------------------
 
+@pytest.mark.slow
 def test_a_killed_tier_run_takes_command_down_and_the_next_run_sweeps(tmp_path, reliability):
     data = tmp_path / "pfs"
     dataset(data, n=5)
@@ -748,6 +775,7 @@ def test_a_killed_tier_run_takes_command_down_and_the_next_run_sweeps(tmp_path, 
     reliability.survived("tier-run SIGKILLed (COMMAND got SIGTERM, the next run swept)")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("order", [[], ["--sampler", "random", "--seed", "1", "--layout", "sorted"]],
                          ids=["hook", "sampler"])
 def test_no_thread_of_tier_run_can_take_a_forwarded_signal(tmp_path, order):
@@ -768,6 +796,7 @@ def test_no_thread_of_tier_run_can_take_a_forwarded_signal(tmp_path, order):
     assert all(m & forwarded == forwarded for m in masks), r.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["INT", "TERM"])
 def test_a_signal_during_set_up_stops_tier_run_before_command(tmp_path, sig, reliability):
     """The scan is made to hang: the signal must still end tier-run, cleanly."""
@@ -793,6 +822,7 @@ def test_a_signal_during_set_up_stops_tier_run_before_command(tmp_path, sig, rel
     reliability.survived(f"{signal.Signals(sig).name} while tier-run sets up")
 
 
+@pytest.mark.slow
 def test_a_signal_between_making_a_tier_directory_and_recording_it_leaves_nothing(tmp_path):
     """The set-up's signal interrupts the main thread at any point: here
     just after the second tier's private directory is made, before the job
@@ -822,6 +852,7 @@ def test_a_signal_between_making_a_tier_directory_and_recording_it_leaves_nothin
              "the removal of tier-run's directories in /dev/shm")
 
 
+@pytest.mark.slow
 def test_a_script_without_shebang_runs_with_sh(tmp_path):
     data = tmp_path / "pfs"
     dataset(data, n=2)
@@ -839,6 +870,7 @@ def test_a_script_without_shebang_runs_with_sh(tmp_path):
 
 # -- order files and error lists ------------------------------------------------------------
 
+@pytest.mark.slow
 def test_unreadable_directories_of_the_data_set_are_a_warning_with_their_paths_and_count(tmp_path):
     """Two class directories tier-run cannot list (a mode that shuts this
     user out; the tests run as root, so the listing is made to fail): one
@@ -864,6 +896,7 @@ def test_unreadable_directories_of_the_data_set_are_a_warning_with_their_paths_a
     assert json.loads(stats.read_text())["files"] == N_FILES * 3 // 5
 
 
+@pytest.mark.slow
 def test_an_order_file_of_paths_needs_no_layout(tmp_path, reliability):
     """The data set's files have no image extension: the default layout
     (ImageFolder) finds no sample, but an order of paths names the files."""
@@ -888,6 +921,7 @@ def test_an_order_file_of_paths_needs_no_layout(tmp_path, reliability):
     reliability.survived("an order of files that are not ImageFolder samples")
 
 
+@pytest.mark.slow
 def test_errors_that_name_classes_name_a_few_and_count_the_rest(tmp_path):
     data = tmp_path / "imagenet-like"
     make_data(data, {f"n{k:08d}/x.bin": 3 for k in range(1000)})
@@ -897,6 +931,7 @@ def test_errors_that_name_classes_name_a_few_and_count_the_rest(tmp_path):
     assert "n00000999" not in r.stderr and len(r.stderr) < 2000
 
 
+@pytest.mark.slow
 def test_tiers_are_removed_in_the_background_and_nothing_is_left(tmp_path):
     """tier-run hands its tiers (with their copies) to a detached remover and
     exits; once that is done, no file of the job remains on any tier."""
@@ -936,6 +971,7 @@ SAVEZ_WAITS = ("import numpy, os, time\n"
                "numpy.savez = savez\n")
 
 
+@pytest.mark.slow
 def test_command_starts_before_the_catalog_cache_is_written(tmp_path):
     """The catalog of a cold scan goes to the cache from a child of tier-run
     while COMMAND runs (COMMAND does not wait for it); tier-run waits for the
@@ -962,6 +998,7 @@ def test_command_starts_before_the_catalog_cache_is_written(tmp_path):
     assert r.stdout.strip() == digest(contents)
 
 
+@pytest.mark.slow
 def test_a_tier_run_killed_while_the_cache_is_written_leaves_no_cache(tmp_path, reliability):
     """tier-run SIGKILLed, with its cache writer, half-way through writing
     the cache: no cache under its name (a temporary the next writer's

@@ -123,6 +123,7 @@ def test_every_sampler_kind_replays_as_torch_draws_it(n: int, monkeypatch: pytes
             assert np.array_equal(epoch_order_array(spec, n, e), expected[e]), (spec, n, e)
 
 
+@pytest.mark.slow
 def test_imagenet_epochs_against_the_real_samplers() -> None:
     n, world = IMAGENET, 8
     for rank, drop in itertools.product((0, 5), (False, True)):
@@ -171,6 +172,7 @@ def run_program(version: str | None) -> str:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120).stdout
 
 
+@pytest.mark.slow
 def test_orders_without_importing_torch_for_a_replayed_version() -> None:
     out = run_program(None)
     assert "torch imported: False" in out

@@ -213,8 +213,9 @@ def give_back_freed_memory() -> None:
 
 def names_first(opts: JobOptions) -> bool:
     """Whether a cold scan may leave the stats to the time after COMMAND
-    started (NOTE [names first]): not for --warm, --policy stage (their
-    copies start before COMMAND), nor a job that spans nodes."""
+    started (NOTE [names first]; why a full scan before COMMAND cannot be
+    quick enough: NOTE [scan before COMMAND]): not for --warm, --policy stage
+    (their copies start before COMMAND), nor a job that spans nodes."""
     return opts.warm is None and opts.policy != "stage" and not opts.node.multi_node
 
 
