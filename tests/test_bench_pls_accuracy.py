@@ -1,17 +1,24 @@
 """The PLS accuracy benchmark (bench/pls_accuracy.py): its smallest
-configuration in-process, and the samples each emulated rank trained on
-against the sampler's own orders."""
+configuration in-process, the samples each emulated rank trained on against
+the sampler's own orders, and the report made again from the committed results."""
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
+
+from helpers import PYTHON, REPO
 
 pytest.importorskip("sklearn")
 torch = pytest.importorskip("torch")
 
 from bench import pls_accuracy as acc  # noqa: E402
 from tiering.samplers import PartialLocalShuffleSampler  # noqa: E402
+
+RESULTS = REPO / "bench" / "results"
 
 
 @pytest.fixture(scope="module")
@@ -69,3 +76,18 @@ def test_first_reaching_says_not_reached():
     assert acc.first_reaching([0.5, 0.9], 0.95) is None
     assert acc._epochs({"reached": 0, "epochs_to_target": [None]}, 1) == "not reached"
 
+
+def test_the_report_is_made_from_the_results_and_is_the_readme_table(tmp_path: Path):
+    shutil.copy(RESULTS / "pls-accuracy.json", tmp_path / "pls-accuracy.json")
+    r = subprocess.run([PYTHON, "-m", "bench.pls_accuracy", "--report-only", "--out", str(tmp_path)], cwd=REPO,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    table = (tmp_path / "pls-accuracy.md").read_text()
+    assert table == (RESULTS / "pls-accuracy.md").read_text()
+    assert table in (REPO / "README.md").read_text()
+    assert (tmp_path / "pls-accuracy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    res = json.loads((tmp_path / "pls-accuracy.json").read_text())
+    assert {(x["model"], x["sampler"]) for x in res["runs"]} == {(m, s) for m in acc.MODELS for s in acc.SAMPLERS}
+    assert len(res["setup"]["seeds"]) >= 5 and res["setup"]["world"] == 16
+    g = res["gloo_check"]
+    assert g["world"] == 16 and g["integer_tensors_equal"] and g["max_abs_diff"] < 1e-4
