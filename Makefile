@@ -220,7 +220,5 @@ bench-deps:
 # writes bench/results/pls-accuracy.{json,md,png}.  About 8 minutes on 2 cores
 # (PLS_ACCURACY_ARGS=--quick: 2 seeds, 8 epochs, in bench/results/quick, 1.5 min).
 .PHONY: bench-pls-accuracy
-bench-pls-accuracy:
-	@$(PY) -c 'import torch' 2>/dev/null || $(PIP) "torch==2.13.0"
-	@$(PY) -c 'import sklearn, matplotlib' 2>/dev/null || $(PIP) scikit-learn matplotlib
+bench-pls-accuracy: install
 	$(PY) -m bench.pls_accuracy $(PLS_ACCURACY_ARGS)

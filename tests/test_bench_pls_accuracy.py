@@ -9,14 +9,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 
+from bench import pls_accuracy as acc
 from helpers import PYTHON, REPO
-
-pytest.importorskip("sklearn")
-torch = pytest.importorskip("torch")
-
-from bench import pls_accuracy as acc  # noqa: E402
-from tiering.samplers import PartialLocalShuffleSampler  # noqa: E402
+from tiering.samplers import PartialLocalShuffleSampler
 
 RESULTS = REPO / "bench" / "results"
 
