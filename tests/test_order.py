@@ -532,3 +532,38 @@ def test_a_npy_order_file_through_a_pipe_is_a_clear_error(tmp_path: Path) -> Non
     fifo = _piped(tmp_path / "order", buf.getvalue(), chunks=3)   # the magic in pieces
     with pytest.raises(OrderError, match="through a pipe.*save it"):
         read_order_file(fifo)
+
+
+def test_a_path_order_file_keeps_neither_its_path_index_nor_the_epochs_handed_over(tmp_path: Path,
+                                                                                  monkeypatch) -> None:
+    """NOTE [order file memory]: once a file of paths is read, the PathIndex
+    (16 B a catalogued file) is let go, and an epoch the policy has taken is
+    not held by the generator as well (8 B a position each)."""
+    import gc
+    import weakref
+
+    from tiering.catalog import scan
+    from tiering.clairvoyant import options
+    rels = _tree(tmp_path / "ds")
+    cat = scan([str(tmp_path / "ds")])
+    made: list[weakref.ref] = []
+
+    class Tracked(options.PathIndex):
+        def __init__(self, catalog) -> None:
+            super().__init__(catalog)
+            made.append(weakref.ref(self))
+    monkeypatch.setattr(options, "PathIndex", Tracked)
+    f = tmp_path / "order.txt"
+    f.write_text("\n".join(rels) + "\n\n" + "\n".join(reversed(rels)) + "\n")
+    ids = {cat.files.rel(i): i for i in range(len(cat.files))}
+    gen = options.epoch_arrays_from_options(options.OrderOptions(order_file=f), cat, {})
+    first = next(gen)
+    gc.collect()
+    assert len(made) == 1 and made[0]() is None
+    assert first.tolist() == [ids[r] for r in rels]
+    ref = weakref.ref(first)
+    del first
+    gc.collect()
+    assert ref() is None           # the generator (one epoch still to hand over) does not hold it
+    assert next(gen).tolist() == [ids[r] for r in reversed(rels)]
+    assert next(gen, None) is None

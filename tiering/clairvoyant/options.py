@@ -175,11 +175,14 @@ def _order_file_epochs(opts: OrderOptions, catalog: Catalog) -> Iterator[np.ndar
         return cid
 
     epochs = read_order_arrays(opts.order_file, resolve)
+    paths = None     # its sorted hashes and ids (16 B a file) go: nothing resolves a path after the file
     if named:
         if named != sum(map(len, epochs)):
             raise StreamError(f"{opts.order_file}: mixes data-set indices and file paths; use one kind: paths "
                               "(each names its file), or indices (mapped to files by --layout)")
-        yield from epochs
+        epochs.reverse()
+        while epochs:       # each epoch handed over, not kept here too (8 B a position)
+            yield epochs.pop()
         return
     mapping = dataset_ids(catalog, layout_of(opts))
     for k, idx in enumerate(epochs):     # every epoch checked before the first is used (before COMMAND)
