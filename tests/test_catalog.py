@@ -869,6 +869,20 @@ def test_path_index_finds_every_catalogued_path(tmp_path: Path) -> None:
     assert paths.id_of(str(root / "d")) == -1 and paths.id_of(str(tmp_path / "outside.bin")) == -1
 
 
+def test_path_index_finds_a_path_among_colliding_hashes(tmp_path: Path, monkeypatch) -> None:
+    """Paths whose hashes are equal (every one here: the index's hash made a
+    constant) are told apart by the path itself, in either order of the run."""
+    from tiering.catalog import roots as roots_mod
+    for k in range(5):
+        touch(tmp_path / "r" / f"f{k}.bin")
+    cat = scan([str(tmp_path / "r")])
+    monkeypatch.setattr(roots_mod, "hash", lambda value: 7, raising=False)
+    paths = PathIndex(cat)
+    for k, f in enumerate(cat.files):
+        assert paths.id_of(cat.source_path(f)) == k
+    assert paths.id_of(str(tmp_path / "r" / "f9.bin")) == -1
+
+
 NAMES = ["a.jpg", "b.JPG", "c.Jpeg", "d.png.txt", ".jpg", "jpg", "e.pNg", "K.kpg", "\u212a.KPG", "\u0130.PNG",
          "ü.jpg", "x", "y.webp", "\udcff.jpg", "z.TIFF", "f.TAR.gzipped", "g.tar.gzipped.x", "tar.gzipped"]
 

@@ -72,7 +72,11 @@ class PathIndex:
         root, rel = where[0], encode_rel(where[1])
         h = hash((root, rel))
         t = self.catalog.files
-        for k in ids[np.searchsorted(hashes, h, "left"):np.searchsorted(hashes, h, "right")].tolist():
+        # one search (the array's method: no wrapper), then the run of equal hashes from there
+        at, n = int(hashes.searchsorted(h)), len(hashes)
+        while at < n and hashes[at] == h:
+            k = int(ids[at])
             if t.root[k] == root and t.rel_bytes(k) == rel:
                 return k
+            at += 1
         return -1
