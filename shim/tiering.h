@@ -60,6 +60,7 @@
 #define TIERING_STATE_COPYING 0x100
 #define TIERING_STATE_QUEUED 0x200
 #define TIERING_STATE_TIER 0xff   /* the tier + 1 of a COPYING or QUEUED state */
+#define TIERING_STATE_PENDING 0x300  /* COPYING | QUEUED: an open may wait on it */
 
 /* root.flags (informational: the shim resolves ".." only into real paths) */
 #define TIERING_ROOT_HAS_DIR_LINKS 1

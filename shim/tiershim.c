@@ -356,7 +356,7 @@ static int64_t invalidate_file(const struct table *t, uint64_t slot)
         uint32_t was = __atomic_exchange_n(&t->tab[s].state, TIERING_STATE_INVALID, __ATOMIC_SEQ_CST);
         if (was != TIERING_STATE_INVALID)
             changed++;
-        if (was & (TIERING_STATE_COPYING | TIERING_STATE_QUEUED)) /* opens waiting for its copy: the PFS now */
+        if (was & TIERING_STATE_PENDING) /* opens waiting for its copy: the PFS now */
             tiering_wake(&t->tab[s].state);
         if ((s = ring_next(t, s)) == slot)
             break;
@@ -543,7 +543,7 @@ EXPORT int tiering_state_cas(void *base, uint64_t slot, uint32_t expected, uint3
     uint32_t was = expected;
     int swapped = __atomic_compare_exchange_n(&e->state, &expected, desired, 0, __ATOMIC_SEQ_CST,
                                               __ATOMIC_SEQ_CST);
-    if (swapped && (was & (TIERING_STATE_COPYING | TIERING_STATE_QUEUED))) /* opens may wait on it: NOTE [one read per file] */
+    if (swapped && (was & TIERING_STATE_PENDING)) /* opens may wait on it: NOTE [one read per file] */
         tiering_wake(&e->state);
     return swapped;
 }
@@ -1964,7 +1964,7 @@ static uint32_t wait_copy(struct tiering_entry *e, uint32_t st)
     int64_t began = (int64_t)now.tv_sec * 1000000000 + now.tv_nsec;
     count(&idx->copy_waits, 1);
     for (;;) {
-        if (!(st & (TIERING_STATE_COPYING | TIERING_STATE_QUEUED))) {
+        if (!(st & TIERING_STATE_PENDING)) {
             if (!stepped)
                 break;
             /* counted again before the state is loaded again, as an open begins */
@@ -2038,7 +2038,7 @@ static int route(int64_t slot, int flags, const char *rel, size_t rel_len, char 
     const struct tiering_file *f = record(slot);
     if (!servable(slot, flags, f))
         return -1;
-    if (UNLIKELY(st & (TIERING_STATE_COPYING | TIERING_STATE_QUEUED))) {
+    if (UNLIKELY(st & TIERING_STATE_PENDING)) {
         int saved = errno;
         /* wait only for a copy this open could be served, of a daemon still there */
         if (may_wait && (st & TIERING_STATE_TIER) <= redirect_tiers && daemon_alive())

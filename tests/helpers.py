@@ -472,3 +472,20 @@ class PlaceEach:
 
     def place_many(self, files: np.ndarray, tier: int) -> np.ndarray:
         return np.array([self.place(int(f), tier) for f in files], bool)  # type: ignore[attr-defined]
+
+
+def report_from_results(module: str, name: str, out: Path) -> dict:
+    """A benchmark's report made again from its committed results
+    (`python -m bench.<module> --report-only`): its table is the committed
+    one and the README's, its picture a PNG; the results, loaded."""
+    import shutil
+    results = REPO / "bench" / "results"
+    shutil.copy(results / f"{name}.json", out / f"{name}.json")
+    r = subprocess.run([PYTHON, "-m", f"bench.{module}", "--report-only", "--out", str(out)], cwd=REPO,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    table = (out / f"{name}.md").read_text()
+    assert table == (results / f"{name}.md").read_text()
+    assert table in (REPO / "README.md").read_text()
+    assert (out / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    return json.loads((out / f"{name}.json").read_text())

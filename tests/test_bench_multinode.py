@@ -2,29 +2,18 @@
 from the committed results, and the README shows that same table."""
 from __future__ import annotations
 
-import json
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from helpers import PYTHON, REPO
+from helpers import REPO, report_from_results
 
 RESULTS = REPO / "bench" / "results"
 
 
 @pytest.mark.slow
 def test_the_report_is_made_from_the_results_and_is_the_readme_table(tmp_path: Path):
-    shutil.copy(RESULTS / "multinode.json", tmp_path / "multinode.json")
-    r = subprocess.run([PYTHON, "-m", "bench.multinode", "--report-only", "--out", str(tmp_path)], cwd=REPO,
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    table = (tmp_path / "multinode.md").read_text()
-    assert table == (RESULTS / "multinode.md").read_text()
-    assert table in (REPO / "README.md").read_text()
-    assert (tmp_path / "multinode.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    res = json.loads((tmp_path / "multinode.json").read_text())
+    res = report_from_results("multinode", "multinode", tmp_path)
     rows = {(x["nodes"], x["config"]) for x in res["runs"]}
     assert rows == {(1, "pfs"), (1, "lower-bound"), (1, "local"), (2, "pfs"), (2, "lower-bound"), (2, "local"),
                     (2, "peers"), (3, "pfs"), (3, "lower-bound"), (3, "local"), (3, "peers")}

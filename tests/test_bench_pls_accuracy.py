@@ -4,15 +4,13 @@ the sampler's own orders, and the report made again from the committed results."
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
 from bench import pls_accuracy as acc
-from helpers import PYTHON, REPO
+from helpers import REPO, report_from_results
 from tiering.samplers import PartialLocalShuffleSampler
 
 RESULTS = REPO / "bench" / "results"
@@ -75,15 +73,7 @@ def test_first_reaching_says_not_reached():
 
 
 def test_the_report_is_made_from_the_results_and_is_the_readme_table(tmp_path: Path):
-    shutil.copy(RESULTS / "pls-accuracy.json", tmp_path / "pls-accuracy.json")
-    r = subprocess.run([PYTHON, "-m", "bench.pls_accuracy", "--report-only", "--out", str(tmp_path)], cwd=REPO,
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    table = (tmp_path / "pls-accuracy.md").read_text()
-    assert table == (RESULTS / "pls-accuracy.md").read_text()
-    assert table in (REPO / "README.md").read_text()
-    assert (tmp_path / "pls-accuracy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    res = json.loads((tmp_path / "pls-accuracy.json").read_text())
+    res = report_from_results("pls_accuracy", "pls-accuracy", tmp_path)
     assert {(x["model"], x["sampler"]) for x in res["runs"]} == {(m, s) for m in acc.MODELS for s in acc.SAMPLERS}
     assert len(res["setup"]["seeds"]) >= 5 and res["setup"]["world"] == 16
     g = res["gloo_check"]

@@ -671,7 +671,7 @@ class Daemon:
                     share = batch_share(len(q) + 1, self._idle[tier], self._waits_known(tier))
                     self._take_strided(q, batch, share, self._idle[tier] + 1 if share <= SHARE_FILES else 1)
                     # its next copies, made within the bound (NOTE [queued copies]); the rest as it goes
-                    self._marks.mark_head(batch[:QUEUE_BATCH_MARKS], tier, whole=True)
+                    self._marks.mark_head(batch, tier, QUEUE_BATCH_MARKS)
                 else:   # not claimed, so not left marked
                     self._marks.unmark([batch[0][0]], tier)
                 self._marks.mark_head(queued, tier)
@@ -805,7 +805,7 @@ class Daemon:
             settled += len(out)
             if settled < len(batch) and self._marks.window:   # the batch's next copies (NOTE [queued copies])
                 with self._lock:
-                    self._marks.mark_head(batch[settled:settled + QUEUE_BATCH_MARKS], tier, whole=True)
+                    self._marks.mark_head(batch[settled:], tier, QUEUE_BATCH_MARKS)
         failure: Exception | None = None
         try:
             with self._reads.semaphore:

@@ -33,8 +33,6 @@ DRAIN = 1 << 16           # events copied out of the ring per call of the C help
 BATCH_EVENTS = 1 << 18    # events in one drained batch at most (8 MiB; NOTE [event batches])
 
 
-
-
 @dataclass(frozen=True)
 class Root:
     """A logical prefix that the shim matches; aliases share the id."""

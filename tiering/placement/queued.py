@@ -22,8 +22,8 @@ import numpy as np
 from .index import SharedIndex, lib
 
 QUEUE_WINDOW_ROUNDS = 4   # files marked per PFS slot: the copies of this many rounds of the workers
-QUEUE_WAIT_COPIES = 16.0  # an open waits for a queued copy at most this many small copies' time,
-QUEUE_WAIT_MAX = 0.5      # ... and at most this long (seconds)
+QUEUE_WAIT_COPIES = 2.0   # an open waits for a queued copy at most this many small copies' time,
+QUEUE_WAIT_MAX = 0.25     # ... and at most this long (seconds)
 QUEUE_BATCH_MARKS = int(QUEUE_WAIT_COPIES)  # of a worker's batch, the next this many copies are
                                            # marked: it makes them one after the other
 
@@ -49,13 +49,13 @@ class QueueMarks:
         self.marked = np.zeros(nfiles, bool)
         self.count = 0               # marks set over the job (for the report)
 
-    def mark_head(self, q: deque[tuple[int, int]] | list[tuple[int, int]], tier: int, whole: bool = False) -> None:
-        """The first `window` files of tier's queue (`whole`: every file of
-        a batch a worker took from it) not marked yet get QUEUED | (tier +
-        1) where their state is NONE."""
+    def mark_head(self, q: deque[tuple[int, int]] | list[tuple[int, int]], tier: int, first: int | None = None) -> None:
+        """The first `first` (default: `window`) files of tier's queue, or of
+        a batch a worker took from it, not marked yet get QUEUED | (tier + 1)
+        where their state is NONE."""
         if not q or self.window <= 0:
             return
-        ids = np.fromiter((i for i, _ in (q if whole else islice(q, self.window))), np.int64)
+        ids = np.fromiter((i for i, _ in islice(q, self.window if first is None else first)), np.int64)
         ids = ids[~self.marked[ids]]
         ids = ids[[self.markable(i) for i in ids.tolist()]] if len(ids) else ids
         if not len(ids):
